@@ -1,0 +1,179 @@
+"""broker: reach Pulsar. Clients for the cluster named by ``--pulsar-url``, or an embedded
+pulsar-lite broker for local use and tests (DESIGN.md, "The broker").
+
+Never knows about plugins, services or tools.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from urllib.parse import urlsplit
+
+import click
+import pulsar
+import pulsar.asyncio
+
+__all__ = [
+    "DEFAULT_URL",
+    "BrokerError",
+    "EmbeddedBroker",
+    "PulsarSettings",
+    "default_data_dir",
+    "ensure_broker",
+    "free_port",
+    "is_reachable",
+]
+
+DEFAULT_URL = "pulsar://localhost:6650"
+log = logging.getLogger(__name__)
+
+
+class BrokerError(RuntimeError):
+    """The broker could not be reached or started; the message says what to do next."""
+
+
+@dataclass(frozen=True)
+class PulsarSettings:
+    """How to reach Pulsar: the service URL (``pulsar://host:port`` or ``pulsar+ssl://``)."""
+
+    url: str = DEFAULT_URL
+    operation_timeout: float = 30.0
+    """Seconds the client waits for broker operations (subscribe, create producer)."""
+
+    def client(self) -> pulsar.asyncio.Client:
+        """A new ``pulsar.asyncio`` client; its C++ log goes to the ``pulsar`` Python logger."""
+        pulsar_log = logging.getLogger("pulsar")
+        if pulsar_log.level == logging.NOTSET:
+            pulsar_log.setLevel(logging.WARNING)
+        return pulsar.asyncio.Client(
+            self.url,
+            operation_timeout_seconds=int(self.operation_timeout),
+            logger=pulsar_log,
+        )
+
+
+def _host_port(url: str) -> tuple[str, int]:
+    parts = urlsplit(url.split(",")[0])
+    return parts.hostname or "localhost", parts.port or 6650
+
+
+def is_reachable(url: str, timeout: float = 1.0) -> bool:
+    """True when something accepts TCP connections at the URL's host and port (seconds)."""
+    try:
+        with socket.create_connection(_host_port(url), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def default_data_dir() -> Path:
+    """Where the embedded broker keeps its data: the platform's app dir for tghost."""
+    return Path(click.get_app_dir("tghost")) / "broker"
+
+
+def _binary() -> str:
+    try:
+        from pulsar_lite.binary_finder import find_pulsar_lite_binary
+    except ImportError:
+        raise BrokerError(
+            "the embedded broker (pulsar-lite) is not installed: it ships for Linux x86_64 and "
+            "macOS arm64 only. Start Apache Pulsar yourself and pass --pulsar-url "
+            "(or set TGHOST_PULSAR_URL)."
+        ) from None
+    found = find_pulsar_lite_binary()
+    return shutil.which(found) or found
+
+
+_LOOPBACK = {"localhost", "127.0.0.1", "::1"}
+
+
+def ensure_broker(url: str, data_dir: Path | None = None) -> EmbeddedBroker | None:
+    """Start an embedded broker at ``url`` when nothing answers there and it is a local URL.
+
+    Returns the started broker (stop it when done), or ``None`` when one already answers.
+
+    Raises:
+        BrokerError: the URL is remote and unreachable, or the embedded broker cannot start.
+    """
+    if is_reachable(url):
+        return None
+    host, port = _host_port(url)
+    if host not in _LOOPBACK:
+        raise BrokerError(f"no Pulsar broker answers at {url}; check --pulsar-url / TGHOST_PULSAR_URL")
+    return EmbeddedBroker(data_dir or default_data_dir(), port).start()
+
+
+class EmbeddedBroker:
+    """A pulsar-lite broker process on ``127.0.0.1:port`` storing its data in ``data_dir``.
+
+    Use as a context manager, or call :meth:`start` and :meth:`stop`. Its log is
+    ``data_dir/broker.log``. Data survives a restart on the same ``data_dir``.
+    """
+
+    def __init__(self, data_dir: Path, port: int = 6650) -> None:
+        self.data_dir = Path(data_dir)
+        self.port = port
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        """The broker's service URL, ``pulsar://127.0.0.1:<port>``."""
+        return f"pulsar://127.0.0.1:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        """The broker process's log file."""
+        return self.data_dir / "broker.log"
+
+    def start(self, ready_timeout: float = 15.0) -> EmbeddedBroker:
+        """Start the process and wait (seconds) until it accepts connections.
+
+        Raises:
+            BrokerError: pulsar-lite is missing, exited, or did not become ready in time.
+        """
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        command = [_binary(), "--addr", f"127.0.0.1:{self.port}", "--db-path", str(self.data_dir / "db")]
+        with self.log_path.open("ab") as log_file:
+            self.process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + ready_timeout
+        while not is_reachable(self.url, timeout=0.2):
+            if self.process.poll() is not None:
+                raise BrokerError(f"embedded broker exited with code {self.process.returncode}; "
+                                  f"see {self.log_path} (is port {self.port} in use?)")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise BrokerError(f"embedded broker not ready after {ready_timeout}s; see {self.log_path}")
+            time.sleep(0.05)
+        log.info("embedded broker pid %s at %s, data in %s", self.process.pid, self.url, self.data_dir)
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Terminate the process (then kill it after ``timeout`` seconds). Idempotent."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+    def __enter__(self) -> EmbeddedBroker:
+        return self.start()
+
+    def __exit__(self, *exc: type[BaseException] | BaseException | TracebackType | None) -> None:
+        self.stop()

@@ -1,0 +1,155 @@
+"""call: the caller's side of the wire contract, as TrustGraph's ``ToolServiceClient``.
+
+Sends request envelopes with an ``id`` property and routes the responses, which every
+caller of a service sees on its shared response topic, back by that ``id``.
+Never imports serve or discover.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pulsar
+import pulsar.asyncio
+
+from . import wire
+
+__all__ = ["ToolCallError", "ToolServiceClient"]
+
+log = logging.getLogger(__name__)
+
+
+class ToolCallError(Exception):
+    """A call answered with an error, or not answered in time.
+
+    ``error_type`` is the wire error type (``tool-service-error``, ``timeout``, ...).
+    """
+
+    def __init__(self, error_type: str, message: str) -> None:
+        super().__init__(f"{error_type}: {message}")
+        self.error_type = error_type
+        self.message = message
+
+
+class ToolServiceClient:
+    """Calls one tool service: a producer on its request queue, a consumer on its response queue.
+
+    Use ``async with ToolServiceClient(client, request_queue, response_queue) as svc:`` then
+    ``await svc.call(...)`` or ``async for chunk in svc.stream(...)``.
+    """
+
+    def __init__(self, client: pulsar.asyncio.Client, request_queue: str, response_queue: str) -> None:
+        self._client = client
+        self.request_queue = request_queue
+        self.response_queue = response_queue
+        self._pending: dict[str, asyncio.Queue[wire.Response]] = {}
+        self._producer: pulsar.asyncio.Producer | None = None
+        self._consumer: pulsar.asyncio.Consumer | None = None
+        self._dispatch: asyncio.Task[None] | None = None
+
+    async def start(self) -> ToolServiceClient:
+        """Subscribe to the response queue first (non-persistent topics keep nothing), then
+        create the request producer.
+
+        Raises:
+            pulsar.asyncio.PulsarException: the broker refused the subscription or producer.
+        """
+        self._consumer = await self._client.subscribe(
+            self.response_queue, f"tghost-caller-{uuid.uuid4().hex}",
+            consumer_type=pulsar.ConsumerType.Exclusive,
+        )
+        self._producer = await self._client.create_producer(self.request_queue, batching_enabled=False)
+        self._dispatch = asyncio.create_task(self._route(), name=f"responses {self.response_queue}")
+        return self
+
+    async def _route(self) -> None:
+        assert self._consumer is not None
+        while True:
+            try:
+                message = await self._consumer.receive()
+            except pulsar.asyncio.PulsarException as exc:
+                log.warning("receive on %s failed (%s); retrying", self.response_queue, exc)
+                await asyncio.sleep(0.5)
+                continue
+            queue = self._pending.get(message.properties().get("id", ""))
+            if queue is not None:
+                try:
+                    queue.put_nowait(wire.decode_response(message.data()))
+                except wire.BadRequest as exc:
+                    queue.put_nowait(wire.Response("", True, {"type": wire.BAD_REQUEST, "message": str(exc)}))
+            await self._consumer.acknowledge(message)
+
+    async def stream(
+        self,
+        config: dict[str, Any],
+        arguments: dict[str, Any],
+        *,
+        user: str | None = None,
+        timeout: float = 60.0,
+    ) -> AsyncIterator[str]:
+        """Send one request and yield each non-empty observation chunk until end of stream.
+
+        ``timeout`` is seconds for the whole call.
+
+        Raises:
+            ToolCallError: the service answered with an error, or (type ``timeout``) not in time.
+        """
+        assert self._producer is not None, "call start() first"
+        request_id = uuid.uuid4().hex
+        queue: asyncio.Queue[wire.Response] = asyncio.Queue()
+        self._pending[request_id] = queue
+        try:
+            async with asyncio.timeout(timeout):
+                await self._producer.send(wire.encode_request(user, config, arguments),
+                                          properties={"id": request_id})
+                while True:
+                    response = await queue.get()
+                    if response.error:
+                        raise ToolCallError(response.error["type"], response.error["message"])
+                    if response.response:
+                        yield response.response
+                    if response.end_of_stream:
+                        return
+        except TimeoutError:
+            raise ToolCallError(wire.TIMEOUT, f"no complete answer from {self.request_queue} "
+                                              f"within {timeout}s") from None
+        finally:
+            del self._pending[request_id]
+
+    async def call(
+        self,
+        config: dict[str, Any],
+        arguments: dict[str, Any],
+        *,
+        user: str | None = None,
+        timeout: float = 60.0,
+    ) -> str:
+        """Send one request and return the observation (streamed chunks joined).
+
+        Raises:
+            ToolCallError: as for :meth:`stream`.
+        """
+        return "".join([chunk async for chunk in self.stream(config, arguments, user=user,
+                                                             timeout=timeout)])
+
+    async def close(self) -> None:
+        """Stop routing responses and close the producer and consumer."""
+        if self._dispatch is not None:
+            self._dispatch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._dispatch
+        for closable in (self._producer, self._consumer):
+            if closable is not None:
+                with contextlib.suppress(Exception):
+                    await closable.close()
+
+    async def __aenter__(self) -> ToolServiceClient:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -1,0 +1,135 @@
+"""describe: the two descriptor tiers of seed 000 (tool service, tool) plus seed 001's group/state.
+
+Pure data: JSON keys are exactly the seed's (``request-queue``, ``config-params`` ...).
+Never imports Pulsar, pluggy or the serving code.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+__all__ = [
+    "Argument",
+    "ConfigParam",
+    "DescriptorError",
+    "ToolDescriptor",
+    "ToolServiceDescriptor",
+    "describe_validation_error",
+    "request_queue",
+    "response_queue",
+]
+
+#: Service ids and tool names: what Pulsar topics and MCP tool names both accept.
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
+
+
+def request_queue(topic: str) -> str:
+    """Full request topic for a short topic ``T``: ``non-persistent://tg/request/T`` (seed 000)."""
+    return f"non-persistent://tg/request/{topic}"
+
+
+def response_queue(topic: str) -> str:
+    """Full response topic for a short topic ``T``: ``non-persistent://tg/response/T`` (seed 000)."""
+    return f"non-persistent://tg/response/{topic}"
+
+
+class DescriptorError(ValueError):
+    """A descriptor failed validation. The message names the origin (plugin or file) and field."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(populate_by_name=True, frozen=True)
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """The descriptor as seed JSON: aliased keys, only the fields that were set."""
+        return self.model_dump(mode="json", by_alias=True, exclude_unset=True)
+
+
+class ConfigParam(_Model):
+    """One entry of a tool service's ``config-params`` list (seed 000): ``{name, required}``."""
+
+    name: str = Field(min_length=1)
+    required: bool = False
+
+
+class Argument(_Model):
+    """One entry of a tool's ``arguments`` list (seed 000): ``{name, type, description}``.
+
+    ``type`` is a JSON Schema type name such as ``"string"`` or ``"number"``.
+    """
+
+    name: str = Field(min_length=1)
+    type: str = "string"
+    description: str = ""
+
+
+class ToolServiceDescriptor(_Model):
+    """Tier 1 of seed 000: a Pulsar request/response interface and the config it accepts.
+
+    Required keys: ``id``, ``request-queue``, ``response-queue``. tghost adds
+    ``description``, ``timeout`` (seconds per call), ``max-concurrency`` (calls in flight
+    per host) and ``version``; TrustGraph ignores them.
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: str = Field(pattern=NAME_PATTERN)
+    request_queue: str = Field(alias="request-queue", min_length=1)
+    response_queue: str = Field(alias="response-queue", min_length=1)
+    config_params: tuple[ConfigParam, ...] = Field(default=(), alias="config-params")
+    description: str | None = None
+    timeout: float | None = Field(default=None, gt=0)
+    max_concurrency: int | None = Field(default=None, alias="max-concurrency", ge=1)
+    version: str | None = None
+
+    @property
+    def required_config(self) -> tuple[str, ...]:
+        """Names of the config params every tool of this service must supply."""
+        return tuple(p.name for p in self.config_params if p.required)
+
+
+class ToolDescriptor(_Model):
+    """Tier 2 of seed 000: a tool the agent sees, bound to a service with config values.
+
+    Config-param values sit at the top level (``"collection": "customers"``); every key
+    that is not a known field is one, available as :attr:`config`. Seed 001 adds
+    ``group`` (default ``["default"]``), ``state`` and ``available_in_states`` (input
+    alias ``applicable-states``). tghost adds ``input-schema`` (JSON Schema).
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["tool-service"] = "tool-service"
+    name: str = Field(pattern=NAME_PATTERN)
+    description: str = Field(min_length=1)
+    service: str = Field(pattern=NAME_PATTERN)
+    arguments: tuple[Argument, ...] = ()
+    group: tuple[str, ...] = ("default",)
+    state: str | None = None
+    available_in_states: tuple[str, ...] | None = Field(
+        default=None,
+        validation_alias=AliasChoices("available_in_states", "applicable-states"),
+        serialization_alias="available_in_states",
+    )
+    input_schema: dict[str, Any] | None = Field(default=None, alias="input-schema")
+
+    @field_validator("group", mode="before")
+    @classmethod
+    def _group_as_list(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The tool's config-param values: every top-level key that is not a known field."""
+        return dict(self.model_extra or {})
+
+
+def describe_validation_error(error: ValidationError, origin: str) -> DescriptorError:
+    """Turn a pydantic error into one line per field: ``origin: field 'x': message``."""
+    lines = []
+    for item in error.errors():
+        field = ".".join(str(part) for part in item["loc"]) or "(descriptor)"
+        lines.append(f"{origin}: field '{field}': {item['msg']}")
+    return DescriptorError("; ".join(lines))

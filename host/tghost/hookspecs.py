@@ -1,0 +1,35 @@
+"""hookspecs: the plugin contract. Markers once, then one short hook per thing a plugin adds.
+
+A hook receives a ``register`` callable rather than returning a list, so the host knows
+which plugin registered what and isolates each plugin's failures (as llm does).
+Every hook is called with keyword arguments only; an implementation may accept fewer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pluggy
+
+hookspec = pluggy.HookspecMarker("tghost")
+hookimpl = pluggy.HookimplMarker("tghost")
+
+
+@hookspec
+def tghost_register_services(register: Any) -> None:
+    """Register tool services: call ``register(service)`` once per service.
+
+    ``service`` is a :class:`tghost.ToolService` instance or a function decorated with
+    :func:`tghost.tool`. A decorated function with no required config params also
+    registers its own tool. Raising here skips the whole plugin; others are still served.
+    """
+
+
+@hookspec
+def tghost_register_tools(register: Any) -> None:
+    """Register tools: call ``register(tool)`` with a :class:`tghost.ToolDescriptor` or a dict.
+
+    A dict uses seed 000 JSON keys. Build one from a service with ``service.tool(...)``.
+    A tool must reference a service some plugin registered, and supply its required
+    config params.
+    """

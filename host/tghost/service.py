@@ -1,0 +1,290 @@
+"""author: what a plugin writes. A ``ToolService`` subclass (seed 000's DynamicToolService)
+or a typed function under ``@tghost.tool`` (as FastMCP and llm derive tools from signatures).
+
+Never touches Pulsar: serving is ``serve``'s job; this module only describes and invokes.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, get_type_hints
+
+import docstring_parser
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+
+from . import wire
+from .descriptors import (
+    Argument,
+    ConfigParam,
+    ToolDescriptor,
+    ToolServiceDescriptor,
+    request_queue,
+    response_queue,
+)
+
+__all__ = ["Context", "InvalidArguments", "ToolError", "ToolService", "tool"]
+
+
+class ToolError(Exception):
+    """Raise from ``invoke`` to answer with an error of your choosing.
+
+    The reply is ``{"error": {"type": error_type, "message": str(self)}}``; the default type
+    is TrustGraph's ``tool-service-error``. Any other exception gets that type too.
+    """
+
+    def __init__(self, message: str, error_type: str = wire.TOOL_SERVICE_ERROR) -> None:
+        super().__init__(message)
+        self.error_type = error_type
+
+
+class InvalidArguments(ToolError):
+    """The arguments do not match the tool's input schema; the message names the field."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, wire.INVALID_ARGUMENTS)
+
+
+@dataclass(frozen=True)
+class Context:
+    """Per-call facts, injected into a ``@tool`` function parameter annotated ``tghost.Context``.
+
+    ``user`` is the request's user; ``config`` the tool's config values (seed 000).
+    """
+
+    user: str
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+class ToolService:
+    """Base class for a tool service, in the manner of seed 000's ``DynamicToolService``.
+
+    Set ``id`` (required) and optionally ``topic`` (default: ``id``), ``description``,
+    ``config_params`` (``ConfigParam`` or plain names, meaning optional), ``arguments``,
+    ``timeout`` (seconds), ``max_concurrency`` and ``version``. Override
+    ``invoke(user, config, arguments)``: plain or ``async``, returning a string or a
+    JSON-able value, or a (sync or async) generator to stream chunks.
+    """
+
+    id: str
+    topic: str | None = None
+    description: str | None = None
+    config_params: Sequence[ConfigParam | str] = ()
+    arguments: Sequence[Argument] = ()
+    input_schema: dict[str, Any] | None = None
+    timeout: float | None = None
+    max_concurrency: int | None = None
+    version: str | None = None
+
+    def invoke(self, user: str, config: dict[str, Any], arguments: dict[str, Any]) -> Any:
+        """Answer one request; see the class docstring for what may be returned."""
+        raise NotImplementedError(f"{type(self).__name__} must implement invoke()")
+
+    @property
+    def runs_in_thread(self) -> bool:
+        """True when ``invoke`` is plain (blocking) code that the host runs in a worker thread."""
+        return not _is_async(type(self).invoke)
+
+    @property
+    def descriptor(self) -> ToolServiceDescriptor:
+        """The seed 000 tool-service descriptor. Raises pydantic.ValidationError if invalid."""
+        topic = self.topic or self.id
+        fields = {
+            "id": self.id,
+            "request-queue": request_queue(topic),
+            "response-queue": response_queue(topic),
+            "config-params": [_config_param(p) for p in self.config_params],
+            "description": self.description,
+            "timeout": self.timeout,
+            "max-concurrency": self.max_concurrency,
+            "version": self.version,
+        }
+        return ToolServiceDescriptor.model_validate({k: v for k, v in fields.items() if v is not None})
+
+    def tool(self, name: str, description: str | None = None, **fields: Any) -> ToolDescriptor:
+        """A tool descriptor over this service, with this service's arguments and schema.
+
+        ``fields`` holds seed 000/001 keys (``group``, ``state``, ``available_in_states``)
+        and the tool's config values, e.g. ``collection="customers"``.
+
+        Raises:
+            pydantic.ValidationError: a field is invalid.
+        """
+        base: dict[str, Any] = {
+            "name": name,
+            "description": description or self.description,
+            "service": self.id,
+            "arguments": [a.model_dump() for a in self.arguments],
+        }
+        if self.input_schema is not None:
+            base["input-schema"] = self.input_schema
+        return ToolDescriptor.model_validate(base | fields)
+
+    def default_tools(self) -> list[ToolDescriptor]:
+        """Tools registered together with the service. None for a class-based service."""
+        return []
+
+
+def _is_async(fn: Callable[..., Any]) -> bool:
+    return inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn)
+
+
+def _config_param(param: ConfigParam | str) -> dict[str, Any]:
+    return {"name": param, "required": False} if isinstance(param, str) else param.model_dump()
+
+
+class FunctionService(ToolService):
+    """A tool service made by :func:`tool` from a typed function. Built by the decorator."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        *,
+        service: str,
+        tool_name: str,
+        topic: str | None,
+        description: str | None,
+        config: Sequence[str],
+        tool_fields: dict[str, Any],
+        timeout: float | None,
+        max_concurrency: int | None,
+    ) -> None:
+        doc = docstring_parser.parse(fn.__doc__ or "")
+        signature = inspect.signature(fn)
+        hints = get_type_hints(fn, include_extras=True)
+        self.fn = fn
+        self.__doc__ = fn.__doc__
+        self.id = service
+        self.topic = topic
+        self.description = description or _summary(doc) or f"The {tool_name} tool."
+        self.timeout = timeout
+        self.max_concurrency = max_concurrency
+        self._tool_name = tool_name
+        self._tool_fields = tool_fields
+        self._context_param = next((n for n in signature.parameters if hints.get(n) is Context), None)
+        self.config_params = tuple(
+            ConfigParam(name=n, required=signature.parameters[n].default is inspect.Parameter.empty)
+            for n in config
+        )
+        skipped = {*config, self._context_param}
+        self.model = _arguments_model(fn, signature, hints, doc, skipped)
+        self.input_schema = self.model.model_json_schema()
+        self.arguments = _arguments_list(self.input_schema)
+
+    @property
+    def runs_in_thread(self) -> bool:
+        return not _is_async(self.fn)
+
+    def invoke(self, user: str, config: dict[str, Any], arguments: dict[str, Any]) -> Any:
+        """Validate ``arguments`` against the signature, then call the function.
+
+        Raises:
+            InvalidArguments: an argument is missing or of the wrong type (names the field).
+        """
+        try:
+            values = dict(self.model.model_validate(arguments))
+        except ValidationError as exc:
+            raise InvalidArguments(_argument_errors(exc)) from None
+        for param in self.config_params:
+            if param.name in config:
+                values[param.name] = config[param.name]
+        if self._context_param:
+            values[self._context_param] = Context(user=user, config=config)
+        return self.fn(**values)
+
+    def default_tools(self) -> list[ToolDescriptor]:
+        if any(p.required for p in self.config_params):
+            return []
+        return [self.tool(self._tool_name, **self._tool_fields)]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Call the undecorated function directly, as in unit tests."""
+        return self.fn(*args, **kwargs)
+
+
+def _summary(doc: docstring_parser.Docstring) -> str:
+    return "\n\n".join(p for p in (doc.short_description, doc.long_description) if p)
+
+
+def _arguments_model(
+    fn: Callable[..., Any],
+    signature: inspect.Signature,
+    hints: dict[str, Any],
+    doc: docstring_parser.Docstring,
+    skipped: set[str | None],
+) -> type[BaseModel]:
+    descriptions = {p.arg_name: p.description for p in doc.params}
+    fields: dict[str, Any] = {}
+    for name, param in signature.parameters.items():
+        if name in skipped or param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            continue
+        default = ... if param.default is inspect.Parameter.empty else param.default
+        fields[name] = (hints.get(name, str), Field(default, description=descriptions.get(name)))
+    model_name = re.sub(r"\W", "_", fn.__name__) + "Arguments"
+    return create_model(model_name, __config__=ConfigDict(extra="ignore"), **fields)
+
+
+def _arguments_list(schema: dict[str, Any]) -> tuple[Argument, ...]:
+    return tuple(
+        Argument(name=name, type=_json_type(prop), description=prop.get("description", ""))
+        for name, prop in schema.get("properties", {}).items()
+    )
+
+
+def _json_type(prop: dict[str, Any]) -> str:
+    if "type" in prop:
+        return str(prop["type"])
+    types = [p.get("type") for p in prop.get("anyOf", []) if p.get("type") not in (None, "null")]
+    return str(types[0]) if types else "string"
+
+
+def _argument_errors(error: ValidationError) -> str:
+    return "; ".join(
+        f"argument '{'.'.join(str(p) for p in e['loc'])}': {e['msg']}" for e in error.errors()
+    )
+
+
+def tool(
+    fn: Callable[..., Any] | None = None,
+    *,
+    name: str | None = None,
+    service: str | None = None,
+    topic: str | None = None,
+    description: str | None = None,
+    config: Sequence[str] = (),
+    timeout: float | None = None,
+    max_concurrency: int | None = None,
+    **tool_fields: Any,
+) -> Any:
+    """Turn a typed function into a tool service (and, usually, its tool).
+
+    Usable bare (``@tool``) or with options (``@tool(name="add")``). The tool name defaults
+    to the function name with ``_`` as ``-``; the service id defaults to the tool name; the
+    description to the docstring. Parameters become the tool's arguments and JSON Schema
+    (pydantic model ``<fn>Arguments``; unannotated means ``str``); parameter descriptions
+    come from the docstring's Args section. Parameters named in ``config`` are filled from
+    the tool's config values instead (required when they have no default); a parameter
+    annotated :class:`Context` receives the user and config. ``tool_fields`` are extra
+    seed 001 tool keys such as ``group`` or ``state``.
+
+    Returns:
+        a ``FunctionService``; call it like the original function.
+    """
+
+    def decorate(func: Callable[..., Any]) -> FunctionService:
+        tool_name = name or func.__name__.replace("_", "-")
+        return FunctionService(
+            func,
+            service=service or tool_name,
+            tool_name=tool_name,
+            topic=topic,
+            description=description,
+            config=config,
+            tool_fields=tool_fields,
+            timeout=timeout,
+            max_concurrency=max_concurrency,
+        )
+
+    return decorate(fn) if fn is not None else decorate

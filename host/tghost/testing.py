@@ -1,0 +1,110 @@
+"""testing: a pytest plugin for tool-service authors (loaded through the ``pytest11`` entry point).
+
+Gives a session-wide real broker (the ``pulsar_broker`` fixture: embedded pulsar-lite on a
+free port, temporary data) and :class:`LocalHost`, which serves services in-process and
+calls them over the real wire. Never mocks Pulsar.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable, Iterator
+from types import TracebackType
+from typing import Any
+
+import pulsar.asyncio
+import pytest
+
+from .broker import EmbeddedBroker, PulsarSettings, free_port
+from .client import ToolServiceClient
+from .discover import Catalog
+from .serve import ServeSettings, Server
+from .service import ToolService
+
+__all__ = ["LocalHost", "pulsar_broker"]
+
+
+@pytest.fixture(scope="session")
+def pulsar_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
+    """A pulsar-lite broker for the test session, on a free port with a temporary data dir."""
+    broker = EmbeddedBroker(tmp_path_factory.mktemp("pulsar-lite"), free_port()).start()
+    yield broker
+    broker.stop()
+
+
+class LocalHost:
+    """Serve ``services`` in this process on the broker at ``url``, and call them over Pulsar.
+
+    ``async with LocalHost(url, [my_service]) as host: await host.call("my-service", {...})``.
+    ``services`` is an iterable of :class:`tghost.ToolService` or a discovered ``Catalog``.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        services: Iterable[ToolService] | Catalog,
+        settings: ServeSettings | None = None,
+    ) -> None:
+        if isinstance(services, Catalog):
+            self.services, self.descriptors = services.services, services.descriptors
+        else:
+            self.services = {s.descriptor.id: s for s in services}
+            self.descriptors = {sid: s.descriptor for sid, s in self.services.items()}
+        self.pulsar = PulsarSettings(url)
+        self.server = Server(self.services, self.descriptors, settings)
+        self._clients: dict[str, ToolServiceClient] = {}
+        self.client: pulsar.asyncio.Client | None = None
+
+    async def __aenter__(self) -> LocalHost:
+        self.client = self.pulsar.client()
+        await self.server.start(self.client)
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        for caller in self._clients.values():
+            await caller.close()
+        await self.server.stop(grace=5.0)
+        assert self.client is not None
+        await self.client.close()
+
+    async def caller(self, service_id: str) -> ToolServiceClient:
+        """A started :class:`ToolServiceClient` for one of the served services (cached)."""
+        if service_id not in self._clients:
+            descriptor = self.descriptors[service_id]
+            assert self.client is not None, "use 'async with LocalHost(...)'"
+            self._clients[service_id] = await ToolServiceClient(
+                self.client, descriptor.request_queue, descriptor.response_queue
+            ).start()
+        return self._clients[service_id]
+
+    async def call(
+        self,
+        service_id: str,
+        arguments: dict[str, Any] | None = None,
+        config: dict[str, Any] | None = None,
+        *,
+        user: str | None = "test",
+        timeout: float = 10.0,
+    ) -> str:
+        """Call a served service over Pulsar and return the observation.
+
+        Raises:
+            tghost.client.ToolCallError: the service answered with an error or not in time.
+        """
+        caller = await self.caller(service_id)
+        return await caller.call(config or {}, arguments or {}, user=user, timeout=timeout)
+
+    async def stream(
+        self,
+        service_id: str,
+        arguments: dict[str, Any] | None = None,
+        config: dict[str, Any] | None = None,
+        *,
+        user: str | None = "test",
+        timeout: float = 10.0,
+    ) -> AsyncIterator[str]:
+        """Call a served service and yield its observation chunks as they arrive."""
+        caller = await self.caller(service_id)
+        async for chunk in caller.stream(config or {}, arguments or {}, user=user, timeout=timeout):
+            yield chunk

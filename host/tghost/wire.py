@@ -1,0 +1,151 @@
+"""wire: the TrustGraph tool-service envelope (seed 000), encoded and decoded as UTF-8 JSON bytes.
+
+Both the server and the client use this module, so the contract lives in one place.
+Never does I/O: bytes in, bytes or values out.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "BAD_REQUEST",
+    "INVALID_ARGUMENTS",
+    "MISSING_CONFIG",
+    "NOT_ALLOWED",
+    "OVERLOADED",
+    "TIMEOUT",
+    "TOOL_SERVICE_ERROR",
+    "UNAVAILABLE",
+    "BadRequest",
+    "Request",
+    "Response",
+    "decode_request",
+    "decode_response",
+    "encode_error",
+    "encode_request",
+    "encode_response",
+    "observation",
+]
+
+# Stable error types. ``tool-service-error`` is TrustGraph's own, for exceptions in invoke.
+TOOL_SERVICE_ERROR = "tool-service-error"
+BAD_REQUEST = "bad-request"
+INVALID_ARGUMENTS = "invalid-arguments"
+MISSING_CONFIG = "missing-config"
+TIMEOUT = "timeout"
+OVERLOADED = "overloaded"
+NOT_ALLOWED = "not-allowed"
+UNAVAILABLE = "unavailable"
+
+#: TrustGraph's DynamicToolService uses this user when the request names none.
+DEFAULT_USER = "trustgraph"
+
+
+class BadRequest(ValueError):
+    """A request payload that is not a valid envelope. The message says which part is wrong."""
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """A decoded request envelope: ``user`` and the parsed ``config`` and ``arguments`` objects."""
+
+    user: str
+    config: dict[str, Any]
+    arguments: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    """A decoded response envelope. ``error`` is ``{"type", "message"}`` or ``None``."""
+
+    response: str
+    end_of_stream: bool
+    error: dict[str, str] | None = None
+
+
+def _json_object(envelope: dict[str, Any], key: str) -> dict[str, Any]:
+    raw = envelope.get(key, "")
+    if raw is None or raw == "":
+        return {}
+    if not isinstance(raw, str):
+        raise BadRequest(f"'{key}' must be a JSON object encoded as a string, got {type(raw).__name__}")
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        raise BadRequest(f"'{key}' is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise BadRequest(f"'{key}' must encode a JSON object, got {type(value).__name__}")
+    return value
+
+
+def decode_request(payload: bytes) -> Request:
+    """Decode a seed 000 request envelope.
+
+    ``{"user": str?, "config": "<JSON object>", "arguments": "<JSON object>"}``; unknown keys
+    are ignored, an empty or missing ``config``/``arguments`` means ``{}`` and a missing
+    ``user`` means ``"trustgraph"``.
+
+    Raises:
+        BadRequest: the payload is not UTF-8 JSON, not an object, or a field has a wrong type.
+    """
+    try:
+        envelope = json.loads(payload)
+    except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError are both ValueErrors
+        raise BadRequest(f"request is not UTF-8 JSON: {exc}") from None
+    if not isinstance(envelope, dict):
+        raise BadRequest(f"request must be a JSON object, got {type(envelope).__name__}")
+    user = envelope.get("user") or DEFAULT_USER
+    if not isinstance(user, str):
+        raise BadRequest(f"'user' must be a string, got {type(user).__name__}")
+    return Request(user, _json_object(envelope, "config"), _json_object(envelope, "arguments"))
+
+
+def encode_request(user: str | None, config: dict[str, Any], arguments: dict[str, Any]) -> bytes:
+    """Encode a seed 000 request envelope; ``user=None`` omits the key, as newer TrustGraph does."""
+    envelope: dict[str, Any] = {"config": json.dumps(config), "arguments": json.dumps(arguments)}
+    if user is not None:
+        envelope["user"] = user
+    return json.dumps(envelope).encode()
+
+
+def observation(result: Any) -> str:
+    """The observation string for a plugin result: strings as they are, anything else JSON.
+
+    Raises:
+        TypeError: the result is neither a string nor JSON-serialisable.
+    """
+    return result if isinstance(result, str) else json.dumps(result)
+
+
+def encode_response(text: str, end_of_stream: bool = True) -> bytes:
+    """Encode a success response: ``{"error": null, "response": text, "end_of_stream": bool}``."""
+    return json.dumps({"error": None, "response": text, "end_of_stream": end_of_stream}).encode()
+
+
+def encode_error(error_type: str, message: str) -> bytes:
+    """Encode an error response; always the last message of its stream."""
+    error = {"type": error_type, "message": message}
+    return json.dumps({"error": error, "response": "", "end_of_stream": True}).encode()
+
+
+def decode_response(payload: bytes) -> Response:
+    """Decode a response envelope.
+
+    Raises:
+        BadRequest: the payload is not a JSON object with the seed 000 response fields.
+    """
+    try:
+        envelope = json.loads(payload)
+        error = envelope.get("error")
+        response = Response(
+            response=envelope.get("response") or "",
+            end_of_stream=bool(envelope.get("end_of_stream", True)),
+            error=None if not error else {"type": str(error.get("type", "")),
+                                          "message": str(error.get("message", ""))},
+        )
+    except (ValueError, AttributeError, TypeError) as exc:
+        raise BadRequest(f"response is not a valid envelope: {exc}") from None
+    return response
