@@ -6,7 +6,9 @@ Never knows about plugins, services or tools.
 
 from __future__ import annotations
 
+import itertools
 import logging
+import os
 import shutil
 import socket
 import subprocess
@@ -32,6 +34,7 @@ __all__ = [
 ]
 
 DEFAULT_URL = "pulsar://localhost:6650"
+_LOOPBACK = {"localhost", "127.0.0.1", "::1"}
 log = logging.getLogger(__name__)
 
 
@@ -47,16 +50,46 @@ class PulsarSettings:
     operation_timeout: float = 30.0
     """Seconds the client waits for broker operations (subscribe, create producer)."""
 
-    def client(self) -> pulsar.asyncio.Client:
-        """A new ``pulsar.asyncio`` client; its C++ log goes to the ``pulsar`` Python logger."""
+    async def connect(self) -> pulsar.asyncio.Client:
+        """A new ``pulsar.asyncio`` client; its C++ log goes to the ``pulsar`` Python logger.
+
+        On a loopback URL (where pulsar-lite runs) the client first spreads its consumer ids:
+        see :func:`_spread_consumer_ids`.
+
+        Raises:
+            pulsar.asyncio.PulsarException: the broker did not answer.
+        """
         pulsar_log = logging.getLogger("pulsar")
         if pulsar_log.level == logging.NOTSET:
             pulsar_log.setLevel(logging.WARNING)
-        return pulsar.asyncio.Client(
+        client = pulsar.asyncio.Client(
             self.url,
             operation_timeout_seconds=int(self.operation_timeout),
             logger=pulsar_log,
         )
+        if _host_port(self.url)[0] in _LOOPBACK:
+            await _spread_consumer_ids(client)
+        return client
+
+
+_clients_made = itertools.count()
+
+
+async def _spread_consumer_ids(client: pulsar.asyncio.Client) -> None:
+    """Work around pulsar-lite 0.2.0, which keys a subscription's consumers by the id the
+    *client* chose: every client numbers its consumers from 0, so two hosts sharing a
+    subscription collide ("Consumer 0 already exists") and the broker drops the connection.
+    Apache Pulsar keys consumers by connection and needs none of this.
+
+    Before any real consumer, use up an offset of 0-127 ids (by pid and a per-process
+    count, so hosts started side by side differ) in one multi-topic subscribe, about 1 ms
+    per id on loopback.
+    """
+    offset = (os.getpid() * 37 + next(_clients_made) * 11) % 128
+    if offset:
+        topics = [f"non-persistent://tg/tghost/consumer-id-{i}" for i in range(offset)]
+        spacer = await client.subscribe(topics, "tghost-consumer-id-spacer")
+        await spacer.close()
 
 
 def _host_port(url: str) -> tuple[str, int]:
@@ -94,26 +127,22 @@ def _binary() -> str:
             "macOS arm64 only. Start Apache Pulsar yourself and pass --pulsar-url "
             "(or set TGHOST_PULSAR_URL)."
         ) from None
-    found = find_pulsar_lite_binary()
+    found: str = find_pulsar_lite_binary()
     return shutil.which(found) or found
 
 
-_LOOPBACK = {"localhost", "127.0.0.1", "::1"}
-
-
 def ensure_broker(url: str, data_dir: Path | None = None) -> EmbeddedBroker | None:
-    """Start an embedded broker at ``url`` when nothing answers there and it is a local URL.
+    """Start an embedded broker at a loopback ``url`` when nothing answers there.
 
-    Returns the started broker (stop it when done), or ``None`` when one already answers.
+    Returns the started broker (stop it when done), or ``None`` when one already answers
+    or the URL is not a loopback one (a cluster is never replaced by a local broker).
 
     Raises:
-        BrokerError: the URL is remote and unreachable, or the embedded broker cannot start.
+        BrokerError: the embedded broker cannot start.
     """
-    if is_reachable(url):
-        return None
     host, port = _host_port(url)
-    if host not in _LOOPBACK:
-        raise BrokerError(f"no Pulsar broker answers at {url}; check --pulsar-url / TGHOST_PULSAR_URL")
+    if host not in _LOOPBACK or is_reachable(url):
+        return None
     return EmbeddedBroker(data_dir or default_data_dir(), port).start()
 
 

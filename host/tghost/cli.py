@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import click
+import pulsar.asyncio
 
 from . import __version__
 from .broker import (
@@ -96,6 +97,9 @@ def run(pulsar_url: str, data_dir: Path | None, timeout: float, max_concurrency:
                              max_queue=max_queue, grace=grace)
     try:
         asyncio.run(run_host(catalog, PulsarSettings(pulsar_url), settings))
+    except pulsar.asyncio.PulsarException as exc:
+        raise click.ClickException(f"Pulsar at {pulsar_url} failed: {exc}; check --pulsar-url "
+                                   "(env TGHOST_PULSAR_URL) and that the broker is up") from None
     finally:
         if broker is not None:
             broker.stop()
@@ -239,7 +243,7 @@ def _json_object(text: str) -> dict[str, Any]:
 
 async def _call(settings: PulsarSettings, queues: tuple[str, str], config: dict[str, Any],
                 arguments: dict[str, Any], user: str | None, timeout: float) -> None:
-    client = settings.client()
+    client = await settings.connect()
     try:
         async with ToolServiceClient(client, *queues) as service:
             async for chunk in service.stream(config, arguments, user=user, timeout=timeout):

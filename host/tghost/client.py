@@ -73,6 +73,8 @@ class ToolServiceClient:
             try:
                 message = await self._consumer.receive()
             except pulsar.asyncio.PulsarException as exc:
+                if exc.error() == pulsar.Result.AlreadyClosed:
+                    return
                 log.warning("receive on %s failed (%s); retrying", self.response_queue, exc)
                 await asyncio.sleep(0.5)
                 continue

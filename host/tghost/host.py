@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 
 from .broker import PulsarSettings
 from .discover import Catalog
-from .serve import ServeSettings, Server
+from .serve import Server, ServeSettings
 
 __all__ = ["run_host"]
 
@@ -46,7 +46,7 @@ async def run_host(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    client = pulsar_settings.client()
+    client = await pulsar_settings.connect()
     server = Server(catalog.services, catalog.descriptors, serve_settings)
     try:
         await server.start(client)

@@ -27,6 +27,11 @@ __all__ = ["ServeSettings", "Server", "ServiceWorker"]
 log = logging.getLogger(__name__)
 _DONE = object()
 
+#: Messages the client may buffer per consumer. The broker drops a non-persistent message
+#: when no consumer has a free permit, so the receive loop drains this queue eagerly and
+#: the worker itself answers ``overloaded`` beyond its bound: nothing is dropped silently.
+RECEIVER_QUEUE = 1000
+
 
 @dataclass(frozen=True)
 class ServeSettings:
@@ -92,7 +97,7 @@ class ServiceWorker:
             self.descriptor.request_queue,
             self.subscription,
             consumer_type=pulsar.ConsumerType.Shared,
-            receiver_queue_size=self.max_concurrency + self.max_queue,
+            receiver_queue_size=RECEIVER_QUEUE,
         )
         self._loop_task = asyncio.create_task(self._receive_loop(), name=f"receive {self.descriptor.id}")
 
@@ -102,6 +107,8 @@ class ServiceWorker:
             try:
                 message = await self._consumer.receive()
             except pulsar.asyncio.PulsarException as exc:
+                if exc.error() == pulsar.Result.AlreadyClosed:
+                    return
                 log.warning("service %s: receive failed (%s); retrying", self.descriptor.id, exc)
                 await asyncio.sleep(0.5)
                 continue
@@ -112,6 +119,7 @@ class ServiceWorker:
 
     async def _handle(self, message: pulsar.Message) -> None:
         request_id = message.properties().get("id")
+        log.debug("service %s: request %s received", self.descriptor.id, request_id)
         try:
             if request_id is None:
                 self.counters["unanswerable"] += 1

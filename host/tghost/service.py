@@ -164,10 +164,11 @@ class FunctionService(ToolService):
         self._tool_name = tool_name
         self._tool_fields = tool_fields
         self._context_param = next((n for n in signature.parameters if hints.get(n) is Context), None)
-        self.config_params = tuple(
+        self._config = tuple(
             ConfigParam(name=n, required=signature.parameters[n].default is inspect.Parameter.empty)
             for n in config
         )
+        self.config_params = self._config
         skipped = {*config, self._context_param}
         self.model = _arguments_model(fn, signature, hints, doc, skipped)
         self.input_schema = self.model.model_json_schema()
@@ -187,7 +188,7 @@ class FunctionService(ToolService):
             values = dict(self.model.model_validate(arguments))
         except ValidationError as exc:
             raise InvalidArguments(_argument_errors(exc)) from None
-        for param in self.config_params:
+        for param in self._config:
             if param.name in config:
                 values[param.name] = config[param.name]
         if self._context_param:
@@ -195,7 +196,7 @@ class FunctionService(ToolService):
         return self.fn(**values)
 
     def default_tools(self) -> list[ToolDescriptor]:
-        if any(p.required for p in self.config_params):
+        if any(p.required for p in self._config):
             return []
         return [self.tool(self._tool_name, **self._tool_fields)]
 

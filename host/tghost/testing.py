@@ -7,6 +7,7 @@ calls them over the real wire. Never mocks Pulsar.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterable, Iterator
 from types import TracebackType
 from typing import Any
@@ -17,7 +18,7 @@ import pytest
 from .broker import EmbeddedBroker, PulsarSettings, free_port
 from .client import ToolServiceClient
 from .discover import Catalog
-from .serve import ServeSettings, Server
+from .serve import Server, ServeSettings
 from .service import ToolService
 
 __all__ = ["LocalHost", "pulsar_broker"]
@@ -52,10 +53,11 @@ class LocalHost:
         self.pulsar = PulsarSettings(url)
         self.server = Server(self.services, self.descriptors, settings)
         self._clients: dict[str, ToolServiceClient] = {}
+        self._lock = asyncio.Lock()
         self.client: pulsar.asyncio.Client | None = None
 
     async def __aenter__(self) -> LocalHost:
-        self.client = self.pulsar.client()
+        self.client = await self.pulsar.connect()
         await self.server.start(self.client)
         return self
 
@@ -70,13 +72,16 @@ class LocalHost:
 
     async def caller(self, service_id: str) -> ToolServiceClient:
         """A started :class:`ToolServiceClient` for one of the served services (cached)."""
-        if service_id not in self._clients:
+        async with self._lock:
+            if service_id in self._clients:
+                return self._clients[service_id]
             descriptor = self.descriptors[service_id]
             assert self.client is not None, "use 'async with LocalHost(...)'"
-            self._clients[service_id] = await ToolServiceClient(
+            caller = await ToolServiceClient(
                 self.client, descriptor.request_queue, descriptor.response_queue
             ).start()
-        return self._clients[service_id]
+            self._clients[service_id] = caller
+            return caller
 
     async def call(
         self,

@@ -1,0 +1,113 @@
+"""Shared test fixtures. The broker fixture ``pulsar_broker`` comes from ``tghost.testing``."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from importlib.metadata import EntryPoint, entry_points
+from pathlib import Path
+
+import pytest
+from tghost.discover import ENTRY_POINT_GROUP
+
+
+class PluginDir:
+    """A directory of test distributions: ``<module>.py`` plus ``<dist>-<ver>.dist-info``.
+
+    Put on ``sys.path`` (in process) or ``PYTHONPATH`` (subprocesses), importlib.metadata
+    finds the distributions and their ``tghost.plugins`` entry points, as if pip-installed.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.names: list[str] = []
+
+    def add(self, name: str, source: str, version: str = "1.0") -> str:
+        """Write a plugin distribution ``tghost-test-<name>``; returns the entry point name."""
+        module = "tghost_test_" + re.sub(r"\W", "_", name)
+        sys.modules.pop(module, None)  # an earlier test may have imported another source
+        (self.root / f"{module}.py").write_text(textwrap.dedent(source))
+        info = self.root / f"{module}-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: tghost-test-{name}\nVersion: {version}\n"
+        )
+        (info / "entry_points.txt").write_text(f"[{ENTRY_POINT_GROUP}]\n{name} = {module}\n")
+        self.names.append(name)
+        importlib.invalidate_caches()
+        return name
+
+    def entry_points(self) -> list[EntryPoint]:
+        """The entry points of the distributions written here (found through importlib.metadata)."""
+        return [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name in self.names]
+
+    def env(self, **extra: str) -> dict[str, str]:
+        """Environment for a subprocess that sees these distributions."""
+        path = os.pathsep.join(p for p in (str(self.root), os.environ.get("PYTHONPATH")) if p)
+        return {**os.environ, "PYTHONPATH": path, **extra}
+
+
+@pytest.fixture
+def plugin_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> PluginDir:
+    """An empty :class:`PluginDir` on ``sys.path`` for this test."""
+    root = tmp_path / "site"
+    root.mkdir()
+    monkeypatch.syspath_prepend(str(root))
+    return PluginDir(root)
+
+
+class HostProcess:
+    """A ``tghost run`` subprocess; its stderr log is collected in ``self.log``."""
+
+    def __init__(self, args: list[str], env: dict[str, str]) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tghost", "run", *args],
+            env=env, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )
+        self.log = ""
+
+    def wait_for(self, pattern: str, timeout: float = 30.0) -> str:
+        """Read the log until a line matches ``pattern``; returns that line.
+
+        Raises:
+            AssertionError: the process exited or the line did not come in ``timeout`` seconds.
+        """
+        assert self.process.stderr is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            line = self.process.stderr.readline()
+            self.log += line
+            if re.search(pattern, line):
+                return line
+            if not line and self.process.poll() is not None:
+                break
+        raise AssertionError(f"no log line matching {pattern!r}; log so far:\n{self.log}")
+
+    def finish(self, timeout: float = 30.0) -> int:
+        """Wait for exit; returns the exit code and appends the rest of the log."""
+        _, rest = self.process.communicate(timeout=timeout)
+        self.log += rest
+        return self.process.returncode
+
+
+@pytest.fixture
+def host_process() -> Iterator[Callable[..., HostProcess]]:
+    """Start ``tghost run`` subprocesses; any still running at the end are killed."""
+    started: list[HostProcess] = []
+
+    def start(*args: str, env: dict[str, str] | None = None) -> HostProcess:
+        host = HostProcess(list(args), env or dict(os.environ))
+        started.append(host)
+        return host
+
+    yield start
+    for host in started:
+        if host.process.poll() is None:
+            host.process.kill()
+            host.process.communicate()

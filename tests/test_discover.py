@@ -1,0 +1,136 @@
+"""discover: entry points are loaded one at a time; failures and collisions are reported, not fatal."""
+
+from __future__ import annotations
+
+import pytest
+from tghost.discover import PluginLoadError, discover
+
+from .conftest import PluginDir
+
+GOOD = """
+import tghost
+
+@tghost.tool(group=["math"])
+def double(x: int) -> int:
+    '''Double a number.'''
+    return 2 * x
+
+@tghost.hookimpl
+def tghost_register_services(register):
+    register(double)
+"""
+
+KB = """
+import tghost
+
+@tghost.tool(service="kb", config=["collection"])
+def search(question: str, collection: str) -> str:
+    '''Search a collection.'''
+    return collection + ":" + question
+
+@tghost.hookimpl
+def tghost_register_services(register):
+    register(search)
+
+@tghost.hookimpl
+def tghost_register_tools(register):
+    register(search.tool("query-a", collection="a"))
+    register({"type": "tool-service", "name": "query-b", "description": "B", "service": "kb",
+              "collection": "b"})
+"""
+
+
+def test_a_good_plugin_contributes_its_service_and_tool_with_its_origin(plugin_dir: PluginDir) -> None:
+    plugin_dir.add("good", GOOD, version="2.5")
+    catalog = discover(plugin_dir.entry_points())
+    [report] = catalog.plugins
+    assert (report.name, report.distribution, report.version) == ("good", "tghost-test-good", "2.5")
+    assert report.services == ["double"] and report.tools == ["double"] and not report.errors
+    assert catalog.descriptors["double"].version == "2.5"
+    assert catalog.tools["double"].group == ("math",)
+    assert catalog.tool_origin["double"] is report
+
+
+def test_tools_registered_through_the_tools_hook_carry_config_values(plugin_dir: PluginDir) -> None:
+    plugin_dir.add("kb", KB)
+    catalog = discover(plugin_dir.entry_points())
+    assert catalog.tools["query-a"].config == {"collection": "a"}
+    assert catalog.tools["query-b"].config == {"collection": "b"}
+    # A required config param means no default tool: it would have no collection.
+    assert "search" not in catalog.tools
+
+
+def test_import_failure_is_reported_and_the_others_are_served(plugin_dir: PluginDir) -> None:
+    plugin_dir.add("broken", "import does_not_exist_anywhere\n")
+    plugin_dir.add("good", GOOD)
+    catalog = discover(plugin_dir.entry_points())
+    broken = next(r for r in catalog.plugins if r.name == "broken")
+    assert broken.failed and "ModuleNotFoundError" in broken.errors[0]
+    assert "does_not_exist_anywhere" in broken.tracebacks[0]
+    assert list(catalog.services) == ["double"]
+
+
+def test_a_hook_that_raises_skips_the_whole_plugin(plugin_dir: PluginDir) -> None:
+    plugin_dir.add("raiser", GOOD.replace("register(double)", "register(double)\n    raise RuntimeError('boom')"))
+    plugin_dir.add("kb", KB)
+    catalog = discover(plugin_dir.entry_points())
+    raiser = next(r for r in catalog.plugins if r.name == "raiser")
+    assert raiser.failed and "RuntimeError: boom" in raiser.errors[0]
+    assert "double" not in catalog.services  # registered before the raise, still dropped
+    assert set(catalog.services) == {"kb"}
+
+
+def test_an_invalid_descriptor_names_the_plugin_and_field(plugin_dir: PluginDir) -> None:
+    plugin_dir.add("badtool", KB.replace('"description": "B", ', ""))
+    plugin_dir.add("good", GOOD)
+    catalog = discover(plugin_dir.entry_points())
+    bad = next(r for r in catalog.plugins if r.name == "badtool")
+    assert bad.failed
+    assert "plugin 'badtool': tool 'query-b': field 'description'" in bad.errors[0]
+    assert "double" in catalog.services
+
+
+def test_registering_something_that_is_not_a_service_is_reported(plugin_dir: PluginDir) -> None:
+    plugin_dir.add("notservice", GOOD.replace("register(double)", "register(42)"))
+    [report] = discover(plugin_dir.entry_points()).plugins
+    assert report.failed and "ToolService" in report.errors[0]
+
+
+def test_service_id_collision_keeps_the_first_by_name_and_reports_the_second(plugin_dir: PluginDir) -> None:
+    plugin_dir.add("a-first", GOOD)
+    plugin_dir.add("b-second", GOOD)
+    catalog = discover(plugin_dir.entry_points())
+    second = next(r for r in catalog.plugins if r.name == "b-second")
+    assert catalog.service_origin["double"].name == "a-first"
+    assert second.failed
+    assert "service id 'double' is already provided by plugin 'a-first'" in second.errors[0]
+
+
+def test_tool_name_collision_is_reported_not_overwritten(plugin_dir: PluginDir) -> None:
+    plugin_dir.add("kb", KB)
+    plugin_dir.add("kb2", KB.replace('service="kb"', 'service="kb2"').replace('"service": "kb"', '"service": "kb2"'))
+    catalog = discover(plugin_dir.entry_points())
+    assert catalog.tools["query-a"].service == "kb"
+    kb2 = next(r for r in catalog.plugins if r.name == "kb2")
+    assert "tool name 'query-a' is already provided by plugin 'kb'" in kb2.errors[0]
+
+
+def test_a_tool_for_an_unknown_service_or_without_required_config_is_skipped(plugin_dir: PluginDir) -> None:
+    plugin_dir.add("kb", KB.replace("def tghost_register_tools(register):\n", """def tghost_register_tools(register):
+    register(search.tool("no-collection"))
+    register({"name": "elsewhere", "description": "E", "service": "nowhere"})
+"""))
+    catalog = discover(plugin_dir.entry_points())
+    [report] = catalog.plugins
+    assert set(catalog.tools) == {"query-a", "query-b"} and report.services == ["kb"]
+    assert any("'elsewhere' references service 'nowhere'" in e for e in report.errors)
+    assert any("'no-collection' lacks required config param(s) ['collection']" in e for e in report.errors)
+
+
+def test_strict_mode_makes_any_failure_fatal(plugin_dir: PluginDir, monkeypatch: pytest.MonkeyPatch) -> None:
+    plugin_dir.add("broken", "raise ImportError('nope')\n")
+    monkeypatch.setenv("TGHOST_STRICT_PLUGINS", "1")
+    with pytest.raises(PluginLoadError, match="broken: cannot load"):
+        discover(plugin_dir.entry_points())
+    monkeypatch.setenv("TGHOST_STRICT_PLUGINS", "0")
+    assert discover(plugin_dir.entry_points()).plugins[0].failed
