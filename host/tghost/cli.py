@@ -5,8 +5,10 @@ or (``--json``) for programs. Exit codes: 0 ok, 1 failure, 2 usage error.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +18,7 @@ import click
 import pulsar.asyncio
 
 from . import __version__
+from .announce import DEFAULT_TOPIC, Announcer, HostIdentity
 from .broker import (
     DEFAULT_URL,
     BrokerError,
@@ -25,9 +28,12 @@ from .broker import (
     ensure_broker,
     is_reachable,
 )
-from .client import ToolCallError, ToolServiceClient
-from .descriptors import request_queue, response_queue
-from .discover import PluginLoadError, discover
+from .client import ToolCallError
+from .config import default_config_path, load_config_tools
+from .descriptors import ToolServiceDescriptor, request_queue, response_queue
+from .directory import Change, DirectoryTool, ToolDirectory
+from .discover import Catalog, PluginLoadError, discover
+from .groups import DEFAULT_STATE, next_state
 from .host import run_host
 from .serve import ServeSettings
 
@@ -42,15 +48,44 @@ def _setup_logging(level: str) -> None:
 
 def pulsar_options(fn: F) -> F:
     """The connection options every command that talks to Pulsar takes."""
+    fn = click.option(
+        "--descriptors-topic", envvar="TGHOST_DESCRIPTORS_TOPIC", default=DEFAULT_TOPIC, show_default=True,
+        help="Topic where hosts announce their tools (env TGHOST_DESCRIPTORS_TOPIC).",
+    )(fn)
     return click.option(
         "--pulsar-url", envvar="TGHOST_PULSAR_URL", default=DEFAULT_URL, show_default=True,
         help="Pulsar service URL (env TGHOST_PULSAR_URL).",
     )(fn)
 
 
+def filter_options(fn: F) -> F:
+    """Seed 001 request groups and state."""
+    fn = click.option("--state", default=None, help="The agent's current state [default: undefined].")(fn)
+    return click.option("--group", "groups", multiple=True,
+                        help="A group the request may use; repeatable; '*' for all [default: default].")(fn)
+
+
+def main() -> None:
+    """The ``tghost`` console script: run the command, then leave without interpreter
+    finalization, where pulsar-client's C++ threads can crash the process after the work is
+    done (apache/pulsar-client-python#153, #203). Output is flushed first; the exit code is kept.
+    """
+    try:
+        cli(prog_name="tghost")
+        code = 0
+    except SystemExit as exc:
+        if isinstance(exc.code, str):
+            click.echo(exc.code, err=True)
+        code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="tghost")
-def main() -> None:
+def cli() -> None:
     """Host pip-installed agent tool services on Apache Pulsar.
 
     \b
@@ -61,7 +96,7 @@ def main() -> None:
     """
 
 
-@main.command()
+@cli.command()
 @pulsar_options
 @click.option("--data-dir", type=click.Path(path_type=Path), default=None,
               help=f"Embedded broker data directory [default: {default_data_dir()}].")
@@ -73,10 +108,18 @@ def main() -> None:
               help="Requests per service that may wait for a slot before 'overloaded' replies.")
 @click.option("--grace", type=click.FloatRange(min=0), default=10.0, show_default=True,
               help="Seconds in-flight calls get to finish on SIGINT/SIGTERM.")
+@click.option("--config", "config_path", type=click.Path(path_type=Path, dir_okay=False), envvar="TGHOST_CONFIG",
+              default=None, help=f"TOML file of extra tools (env TGHOST_CONFIG) [default: {default_config_path()}, "
+                                 "if it exists].")
+@click.option("--lease", type=click.FloatRange(min=0.5), default=30.0, show_default=True,
+              help="Seconds an announcement lives without a heartbeat (heartbeat every lease/3).")
+@click.option("--host-id", envvar="TGHOST_HOST_ID", default=None,
+              help="This host's id in announcements (env TGHOST_HOST_ID) [default: a stable id per host slot].")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True)
-def run(pulsar_url: str, data_dir: Path | None, timeout: float, max_concurrency: int,
-        max_queue: int, grace: float, log_level: str) -> None:
+def run(pulsar_url: str, descriptors_topic: str, data_dir: Path | None, timeout: float, max_concurrency: int,
+        max_queue: int, grace: float, config_path: Path | None, lease: float, host_id: str | None,
+        log_level: str) -> None:
     """Serve every installed tool-service plugin on Pulsar.
 
     If nothing answers at a local --pulsar-url, an embedded pulsar-lite broker is started
@@ -87,6 +130,7 @@ def run(pulsar_url: str, data_dir: Path | None, timeout: float, max_concurrency:
         catalog = discover()
     except PluginLoadError as exc:
         raise click.ClickException(str(exc)) from None
+    _add_config_tools(catalog, config_path)
     for report in catalog.plugins:
         for error in report.errors:
             log.error("plugin %s: %s (run 'tghost plugins' for details)", report.name, error)
@@ -96,13 +140,25 @@ def run(pulsar_url: str, data_dir: Path | None, timeout: float, max_concurrency:
     settings = ServeSettings(timeout=timeout, max_concurrency=max_concurrency,
                              max_queue=max_queue, grace=grace)
     try:
-        asyncio.run(run_host(catalog, PulsarSettings(pulsar_url), settings))
+        with HostIdentity.claim(Path(click.get_app_dir("tghost")), host_id) as identity:
+            announcer = Announcer(catalog, identity, descriptors_topic, lease)
+            asyncio.run(run_host(catalog, PulsarSettings(pulsar_url), settings, announcer))
     except pulsar.asyncio.PulsarException as exc:
         raise click.ClickException(f"Pulsar at {pulsar_url} failed: {exc}; check --pulsar-url "
                                    "(env TGHOST_PULSAR_URL) and that the broker is up") from None
     finally:
         if broker is not None:
             broker.stop()
+
+
+def _add_config_tools(catalog: Catalog, path: Path | None) -> None:
+    if path is None:
+        path = default_config_path()
+        if not path.exists():
+            return
+    report = load_config_tools(catalog, path)
+    if report.tools:
+        log.info("config %s: added tools %s", path, ", ".join(report.tools))
 
 
 def _start_broker_if_needed(url: str, data_dir: Path | None) -> EmbeddedBroker | None:
@@ -116,7 +172,7 @@ def _start_broker_if_needed(url: str, data_dir: Path | None) -> EmbeddedBroker |
     return broker
 
 
-@main.command()
+@cli.command()
 @click.option("--port", type=click.IntRange(1, 65535), default=6650, show_default=True)
 @click.option("--data-dir", type=click.Path(path_type=Path), default=None,
               help=f"Data directory [default: {default_data_dir()}].")
@@ -138,7 +194,7 @@ def broker(port: int, data_dir: Path | None) -> None:
         embedded.stop()
 
 
-@main.command()
+@cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for programs.")
 def plugins(as_json: bool) -> None:
     """List every installed plugin: what it serves, and what failed and why.
@@ -188,47 +244,129 @@ def _json_value(text: str, what: str, hint: str) -> Any:
         raise click.BadParameter(f"{what} is not JSON ({exc})", param_hint=hint) from None
 
 
-def _service_queues(service_id: str, topic: str | None) -> tuple[str, str]:
-    if topic:
-        return request_queue(topic), response_queue(topic)
-    descriptor = discover(strict=False).descriptors.get(service_id)
-    if descriptor is None:
-        log.warning("service %r is not installed here; assuming topic %r (use --topic)", service_id, service_id)
-        return request_queue(service_id), response_queue(service_id)
-    return descriptor.request_queue, descriptor.response_queue
+def _require_broker(url: str) -> None:
+    if not is_reachable(url):
+        raise click.ClickException(f"no Pulsar broker answers at {url}: start one with 'tghost run', "
+                                   "or pass --pulsar-url / TGHOST_PULSAR_URL")
 
 
-@main.command()
+def _directory(pulsar_url: str, topic: str) -> ToolDirectory:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    _require_broker(pulsar_url)
+    return ToolDirectory(PulsarSettings(pulsar_url), topic)
+
+
+def _tool_json(tool: DirectoryTool) -> dict[str, Any]:
+    d = tool.descriptor
+    return {"name": d.name, "service": d.service, "description": d.description, "group": list(d.group),
+            "state": d.state, "available_in_states": list(d.available_in_states) if d.available_in_states else None,
+            "config": d.config, "arguments": [a.model_dump() for a in d.arguments],
+            "providers": [p.host["id"] for p in tool.providers]}
+
+
+@cli.command()
 @pulsar_options
-@click.option("--service", "service_id", required=True, help="Tool service id, e.g. joke-service.")
+@filter_options
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for programs.")
+def tools(pulsar_url: str, descriptors_topic: str, groups: tuple[str, ...], state: str | None,
+          as_json: bool) -> None:
+    """List the live tools every agent can see, as announced by running hosts.
+
+    Without --group/--state, every live tool is listed; with them, only those a seed 001
+    request with those groups and state may use.
+    """
+    async def fetch() -> list[dict[str, Any]]:
+        async with _directory(pulsar_url, descriptors_topic) as directory:
+            names = [t.name for t in directory.available(groups or ["*"], state)]
+            if not groups and state is None:
+                names = sorted(directory.tools)
+            return [_tool_json(directory.tools[name]) for name in names]
+
+    rows = asyncio.run(fetch())
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        click.echo("no live tools (is a 'tghost run' up on this broker?)")
+        return
+    table = [("TOOL", "SERVICE", "PROVIDERS", "GROUPS", "STATES", "-> STATE")] + [
+        (r["name"], r["service"], ",".join(r["providers"]), ",".join(r["group"]),
+         ",".join(r["available_in_states"] or ["*"]), r["state"] or "-") for r in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    for row in table:
+        click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+
+
+@cli.command()
+@pulsar_options
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object per change (JSON Lines).")
+def watch(pulsar_url: str, descriptors_topic: str, as_json: bool) -> None:
+    """Follow the live tool set: tools added, updated, removed or expired, until Ctrl-C.
+
+    Starts with the tools live now, reported as added.
+    """
+    async def follow() -> None:
+        async with _directory(pulsar_url, descriptors_topic) as directory:
+            changes = directory.changes()
+            for name in sorted(directory.tools):
+                _print_change(Change("added", name, directory.tools[name]), as_json)
+            async for change in changes:
+                _print_change(change, as_json)
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(follow())
+
+
+def _print_change(change: Change, as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps(change.to_json()), nl=True)
+        return
+    tool = change.tool
+    detail = f"service {tool.descriptor.service} on {','.join(p.host['id'] for p in tool.providers)}" if tool else ""
+    colour = {"added": "green", "updated": "yellow"}.get(change.kind, "red")
+    click.echo(f"{click.style(change.kind.ljust(7), fg=colour)} {change.name}  {detail}".rstrip())
+    sys.stdout.flush()
+
+
+@cli.command()
+@pulsar_options
+@filter_options
+@click.option("--service", "service_id", default=None,
+              help="Call a tool service by id instead of a tool by name.")
 @click.option("--topic", default=None,
-              help="Short topic T of the service (non-persistent://tg/request/T). "
-                   "Default: from the installed plugin, else the service id.")
+              help="With --service: the short topic T (non-persistent://tg/request/T) [default: as announced, "
+                   "else from the installed plugin, else the service id].")
 @click.option("--config", "config_pairs", multiple=True, metavar="KEY=VALUE",
-              help="A config value; repeatable. KEY:=JSON for non-strings.")
+              help="With --service: a config value; repeatable. KEY:=JSON for non-strings.")
 @click.option("--json", "json_args", default=None, metavar="ARGS",
               help="All arguments as one JSON object, instead of KEY=VALUE pairs.")
 @click.option("--user", default=None, help="The request's user (omitted if not given).")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True,
               help="Seconds to wait for the whole answer.")
-@click.argument("arguments", nargs=-1, metavar="[KEY=VALUE | KEY:=JSON]...")
-def call(pulsar_url: str, service_id: str, topic: str | None, config_pairs: tuple[str, ...],
-         json_args: str | None, user: str | None, timeout: float, arguments: tuple[str, ...]) -> None:
-    """Send one request to a tool service and print the observation as it streams in.
+@click.argument("arguments", nargs=-1, metavar="[TOOL] [KEY=VALUE | KEY:=JSON]...")
+def call(pulsar_url: str, descriptors_topic: str, groups: tuple[str, ...], state: str | None,
+         service_id: str | None, topic: str | None, config_pairs: tuple[str, ...], json_args: str | None,
+         user: str | None, timeout: float, arguments: tuple[str, ...]) -> None:
+    """Call a tool by name (through the live directory), or a service with --service.
 
-    Exits 1 on an error reply or a timeout (the error goes to stderr).
+    A tool call merges the tool's config values into the request and is refused, with the
+    reason, when the request's --group/--state (seed 001) do not allow the tool. The
+    observation is printed as it streams in. Exits 1 on a refusal, an error reply or a
+    timeout (the error goes to stderr).
     """
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if service_id is None and not arguments:
+        raise click.UsageError("give a TOOL name, or --service ID")
+    tool_name, arguments = (None, arguments) if service_id else (arguments[0], arguments[1:])
     if json_args is not None and arguments:
         raise click.UsageError("give arguments as KEY=VALUE pairs or --json, not both")
     args = _parse_pairs(arguments, "ARGUMENTS") if json_args is None else _json_object(json_args)
     config = _parse_pairs(config_pairs, "--config")
-    queues = _service_queues(service_id, topic)
-    if not is_reachable(pulsar_url):
-        raise click.ClickException(f"no Pulsar broker answers at {pulsar_url}: start one with "
-                                   "'tghost run', or pass --pulsar-url / TGHOST_PULSAR_URL")
+    directory = _directory(pulsar_url, descriptors_topic)
     try:
-        asyncio.run(_call(PulsarSettings(pulsar_url), queues, config, args, user, timeout))
+        if tool_name is not None:
+            asyncio.run(_call_tool(directory, tool_name, args, user, list(groups) or None, state, timeout))
+        else:
+            asyncio.run(_call_service(directory, service_id or "", topic, config, args, user, timeout))
     except ToolCallError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)
@@ -241,13 +379,36 @@ def _json_object(text: str) -> dict[str, Any]:
     return value
 
 
-async def _call(settings: PulsarSettings, queues: tuple[str, str], config: dict[str, Any],
-                arguments: dict[str, Any], user: str | None, timeout: float) -> None:
-    client = await settings.connect()
-    try:
-        async with ToolServiceClient(client, *queues) as service:
-            async for chunk in service.stream(config, arguments, user=user, timeout=timeout):
-                click.echo(chunk, nl=False)
+async def _call_tool(directory: ToolDirectory, name: str, arguments: dict[str, Any], user: str | None,
+                     groups: list[str] | None, state: str | None, timeout: float) -> None:
+    async with directory:
+        tool = directory.check(name, groups, state)
+        async for chunk in directory.stream(name, arguments, user=user, groups=groups, state=state, timeout=timeout):
+            click.echo(chunk, nl=False)
         click.echo()
-    finally:
-        await client.close()
+        if tool.descriptor.state is not None:
+            click.echo(f"state: {state or DEFAULT_STATE} -> {next_state(tool.descriptor, state, True)}", err=True)
+
+
+async def _call_service(directory: ToolDirectory, service_id: str, topic: str | None, config: dict[str, Any],
+                        arguments: dict[str, Any], user: str | None, timeout: float) -> None:
+    async with directory:
+        announced = directory.services.get(service_id)
+        descriptor = announced.descriptor if announced and not topic else _installed_service(service_id, topic)
+        service = await directory.caller(descriptor)
+        async for chunk in service.stream(config, arguments, user=user, timeout=timeout):
+            click.echo(chunk, nl=False)
+        click.echo()
+
+
+def _installed_service(service_id: str, topic: str | None) -> ToolServiceDescriptor:
+    """The service by --topic, else as an installed plugin declares it, else topic = service id."""
+    descriptor = None if topic else discover(strict=False).descriptors.get(service_id)
+    if descriptor is None:
+        if not topic:
+            log.warning("service %r is neither announced nor installed here; assuming topic %r (use --topic)",
+                        service_id, service_id)
+        topic = topic or service_id
+        descriptor = ToolServiceDescriptor.model_validate(
+            {"id": service_id, "request-queue": request_queue(topic), "response-queue": response_queue(topic)})
+    return descriptor

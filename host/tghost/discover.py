@@ -21,7 +21,7 @@ from . import hookspecs
 from .descriptors import ToolDescriptor, ToolServiceDescriptor, describe_validation_error
 from .service import ToolService
 
-__all__ = ["ENTRY_POINT_GROUP", "Catalog", "PluginLoadError", "PluginReport", "discover"]
+__all__ = ["ENTRY_POINT_GROUP", "Catalog", "PluginLoadError", "PluginReport", "catalog_of", "discover"]
 
 ENTRY_POINT_GROUP = "tghost.plugins"
 log = logging.getLogger(__name__)
@@ -55,6 +55,10 @@ class PluginReport:
         if exc is not None:
             self.tracebacks.append("".join(traceback.format_exception(exc)))
         log.error("plugin %r: %s", self.name, message, exc_info=exc)
+
+    def origin_json(self) -> dict[str, Any]:
+        """Where an announced descriptor came from: entry point, distribution, version."""
+        return {"entry_point": self.name, "distribution": self.distribution, "version": self.version}
 
     def to_json(self) -> dict[str, Any]:
         """The report as a JSON-able dict (``tghost plugins --json``)."""
@@ -110,6 +114,28 @@ def discover(
     failures = [f"{r.name}: {e}" for r in catalog.plugins for e in r.errors]
     if failures and (_strict_from_env() if strict is None else strict):
         raise PluginLoadError("TGHOST_STRICT_PLUGINS is set and plugins failed:\n" + "\n".join(failures))
+    return catalog
+
+
+def catalog_of(services: Iterable[Any], tools: Iterable[Any] = (), name: str = "local") -> Catalog:
+    """A catalog of service objects and tools registered in-process, as plugin ``name`` would
+    register them (for tests and embedding; no entry points).
+
+    Raises:
+        DescriptorError: a descriptor is invalid.
+        ValueError: the same service id or tool name is given twice.
+    """
+    report = PluginReport(name, "(in process)")
+    contribution = _Contribution()
+    for service in services:
+        _service_registrar(report, contribution)(service)
+    for tool in tools:
+        _tool_registrar(report, contribution)(tool)
+    catalog = Catalog(plugins=[report])
+    _admit(catalog, report, contribution)
+    _check_tool_references(catalog)
+    if any(r.errors for r in catalog.plugins):
+        raise ValueError("; ".join(catalog.plugins[0].errors))
     return catalog
 
 
@@ -186,11 +212,16 @@ def _admit(catalog: Catalog, report: PluginReport, contribution: _Contribution) 
     """Add a plugin's services and tools unless one collides with an earlier plugin's."""
     claims = [("service id", d.id, catalog.service_origin) for _, d in contribution.services]
     claims += [("tool name", t.name, catalog.tool_origin) for t in contribution.tools]
+    seen: set[tuple[str, str]] = set()
     for kind, name, taken in claims:
         if name in taken:
             report.fail(f"{kind} {name!r} is already provided by plugin {taken[name].name!r}; "
                         "plugin skipped (uninstall or disable one of them)")
             return
+        if (kind, name) in seen:
+            report.fail(f"{kind} {name!r} is registered twice by this plugin; plugin skipped")
+            return
+        seen.add((kind, name))
     for service, descriptor in contribution.services:
         catalog.services[descriptor.id] = service
         catalog.descriptors[descriptor.id] = descriptor

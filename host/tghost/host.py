@@ -1,5 +1,6 @@
-"""host: one ``tghost run``. Connect, start serving a discovered catalog, wait for a signal,
-then stop taking requests, drain in-flight calls and close. Never parses the command line.
+"""host: one ``tghost run``. Connect, serve a discovered catalog, announce it, wait for a
+signal, then withdraw, stop taking requests, drain in-flight calls and close.
+Never parses the command line.
 """
 
 from __future__ import annotations
@@ -7,8 +8,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import Awaitable, Callable
 
+from .announce import Announcer
 from .broker import PulsarSettings
 from .discover import Catalog
 from .serve import Server, ServeSettings
@@ -31,13 +32,15 @@ async def run_host(
     catalog: Catalog,
     pulsar_settings: PulsarSettings,
     serve_settings: ServeSettings,
+    announcer: Announcer | None = None,
     stop: asyncio.Event | None = None,
-    on_ready: Callable[[Server], Awaitable[None]] | None = None,
 ) -> int:
-    """Serve ``catalog`` until ``stop`` is set or SIGINT/SIGTERM arrives.
+    """Serve ``catalog`` (and announce it, given an ``announcer``) until ``stop`` is set or
+    SIGINT/SIGTERM arrives.
 
-    On stop the host stops taking requests, gives in-flight calls ``serve_settings.grace``
-    seconds, then closes. Returns the number of calls cancelled at the end of the grace.
+    On stop the host first withdraws its announcements, so agents stop routing to it, then
+    stops taking requests, gives in-flight calls ``serve_settings.grace`` seconds, and
+    closes. Returns the number of calls cancelled at the end of the grace.
 
     Raises:
         pulsar.asyncio.PulsarException: the broker refused a subscription or producer.
@@ -51,9 +54,11 @@ async def run_host(
     try:
         await server.start(client)
         _log_catalog(catalog, pulsar_settings.url)
-        if on_ready is not None:
-            await on_ready(server)
+        if announcer is not None:
+            await announcer.start(client)
         await stop.wait()
+        if announcer is not None:
+            await announcer.withdraw()
         log.info("stopping: no new requests; waiting up to %ss for %d in-flight call(s)",
                  serve_settings.grace, sum(w.in_flight for w in server.workers))
         cancelled = await server.stop()

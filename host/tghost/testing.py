@@ -8,6 +8,7 @@ calls them over the real wire. Never mocks Pulsar.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator, Iterable, Iterator
 from types import TracebackType
 from typing import Any
@@ -15,9 +16,10 @@ from typing import Any
 import pulsar.asyncio
 import pytest
 
+from .announce import DEFAULT_TOPIC, Announcer, HostIdentity
 from .broker import EmbeddedBroker, PulsarSettings, free_port
 from .client import ToolServiceClient
-from .discover import Catalog
+from .discover import Catalog, catalog_of
 from .serve import Server, ServeSettings
 from .service import ToolService
 
@@ -37,6 +39,8 @@ class LocalHost:
 
     ``async with LocalHost(url, [my_service]) as host: await host.call("my-service", {...})``.
     ``services`` is an iterable of :class:`tghost.ToolService` or a discovered ``Catalog``.
+    With ``announce_as`` (a host id) it also announces them on ``topic`` with a ``lease``
+    (seconds), and withdraws them on exit, as ``tghost run`` does.
     """
 
     def __init__(
@@ -44,14 +48,17 @@ class LocalHost:
         url: str,
         services: Iterable[ToolService] | Catalog,
         settings: ServeSettings | None = None,
+        *,
+        announce_as: str | None = None,
+        lease: float = 30.0,
+        topic: str = DEFAULT_TOPIC,
     ) -> None:
-        if isinstance(services, Catalog):
-            self.services, self.descriptors = services.services, services.descriptors
-        else:
-            self.services = {s.descriptor.id: s for s in services}
-            self.descriptors = {sid: s.descriptor for sid, s in self.services.items()}
+        self.catalog = services if isinstance(services, Catalog) else catalog_of(services)
+        self.services, self.descriptors = self.catalog.services, self.catalog.descriptors
         self.pulsar = PulsarSettings(url)
         self.server = Server(self.services, self.descriptors, settings)
+        self.announcer = None if announce_as is None else Announcer(
+            self.catalog, HostIdentity(announce_as, "localhost", os.getpid()), topic, lease)
         self._clients: dict[str, ToolServiceClient] = {}
         self._lock = asyncio.Lock()
         self.client: pulsar.asyncio.Client | None = None
@@ -59,11 +66,15 @@ class LocalHost:
     async def __aenter__(self) -> LocalHost:
         self.client = await self.pulsar.connect()
         await self.server.start(self.client)
+        if self.announcer is not None:
+            await self.announcer.start(self.client)
         return self
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        if self.announcer is not None:
+            await self.announcer.withdraw()
         for caller in self._clients.values():
             await caller.close()
         await self.server.stop(grace=5.0)

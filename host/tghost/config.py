@@ -1,0 +1,95 @@
+"""config: extra tools declared in a TOML file, over services this host serves.
+
+A deployment adds ``query-orders`` over the knowledge-base service without touching plugin
+code. Each bad entry is reported (file and key) and skipped. Never touches Pulsar.
+"""
+
+from __future__ import annotations
+
+import logging
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import click
+from pydantic import ValidationError
+
+from .descriptors import ToolDescriptor, describe_validation_error
+from .discover import Catalog, PluginReport
+
+__all__ = ["default_config_path", "load_config_tools"]
+
+log = logging.getLogger(__name__)
+
+
+def default_config_path() -> Path:
+    """``tools.toml`` in the platform's app dir for tghost, e.g. ``~/.config/tghost/tools.toml``."""
+    return Path(click.get_app_dir("tghost")) / "tools.toml"
+
+
+def _tool_fields(catalog: Catalog, name: str, entry: dict[str, Any]) -> dict[str, Any]:
+    """The entry as seed JSON, with ``arguments``/``input-schema`` defaulted from a plugin tool
+    of the same service, so a config tool asks the LLM for what the service expects."""
+    fields = {"type": "tool-service", "name": name, **entry}
+    sibling = next((t for t in catalog.tools.values() if t.service == entry.get("service")), None)
+    if sibling is not None:
+        fields.setdefault("arguments", [a.model_dump() for a in sibling.arguments])
+        if sibling.input_schema is not None:
+            fields.setdefault("input-schema", sibling.input_schema)
+    return fields
+
+
+def _check(catalog: Catalog, tool: ToolDescriptor) -> str | None:
+    descriptor = catalog.descriptors.get(tool.service)
+    if descriptor is None:
+        return f"service {tool.service!r} is not served here (served: {sorted(catalog.descriptors)})"
+    missing = [p for p in descriptor.required_config if p not in tool.config]
+    if missing:
+        return f"lacks required config param(s) {missing} of service {tool.service!r}"
+    if tool.name in catalog.tools:
+        return f"tool name {tool.name!r} is already provided by plugin {catalog.tool_origin[tool.name].name!r}"
+    return None
+
+
+def load_config_tools(catalog: Catalog, path: Path) -> PluginReport:
+    """Add the ``[tools.<name>]`` tables of the TOML file at ``path`` to ``catalog``.
+
+    Each table holds seed 000/001 tool keys (``service``, ``description``, ``group``,
+    ``state``, ``available_in_states``, ``arguments``) and the tool's config values::
+
+        [tools.query-orders]
+        service = "custom-rag"
+        description = "Query the order knowledge base"
+        collection = "orders"
+
+    Returns a report (name ``config:<path>``) listing the tools added and one error per bad
+    entry; an unreadable file is one error and adds nothing.
+    """
+    report = PluginReport(name=f"config:{path}", value=str(path))
+    catalog.plugins.append(report)
+    try:
+        tables = tomllib.loads(path.read_text()).get("tools", {})
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        report.fail(f"cannot read {path}: {exc}")
+        return report
+    if not isinstance(tables, dict):
+        report.fail(f"{path}: 'tools' must be a table of [tools.<name>] tables")
+        return report
+    for name, entry in tables.items():
+        origin = f"{path}: [tools.{name}]"
+        if not isinstance(entry, dict):
+            report.fail(f"{origin}: must be a table")
+            continue
+        try:
+            tool = ToolDescriptor.model_validate(_tool_fields(catalog, name, entry))
+        except ValidationError as exc:
+            report.fail(str(describe_validation_error(exc, origin)))
+            continue
+        problem = _check(catalog, tool)
+        if problem:
+            report.fail(f"{origin}: {problem}; tool skipped")
+            continue
+        catalog.tools[name] = tool
+        catalog.tool_origin[name] = report
+        report.tools.append(name)
+    return report
