@@ -154,7 +154,7 @@ class ToolDirectory:
         self._client = await self.pulsar.connect()
         self._reader = reader = await self._client.create_reader(self.topic, pulsar.MessageId.earliest)
         dirty: set[tuple[str, str]] = set()
-        while await reader.has_message_available():
+        while await _has_message_available(reader):
             dirty |= self._apply(await reader.read_next())
         self._resolve(dirty, "removed")  # nothing is live yet: all changes are "added"
         self._tasks = [asyncio.create_task(self._follow(reader), name="directory follow"),
@@ -408,6 +408,17 @@ class ToolDirectory:
         """Invoke tool ``name`` and return the observation string; as :meth:`stream`."""
         chunks = self.stream(name, arguments, user=user, groups=groups, state=state, timeout=timeout)
         return "".join([chunk async for chunk in chunks])
+
+
+async def _has_message_available(reader: pulsar.asyncio.Reader) -> bool:
+    """``reader.has_message_available()``, except that pulsar-lite 0.2.0 answers an empty topic
+    with UnknownError ("Topic has no messages") where Apache Pulsar answers False."""
+    try:
+        return await reader.has_message_available()
+    except pulsar.asyncio.PulsarException as exc:
+        if exc.error() == pulsar.Result.UnknownError:
+            return False
+        raise
 
 
 def _parse_descriptor(announcement: _Announcement) -> ToolDescriptor | ToolServiceDescriptor | None:
