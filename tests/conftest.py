@@ -14,6 +14,7 @@ from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 
 import pytest
+
 from tghost.discover import ENTRY_POINT_GROUP
 
 

@@ -156,6 +156,7 @@ class ToolDirectory:
         dirty: set[tuple[str, str]] = set()
         while await _has_message_available(reader):
             dirty |= self._apply(await reader.read_next())
+        dirty |= self._expire(time.time())  # hosts that died before we came
         self._resolve(dirty, "removed")  # nothing is live yet: all changes are "added"
         self._tasks = [asyncio.create_task(self._follow(reader), name="directory follow"),
                        asyncio.create_task(self._expire_loop(), name="directory expiry")]
@@ -196,12 +197,15 @@ class ToolDirectory:
     async def _expire_loop(self) -> None:
         while True:
             await asyncio.sleep(self.expiry_interval)
-            now = time.time()
-            dirty: set[tuple[str, str]] = set()
-            for host_id in [h for h, lease in self._hosts.items() if lease.expires_at < now]:
-                log.info("host %s: lease expired", host_id)
-                dirty |= self._drop_host(host_id)
-            self._resolve(dirty, "expired")
+            self._resolve(self._expire(time.time()), "expired")
+
+    def _expire(self, now: float) -> set[tuple[str, str]]:
+        """Drop every host whose lease ended before ``now`` (unix seconds); returns what changed."""
+        dirty: set[tuple[str, str]] = set()
+        for host_id in [h for h, lease in self._hosts.items() if lease.expires_at < now]:
+            log.info("host %s: lease expired", host_id)
+            dirty |= self._drop_host(host_id)
+        return dirty
 
     # -- applying messages -----------------------------------------------------------------
 
@@ -277,8 +281,8 @@ class ToolDirectory:
             self.tools.pop(name, None)
         else:
             self.tools[name] = after
-        if before == after:
-            return
+        if _shape(before) == _shape(after):
+            return  # e.g. only a service's provider list moved: not a change to this tool
         change: Literal["added", "updated", "removed", "expired"] = (
             "added" if before is None else gone if after is None else "updated")
         self._filtered.clear()
@@ -410,11 +414,16 @@ class ToolDirectory:
         return "".join([chunk async for chunk in chunks])
 
 
+def _shape(tool: DirectoryTool | None) -> tuple[Any, ...] | None:
+    """What a change event is about: the tool, its providers and its service's descriptor."""
+    return None if tool is None else (tool.descriptor, tool.providers, tool.service.descriptor)
+
+
 async def _has_message_available(reader: pulsar.asyncio.Reader) -> bool:
     """``reader.has_message_available()``, except that pulsar-lite 0.2.0 answers an empty topic
     with UnknownError ("Topic has no messages") where Apache Pulsar answers False."""
     try:
-        return await reader.has_message_available()
+        return bool(await reader.has_message_available())
     except pulsar.asyncio.PulsarException as exc:
         if exc.error() == pulsar.Result.UnknownError:
             return False

@@ -1,0 +1,279 @@
+"""cli: ``tghost`` as a user runs it, in subprocesses, against the embedded broker."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tghost.broker import EmbeddedBroker, free_port
+
+from .conftest import HostProcess, PluginDir
+
+ECHO = """
+import asyncio
+import tghost
+
+@tghost.tool
+async def echo(text: str) -> str:
+    '''Echo the text back.'''
+    return text
+
+@tghost.tool
+async def unhurried(seconds: float) -> str:
+    '''Sleep for seconds, then say so.'''
+    await asyncio.sleep(seconds)
+    return f"slept {seconds}s"
+
+@tghost.tool
+def failing() -> str:
+    '''Always raises.'''
+    raise RuntimeError("out of coffee")
+
+@tghost.tool(service="kb", config=["collection"], timeout=5)
+def lookup(question: str, collection: str) -> str:
+    '''Look a question up in a collection.'''
+    return f"{collection} says: {question}"
+
+@tghost.hookimpl
+def tghost_register_services(register):
+    for service in (echo, unhurried, failing, lookup):
+        register(service)
+
+@tghost.hookimpl
+def tghost_register_tools(register):
+    register(lookup.tool("ask-staff", collection="staff", group=["hr"], state="answered"))
+"""
+
+SHOUT = """
+import tghost
+
+@tghost.tool
+async def shout(text: str) -> str:
+    '''Shout the text back.'''
+    return text.upper()
+
+@tghost.hookimpl
+def tghost_register_services(register):
+    register(shout)
+"""
+
+READY = r"\d+ service\(s\), \d+ tool\(s\) on"
+
+
+@pytest.fixture
+def env(pulsar_broker: EmbeddedBroker, plugin_dir: PluginDir, tmp_path: Path) -> dict[str, str]:
+    """A user's environment: the ECHO plugin installed, this broker, a fresh descriptors topic,
+    and a private config dir (host slots, tools.toml)."""
+    plugin_dir.add("echo", ECHO)
+    return plugin_dir.env(TGHOST_PULSAR_URL=pulsar_broker.url, XDG_CONFIG_HOME=str(tmp_path / "config"),
+                          TGHOST_DESCRIPTORS_TOPIC=f"persistent://tg/config/cli-{uuid.uuid4().hex[:8]}")
+
+
+def live_tools(env: dict[str, str]) -> dict[str, dict[str, object]]:
+    result = tghost("tools", "--json", env=env)
+    assert result.returncode == 0, result.stderr
+    return {row["name"]: row for row in json.loads(result.stdout)}
+
+
+def tghost(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tghost", *args], env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_plugins_json_lists_loaded_and_failed_plugins_and_exits_1(plugin_dir: PluginDir) -> None:
+    plugin_dir.add("echo", ECHO, version="3.1")
+    plugin_dir.add("broken", "import not_a_module_anywhere\n")
+    result = tghost("plugins", "--json", env=plugin_dir.env())
+    reports = {r["name"]: r for r in json.loads(result.stdout)}
+    assert result.returncode == 1
+    assert reports["echo"]["status"] == "loaded" and reports["echo"]["version"] == "3.1"
+    assert reports["echo"]["services"] == ["echo", "unhurried", "failing", "kb"]
+    assert reports["broken"]["status"] == "failed"
+    assert "not_a_module_anywhere" in reports["broken"]["errors"][0]
+
+
+def test_plugins_human_output_says_what_failed(plugin_dir: PluginDir) -> None:
+    plugin_dir.add("broken", "import not_a_module_anywhere\n")
+    result = tghost("plugins", env=plugin_dir.env())
+    assert "broken (tghost-test-broken 1.0) failed" in result.stdout
+    assert "error: cannot load entry point 'tghost_test_broken'" in result.stdout
+
+
+def test_run_serves_plugins_and_call_prints_the_observation(
+    pulsar_broker: EmbeddedBroker, plugin_dir: PluginDir, host_process: Callable[..., HostProcess]
+) -> None:
+    plugin_dir.add("echo", ECHO)
+    env = plugin_dir.env(TGHOST_PULSAR_URL=pulsar_broker.url)
+    host = host_process(env=env)
+    assert "echo" in host.wait_for(r"serving echo on non-persistent://tg/request/echo")
+    host.wait_for(READY)
+    ok = tghost("call", "--service", "echo", "text=hello there", env=env)
+    assert (ok.returncode, ok.stdout) == (0, "hello there\n")
+    as_json = tghost("call", "--service", "echo", "--json", '{"text": "from json"}', env=env)
+    assert as_json.stdout == "from json\n"
+    failed = tghost("call", "--service", "failing", env=env)
+    assert failed.returncode == 1
+    assert "error: tool-service-error: RuntimeError: out of coffee" in failed.stderr
+    host.process.send_signal(signal.SIGINT)
+    assert host.finish() == 0
+
+
+def test_sigterm_lets_in_flight_calls_finish_then_exits_0(
+    pulsar_broker: EmbeddedBroker, plugin_dir: PluginDir, host_process: Callable[..., HostProcess]
+) -> None:
+    plugin_dir.add("echo", ECHO)
+    env = plugin_dir.env(TGHOST_PULSAR_URL=pulsar_broker.url)
+    host = host_process("--grace", "10", "--log-level", "debug", env=env)
+    host.wait_for(READY)
+    result: dict[str, subprocess.CompletedProcess[str]] = {}
+    caller = threading.Thread(target=lambda: result.update(
+        call=tghost("call", "--service", "unhurried", "seconds:=1.5", env=env)))
+    caller.start()
+    host.wait_for(r"service unhurried: request \w+ received")
+    host.process.send_signal(signal.SIGTERM)
+    caller.join(30)
+    assert result["call"].returncode == 0 and result["call"].stdout == "slept 1.5s\n"
+    assert host.finish() == 0
+    assert "waiting up to 10.0s for 1 in-flight call(s)" in host.log
+
+
+def test_joke_service_tells_a_pun_about_cats(
+    pulsar_broker: EmbeddedBroker, host_process: Callable[..., HostProcess]
+) -> None:
+    env = {**os.environ, "TGHOST_PULSAR_URL": pulsar_broker.url}
+    host = host_process(env=env)
+    host.wait_for(READY)
+    result = tghost("call", "--service", "joke-service", "--config", "style=pun", "topic=cats", env=env)
+    assert result.returncode == 0, result.stderr
+    assert "pun" in result.stdout and "cat" in result.stdout.lower()
+    host.process.send_signal(signal.SIGTERM)
+    assert host.finish() == 0
+
+
+def test_run_starts_the_embedded_broker_when_nothing_answers(
+    tmp_path: Path, plugin_dir: PluginDir, host_process: Callable[..., HostProcess]
+) -> None:
+    plugin_dir.add("echo", ECHO)
+    url = f"pulsar://127.0.0.1:{free_port()}"
+    env = plugin_dir.env(TGHOST_PULSAR_URL=url)
+    host = host_process("--data-dir", str(tmp_path / "broker"), env=env)
+    line = host.wait_for("started the embedded broker")
+    assert str(tmp_path / "broker") in line
+    host.wait_for(READY)
+    assert tghost("call", "--service", "echo", "text=embedded", env=env).stdout == "embedded\n"
+    host.process.send_signal(signal.SIGINT)
+    assert host.finish() == 0
+    assert (tmp_path / "broker" / "broker.log").exists()
+
+
+def test_call_without_a_broker_says_how_to_start_one() -> None:
+    url = f"pulsar://127.0.0.1:{free_port()}"
+    result = tghost("call", "--service", "echo", "--topic", "echo", "--pulsar-url", url)
+    assert result.returncode == 1 and "start one with 'tghost run'" in result.stderr
+
+
+def test_call_rejects_malformed_arguments_with_usage_exit_2() -> None:
+    result = tghost("call", "--service", "echo", "--topic", "echo", "novalue")
+    assert result.returncode == 2 and "is not KEY=VALUE" in result.stderr
+
+
+def test_tools_json_lists_what_a_running_host_announced(env: dict[str, str],
+                                                        host_process: Callable[..., HostProcess]) -> None:
+    host = host_process("--host-id", "alpha", env=env)
+    host.wait_for("announced")
+    tools = live_tools(env)
+    assert set(tools) == {"echo", "unhurried", "failing", "ask-staff"}
+    assert tools["ask-staff"]["service"] == "kb" and tools["ask-staff"]["providers"] == ["alpha"]
+    assert tools["ask-staff"]["config"] == {"collection": "staff"} and tools["ask-staff"]["group"] == ["hr"]
+    assert [row["name"] for row in json.loads(tghost("tools", "--json", "--group", "hr", env=env).stdout)] == [
+        "ask-staff"]
+    table = tghost("tools", env=env).stdout
+    assert table.splitlines()[0].split() == ["TOOL", "SERVICE", "PROVIDERS", "GROUPS", "STATES", "->", "STATE"]
+    assert any(line.split()[:4] == ["ask-staff", "kb", "alpha", "hr"] for line in table.splitlines())
+    host.process.send_signal(signal.SIGINT)
+    assert host.finish() == 0
+
+
+def test_call_by_tool_name_merges_config_and_checks_groups(env: dict[str, str],
+                                                           host_process: Callable[..., HostProcess]) -> None:
+    host = host_process(env=env)
+    host.wait_for("announced")
+    refused = tghost("call", "ask-staff", "question=holidays?", env=env)
+    assert refused.returncode == 1
+    assert "not-allowed: tool 'ask-staff' is in groups ['hr']" in refused.stderr
+    allowed = tghost("call", "ask-staff", "question=holidays?", "--group", "hr", env=env)
+    assert allowed.returncode == 0, allowed.stderr
+    assert allowed.stdout == "staff says: holidays?\n"
+    assert "state: undefined -> answered" in allowed.stderr
+    unknown = tghost("call", "no-such-tool", env=env)
+    assert unknown.returncode == 1 and "unknown-tool" in unknown.stderr
+    host.process.send_signal(signal.SIGINT)
+    assert host.finish() == 0
+
+
+def test_a_config_declared_tool_is_announced_and_callable(env: dict[str, str], tmp_path: Path,
+                                                          host_process: Callable[..., HostProcess]) -> None:
+    config = tmp_path / "tools.toml"
+    config.write_text('[tools.query-orders]\nservice = "kb"\ndescription = "Orders"\ncollection = "orders"\n'
+                      '[tools.broken]\nservice = "nowhere"\ndescription = "x"\n')
+    host = host_process("--config", str(config), env=env)
+    assert "added tools query-orders" in host.wait_for("config .*: added tools")
+    assert "[tools.broken]: service 'nowhere' is not served here" in host.log
+    host.wait_for("announced")
+    assert live_tools(env)["query-orders"]["config"] == {"collection": "orders"}
+    result = tghost("call", "query-orders", "question=late?", env=env)
+    assert (result.returncode, result.stdout) == (0, "orders says: late?\n")
+    host.process.send_signal(signal.SIGINT)
+    assert host.finish() == 0
+
+
+def test_a_killed_host_expires_after_its_lease(env: dict[str, str], host_process: Callable[..., HostProcess]) -> None:
+    host = host_process("--lease", "1", env=env)
+    host.wait_for("announced")
+    assert "echo" in live_tools(env)
+    host.process.kill()  # SIGKILL: no withdraw
+    host.process.wait()
+    deadline = time.monotonic() + 15
+    while live_tools(env) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert live_tools(env) == {}
+
+
+def test_watch_shows_a_second_host_arriving_and_leaving(env: dict[str, str], plugin_dir: PluginDir,
+                                                        host_process: Callable[..., HostProcess]) -> None:
+    watcher = subprocess.Popen([sys.executable, "-m", "tghost", "watch", "--json"], env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in watcher.stdout], daemon=True).start()  # type: ignore[union-attr]
+
+    def changes(n: int) -> list[tuple[str, str]]:
+        return [(c["change"], c["tool"]) for c in (json.loads(lines.get(timeout=20)) for _ in range(n))]
+
+    try:
+        first = host_process("--host-id", "first", env=env)
+        first.wait_for("announced")
+        assert sorted(changes(4)) == sorted(("added", t) for t in ("echo", "unhurried", "failing", "ask-staff"))
+        plugin_dir.add("shout", SHOUT)  # "pip install" a plugin, then start a second host
+        second = host_process("--host-id", "second", env=env)
+        second.wait_for("announced")
+        shared = {("updated", t) for t in ("echo", "unhurried", "failing", "ask-staff")}  # a provider more
+        assert set(changes(5)) == shared | {("added", "shout")}
+        second.process.send_signal(signal.SIGINT)  # Ctrl-C
+        assert second.finish() == 0
+        assert set(changes(5)) == shared | {("removed", "shout")}
+        first.process.send_signal(signal.SIGINT)
+        assert first.finish() == 0
+    finally:
+        watcher.send_signal(signal.SIGINT)
+        watcher.wait(10)
