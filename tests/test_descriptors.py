@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from pydantic import ValidationError
+
 from tghost import ToolDescriptor, ToolServiceDescriptor
 from tghost.descriptors import describe_validation_error
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from tghost.discover import PluginLoadError, discover
 
 from .conftest import PluginDir
