@@ -5,47 +5,17 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+
 import tghost
 from tghost import wire
-from tghost.broker import EmbeddedBroker, PulsarSettings
+from tghost.broker import EmbeddedBroker
 from tghost.client import ToolCallError
 from tghost.serve import ServeSettings
-from tghost.testing import LocalHost
-
-
-class Raw:
-    """Speaks the wire by hand: publish any bytes with any properties, collect replies by id."""
-
-    def __init__(self, url: str, descriptor: tghost.ToolServiceDescriptor) -> None:
-        self.url = url
-        self.descriptor = descriptor
-
-    async def __aenter__(self) -> Raw:
-        self.client = await PulsarSettings(self.url).connect()
-        self.consumer = await self.client.subscribe(self.descriptor.response_queue, f"raw-{uuid.uuid4().hex}")
-        self.producer = await self.client.create_producer(self.descriptor.request_queue, batching_enabled=False)
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.client.close()
-
-    async def send(self, payload: bytes, properties: dict[str, str]) -> None:
-        await self.producer.send(payload, properties=properties)
-
-    async def replies(self, request_id: str) -> list[tuple[dict[str, str], dict[str, Any]]]:
-        """Messages with this id, until end_of_stream: (properties, decoded JSON) pairs."""
-        got: list[tuple[dict[str, str], dict[str, Any]]] = []
-        while not got or not got[-1][1]["end_of_stream"]:
-            message = await asyncio.wait_for(self.consumer.receive(), 10)
-            await self.consumer.acknowledge(message)
-            if message.properties().get("id") == request_id:
-                got.append((message.properties(), json.loads(message.data())))
-        return got
+from tghost.testing import LocalHost, RawWire
 
 
 class Recorder(tghost.ToolService):
@@ -96,7 +66,7 @@ def recorder() -> Recorder:
 async def test_reply_echoes_the_id_and_has_exactly_the_contract_fields(
     pulsar_broker: EmbeddedBroker, recorder: Recorder
 ) -> None:
-    async with LocalHost(pulsar_broker.url, [recorder]), Raw(pulsar_broker.url, recorder.descriptor) as raw:
+    async with LocalHost(pulsar_broker.url, [recorder]), RawWire(pulsar_broker.url, recorder.descriptor) as raw:
         request = wire.encode_request("alice", {"needed": 1}, {"q": "x"})
         await raw.send(request, {"id": "req-42"})
         [(properties, body)] = await raw.replies("req-42")
@@ -139,7 +109,7 @@ async def test_missing_required_config_is_answered_without_calling_the_plugin(
 async def test_malformed_request_with_an_id_gets_bad_request(
     pulsar_broker: EmbeddedBroker, recorder: Recorder, payload: bytes
 ) -> None:
-    async with LocalHost(pulsar_broker.url, [recorder]), Raw(pulsar_broker.url, recorder.descriptor) as raw:
+    async with LocalHost(pulsar_broker.url, [recorder]), RawWire(pulsar_broker.url, recorder.descriptor) as raw:
         await raw.send(payload, {"id": "bad-1"})
         [(properties, body)] = await raw.replies("bad-1")
     assert properties["id"] == "bad-1"
@@ -150,7 +120,7 @@ async def test_malformed_request_with_an_id_gets_bad_request(
 async def test_request_without_id_is_counted_acknowledged_and_not_answered(
     pulsar_broker: EmbeddedBroker, recorder: Recorder
 ) -> None:
-    async with LocalHost(pulsar_broker.url, [recorder]) as host, Raw(pulsar_broker.url, recorder.descriptor) as raw:
+    async with LocalHost(pulsar_broker.url, [recorder]) as host, RawWire(pulsar_broker.url, recorder.descriptor) as raw:
         await raw.send(b"garbage without id", {})
         await raw.send(wire.encode_request("u", {"needed": 1}, {}), {})
         await raw.send(wire.encode_request("u", {"needed": 1}, {"after": True}), {"id": "next"})
@@ -185,7 +155,7 @@ async def test_host_default_timeout_applies_when_the_service_sets_none(pulsar_br
 
 
 async def test_async_generator_streams_chunks_then_an_end_of_stream(pulsar_broker: EmbeddedBroker) -> None:
-    async with LocalHost(pulsar_broker.url, [counting]), Raw(pulsar_broker.url, counting.descriptor) as raw:
+    async with LocalHost(pulsar_broker.url, [counting]), RawWire(pulsar_broker.url, counting.descriptor) as raw:
         await raw.send(wire.encode_request("u", {}, {"n": 3}), {"id": "s1"})
         replies = await raw.replies("s1")
     assert [body["response"] for _, body in replies] == ["chunk-0;", "chunk-1;", "chunk-2;", ""]
@@ -194,7 +164,7 @@ async def test_async_generator_streams_chunks_then_an_end_of_stream(pulsar_broke
 
 
 async def test_an_error_mid_stream_ends_the_stream_with_an_error(pulsar_broker: EmbeddedBroker) -> None:
-    async with LocalHost(pulsar_broker.url, [counting]), Raw(pulsar_broker.url, counting.descriptor) as raw:
+    async with LocalHost(pulsar_broker.url, [counting]), RawWire(pulsar_broker.url, counting.descriptor) as raw:
         await raw.send(wire.encode_request("u", {}, {"n": 5, "fail_at": 2}), {"id": "s2"})
         replies = await raw.replies("s2")
     assert [body["response"] for _, body in replies[:2]] == ["chunk-0;", "chunk-1;"]

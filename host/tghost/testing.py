@@ -8,7 +8,9 @@ calls them over the real wire. Never mocks Pulsar.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import uuid
 from collections.abc import AsyncIterator, Iterable, Iterator
 from types import TracebackType
 from typing import Any
@@ -16,14 +18,16 @@ from typing import Any
 import pulsar.asyncio
 import pytest
 
+from . import wire
 from .announce import DEFAULT_TOPIC, Announcer, HostIdentity
 from .broker import EmbeddedBroker, PulsarSettings, free_port
 from .client import ToolServiceClient
+from .descriptors import ToolServiceDescriptor
 from .discover import Catalog, catalog_of
 from .serve import Server, ServeSettings
 from .service import ToolService
 
-__all__ = ["LocalHost", "pulsar_broker"]
+__all__ = ["LocalHost", "RawWire", "pulsar_broker"]
 
 
 @pytest.fixture(scope="session")
@@ -124,3 +128,52 @@ class LocalHost:
         caller = await self.caller(service_id)
         async for chunk in caller.stream(config or {}, arguments or {}, user=user, timeout=timeout):
             yield chunk
+
+
+class RawWire:
+    """Speaks the wire by hand, to check a service against the seed 000 contract itself.
+
+    ``async with RawWire(url, descriptor) as raw:`` subscribes to the response queue, then
+    :meth:`send` publishes any bytes with any message properties, and :meth:`replies`
+    collects the decoded JSON replies that carry one ``id`` property, up to ``end_of_stream``.
+    """
+
+    def __init__(self, url: str, descriptor: ToolServiceDescriptor) -> None:
+        self.pulsar = PulsarSettings(url)
+        self.descriptor = descriptor
+
+    async def __aenter__(self) -> RawWire:
+        self.client = await self.pulsar.connect()
+        self.consumer = await self.client.subscribe(self.descriptor.response_queue, f"raw-{uuid.uuid4().hex}")
+        self.producer = await self.client.create_producer(self.descriptor.request_queue, batching_enabled=False)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.client.close()
+
+    async def send(self, payload: bytes, properties: dict[str, str]) -> None:
+        """Publish ``payload`` (bytes, sent as they are) on the request queue."""
+        await self.producer.send(payload, properties=properties)
+
+    async def request(
+        self, arguments: dict[str, Any], config: dict[str, Any] | None = None, user: str | None = "test"
+    ) -> list[tuple[dict[str, str], dict[str, Any]]]:
+        """Send one well-formed request envelope with a fresh ``id``; return :meth:`replies` for it."""
+        request_id = uuid.uuid4().hex
+        await self.send(wire.encode_request(user, config or {}, arguments), {"id": request_id})
+        return await self.replies(request_id)
+
+    async def replies(self, request_id: str, timeout: float = 10.0) -> list[tuple[dict[str, str], dict[str, Any]]]:
+        """The replies carrying ``id == request_id``, as (properties, JSON body) pairs, up to the first
+        with ``end_of_stream`` true.
+
+        Raises:
+            TimeoutError: no reply came within ``timeout`` seconds of the previous one.
+        """
+        got: list[tuple[dict[str, str], dict[str, Any]]] = []
+        while not got or not got[-1][1]["end_of_stream"]:
+            message = await asyncio.wait_for(self.consumer.receive(), timeout)
+            await self.consumer.acknowledge(message)
+            if message.properties().get("id") == request_id:
+                got.append((message.properties(), json.loads(message.data())))
+        return got
