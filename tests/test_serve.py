@@ -12,9 +12,10 @@ import pytest
 
 import tghost
 from tghost import wire
-from tghost.broker import EmbeddedBroker
+from tghost.broker import EmbeddedBroker, PulsarSettings
 from tghost.client import ToolCallError
-from tghost.serve import ServeSettings
+from tghost.discover import catalog_of
+from tghost.serve import CallRecord, Server, ServeSettings
 from tghost.testing import LocalHost, RawWire
 
 
@@ -56,6 +57,11 @@ async def counting(n: int, fail_at: int = -1) -> AsyncIterator[str]:
 def sync_counting(n: int) -> Any:
     """A plain generator streams too."""
     yield from (f"s{i}" for i in range(n))
+
+
+def catalog_parts(services: list[tghost.ToolService]) -> tuple[Any, Any]:
+    catalog = catalog_of(services)
+    return catalog.services, catalog.descriptors
 
 
 @pytest.fixture
@@ -291,3 +297,25 @@ async def test_calls_still_running_after_the_grace_period_are_answered_unavailab
             await call
     assert info.value.error_type == "unavailable"
 
+
+
+async def test_listeners_get_one_record_per_request_with_its_status_and_user(
+    pulsar_broker: EmbeddedBroker, recorder: Recorder
+) -> None:
+    records: list[CallRecord] = []
+    server = Server(*catalog_parts([recorder]), listeners=[records.append, lambda r: 1 / 0])  # a bad one too
+    client = await PulsarSettings(pulsar_broker.url).connect()
+    await server.start(client)
+    try:
+        async with RawWire(pulsar_broker.url, recorder.descriptor) as raw:
+            await raw.request({"q": 1}, config={"needed": 1}, user="alice")
+            await raw.request({}, config={})  # lacks the required config param
+            await raw.send(b"no id", {})
+            await raw.request({"fail": "x"}, config={"needed": 1})
+    finally:
+        await server.stop()
+        await client.close()
+    assert [(r.status, r.user) for r in records] == [
+        ("ok", "alice"), ("missing-config", "test"), ("unanswerable", None), ("tool-service-error", "test")]
+    assert all(r.service == "recorder" and r.duration > 0 for r in records)
+    assert records[0].request_id is not None and records[2].request_id is None

@@ -10,7 +10,8 @@ import asyncio
 import contextlib
 import inspect
 import logging
-from collections.abc import AsyncIterator, Iterator
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +23,7 @@ from . import wire
 from .descriptors import ToolServiceDescriptor
 from .service import ToolError, ToolService
 
-__all__ = ["ServeSettings", "Server", "ServiceWorker"]
+__all__ = ["OK", "UNANSWERABLE", "CallListener", "CallRecord", "ServeSettings", "Server", "ServiceWorker"]
 
 log = logging.getLogger(__name__)
 _DONE = object()
@@ -47,6 +48,33 @@ class ServeSettings:
     grace: float = 10.0
 
 
+#: ``CallRecord.status`` of a call answered without error; any other status is the wire error type.
+OK = "ok"
+#: ``CallRecord.status`` of a request without an ``id`` property: acknowledged, never answered.
+UNANSWERABLE = "unanswerable"
+
+
+@dataclass
+class CallRecord:
+    """What one request came to, handed to every :data:`CallListener` once it is acknowledged.
+
+    ``status`` is :data:`OK`, :data:`UNANSWERABLE` or the wire error type of the reply
+    (``timeout``, ``overloaded``, ...). ``duration`` is seconds from receipt to acknowledgement.
+    ``user`` is ``None`` when the envelope could not be decoded.
+    """
+
+    service: str
+    request_id: str | None
+    user: str | None = None
+    status: str = OK
+    duration: float = 0.0
+
+
+#: Called once per request, after it is acknowledged (metrics, audit). Must not block; an
+#: exception is logged and the host goes on.
+CallListener = Callable[[CallRecord], None]
+
+
 def _next_chunk(chunks: Iterator[Any]) -> Any:
     return next(chunks, _DONE)
 
@@ -60,6 +88,7 @@ class ServiceWorker:
         descriptor: ToolServiceDescriptor,
         settings: ServeSettings,
         executor: ThreadPoolExecutor,
+        listeners: Sequence[CallListener] = (),
     ) -> None:
         self.service = service
         self.descriptor = descriptor
@@ -68,6 +97,7 @@ class ServiceWorker:
         self.max_queue = settings.max_queue
         self.counters = {"received": 0, "unanswerable": 0}
         self._executor = executor
+        self._listeners = tuple(listeners)
         self._slots = asyncio.Semaphore(self.max_concurrency)
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop_task: asyncio.Task[None] | None = None
@@ -118,59 +148,73 @@ class ServiceWorker:
             task.add_done_callback(self._tasks.discard)
 
     async def _handle(self, message: pulsar.Message) -> None:
-        request_id = message.properties().get("id")
-        log.debug("service %s: request %s received", self.descriptor.id, request_id)
+        started = time.perf_counter()
+        record = CallRecord(self.descriptor.id, message.properties().get("id"))
+        log.debug("service %s: request %s received", self.descriptor.id, record.request_id)
         try:
-            if request_id is None:
+            if record.request_id is None:
                 self.counters["unanswerable"] += 1
+                record.status = UNANSWERABLE
                 log.warning("service %s: request without 'id' property cannot be answered; "
                             "acknowledged and dropped", self.descriptor.id)
             elif len(self._tasks) > self.max_concurrency + self.max_queue:
-                await self._send(request_id, wire.encode_error(
-                    wire.OVERLOADED, f"service {self.descriptor.id!r} has {self.max_concurrency} "
-                    f"calls running and {self.max_queue} waiting; retry later"))
+                await self._fail(record, wire.OVERLOADED, f"service {self.descriptor.id!r} has "
+                                 f"{self.max_concurrency} calls running and {self.max_queue} waiting; retry later")
             else:
                 async with self._slots:
-                    await self._answer(request_id, message.data())
+                    await self._answer(record, message.data())
         except asyncio.CancelledError:
-            if request_id is not None:
+            if record.request_id is not None:
                 with contextlib.suppress(Exception):
-                    await self._send(request_id, wire.encode_error(
-                        wire.UNAVAILABLE, "the host shut down before the call finished; retry"))
+                    await self._fail(record, wire.UNAVAILABLE, "the host shut down before the call finished; retry")
             raise
         except Exception:
-            log.exception("service %s: could not reply to request %s", self.descriptor.id, request_id)
+            log.exception("service %s: could not reply to request %s", self.descriptor.id, record.request_id)
         finally:
             with contextlib.suppress(Exception):
                 await self._consumer.acknowledge(message)  # type: ignore[union-attr]
+            record.duration = time.perf_counter() - started
+            self._notify(record)
+
+    def _notify(self, record: CallRecord) -> None:
+        for listener in self._listeners:
+            try:
+                listener(record)
+            except Exception:
+                log.exception("service %s: call listener %r failed", self.descriptor.id, listener)
 
     async def _send(self, request_id: str, payload: bytes) -> None:
         await self._producer.send(payload, properties={"id": request_id})  # type: ignore[union-attr]
 
-    async def _answer(self, request_id: str, payload: bytes) -> None:
+    async def _fail(self, record: CallRecord, error_type: str, message: str) -> None:
+        """Answer the request with an error reply and record its type as the call's status."""
+        record.status = error_type
+        await self._send(record.request_id or "", wire.encode_error(error_type, message))
+
+    async def _answer(self, record: CallRecord, payload: bytes) -> None:
         """Decode, check config, invoke under the timeout, and send the reply (or error)."""
         try:
             request = wire.decode_request(payload)
         except wire.BadRequest as exc:
-            await self._send(request_id, wire.encode_error(wire.BAD_REQUEST, str(exc)))
+            await self._fail(record, wire.BAD_REQUEST, str(exc))
             return
+        record.user = request.user
         missing = [p for p in self.descriptor.required_config if p not in request.config]
         if missing:
-            message = f"service {self.descriptor.id!r} needs config param(s) {missing}"
-            await self._send(request_id, wire.encode_error(wire.MISSING_CONFIG, message))
+            await self._fail(record, wire.MISSING_CONFIG,
+                             f"service {self.descriptor.id!r} needs config param(s) {missing}")
             return
         try:
             async with asyncio.timeout(self.timeout):
-                await self._stream(request_id, request)
+                await self._stream(record.request_id or "", request)
         except TimeoutError:
-            message = f"service {self.descriptor.id!r} did not finish within {self.timeout}s"
-            await self._send(request_id, wire.encode_error(wire.TIMEOUT, message))
+            await self._fail(record, wire.TIMEOUT, f"service {self.descriptor.id!r} did not finish within "
+                                                   f"{self.timeout}s")
         except ToolError as exc:
-            await self._send(request_id, wire.encode_error(exc.error_type, str(exc)))
+            await self._fail(record, exc.error_type, str(exc))
         except Exception as exc:
             log.exception("service %s: invoke raised", self.descriptor.id)
-            message = f"{type(exc).__name__}: {exc}"
-            await self._send(request_id, wire.encode_error(wire.TOOL_SERVICE_ERROR, message))
+            await self._fail(record, wire.TOOL_SERVICE_ERROR, f"{type(exc).__name__}: {exc}")
 
     async def _stream(self, request_id: str, request: wire.Request) -> None:
         """Send one response, or for a generator one per chunk then an empty final one."""
@@ -238,7 +282,9 @@ class Server:
         services: dict[str, ToolService],
         descriptors: dict[str, ToolServiceDescriptor],
         settings: ServeSettings | None = None,
+        listeners: Sequence[CallListener] = (),
     ) -> None:
+        """``listeners`` are told of every request once it is acknowledged (see :class:`CallRecord`)."""
         self.settings = settings or ServeSettings()
         self._executor = ThreadPoolExecutor(
             max_workers=max(4, sum(
@@ -247,7 +293,7 @@ class Server:
             thread_name_prefix="tghost-invoke",
         )
         self.workers = [
-            ServiceWorker(services[sid], descriptors[sid], self.settings, self._executor)
+            ServiceWorker(services[sid], descriptors[sid], self.settings, self._executor, listeners)
             for sid in descriptors
         ]
 
