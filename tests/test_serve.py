@@ -8,15 +8,19 @@ import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
+import jsonschema
+import pulsar
 import pytest
 
 import tghost
 from tghost import wire
 from tghost.broker import EmbeddedBroker, PulsarSettings
 from tghost.client import ToolCallError
-from tghost.discover import catalog_of
+from tghost.discover import catalog_of, discover
 from tghost.serve import CallRecord, Server, ServeSettings
 from tghost.testing import LocalHost, RawWire
+
+from .conftest import PluginDir
 
 
 class Recorder(tghost.ToolService):
@@ -319,3 +323,233 @@ async def test_listeners_get_one_record_per_request_with_its_status_and_user(
         ("ok", "alice"), ("missing-config", "test"), ("unanswerable", None), ("tool-service-error", "test")]
     assert all(r.service == "recorder" and r.duration > 0 for r in records)
     assert records[0].request_id is not None and records[2].request_id is None
+
+
+async def test_a_stuck_sync_service_uses_up_only_its_own_threads(pulsar_broker: EmbeddedBroker) -> None:
+    release = threading.Event()
+    threads: dict[str, list[str]] = {"stuck": [], "steady": []}
+
+    @tghost.tool(max_concurrency=2, timeout=0.2)
+    def stuck() -> str:
+        """Never returns until the test ends."""
+        threads["stuck"].append(threading.current_thread().name)
+        return "released" if release.wait(30) else "never released"
+
+    @tghost.tool(max_concurrency=2)
+    def steady(n: int) -> int:
+        threads["steady"].append(threading.current_thread().name)
+        return n * 2
+
+    async with LocalHost(pulsar_broker.url, [stuck, steady]) as host:
+        try:
+            for _ in range(5):  # more calls than it has threads: each is answered 'timeout' at once
+                with pytest.raises(ToolCallError) as info:
+                    await host.call("stuck")
+                assert info.value.error_type == "timeout"
+            answers = await asyncio.gather(*(host.call("steady", {"n": i}) for i in range(10)))
+            assert answers == [str(2 * i) for i in range(10)]
+        finally:
+            release.set()
+    # The two stuck threads were stuck's own; the later calls never got one, and steady never waited.
+    assert len(threads["stuck"]) == 2 and all(t.startswith("tghost-stuck") for t in threads["stuck"])
+    assert all(t.startswith("tghost-steady") for t in threads["steady"])
+
+
+async def test_a_request_over_the_payload_limit_is_a_bad_request_and_not_decoded(
+    pulsar_broker: EmbeddedBroker, recorder: Recorder
+) -> None:
+    async with (
+        LocalHost(pulsar_broker.url, [recorder], ServeSettings(max_payload=1000)),
+        RawWire(pulsar_broker.url, recorder.descriptor) as raw,
+    ):
+        big = wire.encode_request("u", {"needed": 1}, {"text": "x" * 1000})
+        await raw.send(big, {"id": "big"})
+        [(_, body)] = await raw.replies("big")
+        assert recorder.calls == 0
+        [(_, small)] = await raw.request({"text": "x" * 10}, config={"needed": 1})
+    assert body["error"]["type"] == "bad-request"
+    assert f"{len(big)} bytes" in body["error"]["message"] and "1000 bytes" in body["error"]["message"]
+    assert "--max-payload" in body["error"]["message"]
+    assert small["error"] is None and recorder.calls == 1
+
+
+class Geo(tghost.ToolService):
+    """A class-based service with a JSON Schema for its arguments."""
+
+    id = "geo"
+    input_schema = {  # noqa: RUF012 - the plugin API takes a plain dict
+        "type": "object",
+        "properties": {"city": {"type": "string"},
+                       "where": {"type": "object", "properties": {"lat": {"type": "number"}}}},
+        "required": ["city"],
+    }
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def invoke(self, user: str, config: dict[str, Any], arguments: dict[str, Any]) -> Any:
+        self.calls += 1
+        return arguments["city"]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "named"),
+    [({"city": 5}, "argument 'city'"), ({"city": "Oslo", "where": {"lat": "north"}}, "argument 'where.lat'"),
+     ({}, "'city' is a required property")],
+)
+async def test_a_class_service_with_an_input_schema_gets_its_arguments_checked_naming_the_field(
+    pulsar_broker: EmbeddedBroker, arguments: dict[str, Any], named: str
+) -> None:
+    geo = Geo()
+    async with LocalHost(pulsar_broker.url, [geo]) as host:
+        with pytest.raises(ToolCallError) as info:
+            await host.call("geo", arguments)
+        assert geo.calls == 0
+        assert await host.call("geo", {"city": "Oslo", "where": {"lat": 59.9}}) == "Oslo"
+    assert info.value.error_type == "invalid-arguments" and named in info.value.message
+
+
+def test_an_invalid_input_schema_fails_at_registration_not_at_the_first_call() -> None:
+    class Broken(Geo):
+        id = "broken"
+        input_schema = {"type": "no-such-type"}  # noqa: RUF012
+
+    with pytest.raises(jsonschema.SchemaError):
+        catalog_of([Broken()])
+
+
+async def test_a_denied_call_is_not_allowed_with_the_reason_and_never_invoked(
+    pulsar_broker: EmbeddedBroker, recorder: Recorder
+) -> None:
+    records: list[CallRecord] = []
+
+    def only_alice(user: str, service: str) -> str | None:  # accepts fewer arguments than the hook offers
+        return None if user == "alice" else f"{user} may not call {service}"
+
+    catalog = catalog_of([recorder], authorize=only_alice)
+    server = Server(catalog.services, catalog.descriptors, listeners=[records.append], authorize=catalog.authorize)
+    client = await PulsarSettings(pulsar_broker.url).connect()
+    await server.start(client)
+    try:
+        async with RawWire(pulsar_broker.url, recorder.descriptor) as raw:
+            [(_, denied)] = await raw.request({"q": "secret"}, config={"needed": 1}, user="bob")
+            [(_, allowed)] = await raw.request({"q": 1}, config={"needed": 1}, user="alice")
+    finally:
+        await server.stop()
+        await client.close()
+    assert denied["error"] == {"type": "not-allowed", "message": "bob may not call recorder"}
+    assert allowed["error"] is None and recorder.calls == 1
+    assert [(r.status, r.user, r.arguments) for r in records] == [
+        ("not-allowed", "bob", {"q": "secret"}), ("ok", "alice", {"q": 1})]
+
+
+async def test_an_authorize_check_that_raises_denies_and_is_logged_with_its_plugin(
+    pulsar_broker: EmbeddedBroker, recorder: Recorder, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(user: str) -> bool:
+        raise KeyError(user)
+
+    catalog = catalog_of([recorder], name="guard", authorize=broken)
+    async with LocalHost(pulsar_broker.url, catalog) as host:
+        with pytest.raises(ToolCallError) as info:
+            await host.call("recorder", {}, {"needed": 1})
+    assert info.value.error_type == "not-allowed" and "guard" in info.value.message
+    assert recorder.calls == 0
+    assert any("plugin 'guard'" in r.getMessage() and r.exc_info for r in caplog.records)
+
+
+def test_plugins_authorize_hooks_combine_and_any_deny_wins(plugin_dir: PluginDir) -> None:
+    plugin_dir.add("echo", """
+        import tghost
+
+        @tghost.tool
+        def echo(text: str) -> str:
+            return text
+
+        @tghost.hookimpl
+        def tghost_register_services(register):
+            register(echo)
+    """)
+    plugin_dir.add("allow-all", """
+        import tghost
+
+        @tghost.hookimpl
+        def tghost_authorize(service):
+            return True
+    """)
+    plugin_dir.add("no-mallory", """
+        import tghost
+
+        @tghost.hookimpl
+        def tghost_authorize(user, service, config, arguments):
+            return False if user == "mallory" else None
+    """)
+    catalog = discover(plugin_dir.entry_points())
+    assert catalog.authorize is not None
+    assert catalog.authorize("alice", "echo", {}, {"text": "hi"}) is None
+    assert catalog.authorize("mallory", "echo", {}, {"text": "hi"}) == "denied by plugin 'no-mallory'"
+    without = [ep for ep in plugin_dir.entry_points() if ep.name == "echo"]
+    assert discover(without).authorize is None  # no plugin implements the hook: nothing to call per request
+
+
+async def test_a_persistent_request_redelivered_past_the_limit_is_answered_and_not_invoked(
+    pulsar_broker: EmbeddedBroker,
+) -> None:
+    calls: list[str] = []
+
+    @tghost.tool(persistent=True)
+    def fragile(text: str) -> str:
+        calls.append(text)
+        return text
+
+    descriptor = fragile.descriptor
+    assert descriptor.request_queue == "persistent://tg/request/fragile"
+    assert descriptor.response_queue == "non-persistent://tg/response/fragile"
+    subscription = "fragile-request"
+    async with RawWire(pulsar_broker.url, descriptor) as raw:
+        # Two "hosts" take the request on the service's subscription and go away without acknowledging.
+        dying = await raw.client.subscribe(descriptor.request_queue, subscription,
+                                           consumer_type=pulsar.ConsumerType.Shared)
+        await raw.send(wire.encode_request("u", {}, {"text": "poison"}), {"id": "poison"})
+        for attempt in (1, 2):
+            taken = await asyncio.wait_for(dying.receive(), 10)
+            assert taken.properties()["id"] == "poison" and taken.redelivery_count() == attempt - 1
+            await dying.close()
+            if attempt == 1:
+                dying = await raw.client.subscribe(descriptor.request_queue, subscription,
+                                                   consumer_type=pulsar.ConsumerType.Shared)
+        async with LocalHost(pulsar_broker.url, [fragile], ServeSettings(max_redeliveries=1)) as host:
+            [(_, body)] = await raw.replies("poison")
+            assert body["error"]["type"] == "redelivery-limit" and "3 times" in body["error"]["message"]
+            assert await host.call("fragile", {"text": "fine"}) == "fine"  # the host serves on
+    assert calls == ["fine"]
+
+
+async def test_a_persistent_request_delivered_beyond_even_the_answer_goes_to_the_dead_letter_topic(
+    pulsar_broker: EmbeddedBroker,
+) -> None:
+    calls: list[str] = []
+
+    @tghost.tool(persistent=True)
+    def doomed(text: str) -> str:
+        calls.append(text)
+        return text
+
+    descriptor = doomed.descriptor
+    async with RawWire(pulsar_broker.url, descriptor) as raw:
+        dead_letters = await raw.client.subscribe(f"{descriptor.request_queue}-doomed-request-DLQ", "inspect",
+                                                  initial_position=pulsar.InitialPosition.Earliest)
+        dying = await raw.client.subscribe(descriptor.request_queue, "doomed-request",
+                                           consumer_type=pulsar.ConsumerType.Shared)
+        await raw.send(wire.encode_request("u", {}, {"text": "poison"}), {"id": "doomed"})
+        for attempt in (1, 2, 3):  # three hosts die holding it: delivered 3 times, so redelivered twice
+            await asyncio.wait_for(dying.receive(), 10)
+            await dying.close()
+            if attempt < 3:
+                dying = await raw.client.subscribe(descriptor.request_queue, "doomed-request",
+                                                   consumer_type=pulsar.ConsumerType.Shared)
+        async with LocalHost(pulsar_broker.url, [doomed], ServeSettings(max_redeliveries=0)) as host:
+            dead = await asyncio.wait_for(dead_letters.receive(), 10)
+            assert await host.call("doomed", {"text": "fine"}) == "fine"
+    assert dead.properties()["id"] == "doomed" and json.loads(dead.data())["arguments"] == '{"text": "poison"}'
+    assert calls == ["fine"]

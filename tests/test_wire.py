@@ -25,7 +25,13 @@ def test_missing_user_empty_config_and_unknown_keys_are_accepted() -> None:
     ("payload", "complaint"),
     [(b"\xff\xfe", "not UTF-8 JSON"), (b"{nope", "not UTF-8 JSON"), (b"[1]", "JSON object"),
      (b'{"config": 5}', "'config'"), (b'{"arguments": "[1]"}', "'arguments'"),
-     (b'{"arguments": "{x"}', "'arguments' is not valid JSON"), (b'{"user": 7}', "'user'")],
+     (b'{"arguments": "{x"}', "'arguments' is not valid JSON"), (b'{"user": 7}', "'user'"),
+     (b'{"user": false}', "'user' must be a string"), (b'{"config": 0}', "'config'"),
+     ('{"config": "{}"}'.encode("utf-16"), "not UTF-8 JSON"),
+     (b"[" * 100_000 + b"]" * 100_000, "request is not UTF-8 JSON: nested too deeply"),
+     (b'{"arguments": "' + b'{\\"a\\": ' * 100_000 + b'1' + b'}' * 100_000 + b'"}',
+      "'arguments' is not valid JSON: nested too deeply"),
+     (b'{"arguments": "{\\"n\\": ' + b"9" * 5000 + b'}"}', "'arguments' is not valid JSON")],
 )
 def test_malformed_requests_raise_bad_request_saying_what_is_wrong(payload: bytes, complaint: str) -> None:
     with pytest.raises(wire.BadRequest, match=complaint):

@@ -1,7 +1,8 @@
 """serve: answer tool-service requests on Pulsar, per the wire contract in DESIGN.md.
 
 One :class:`ServiceWorker` per service: a Shared subscription ``<id>-request`` on its request
-topic and a non-batching producer on its response topic. Never imports the directory.
+topic, a non-batching producer on its response topic and its own worker threads. Never
+imports the directory, and never lets one service's faults stop another from answering.
 """
 
 from __future__ import annotations
@@ -21,46 +22,78 @@ import pulsar.asyncio
 
 from . import wire
 from .descriptors import ToolServiceDescriptor
+from .hookspecs import Authorize
 from .service import ToolError, ToolService
+from .watchdog import LoopWatchdog
 
-__all__ = ["OK", "UNANSWERABLE", "CallListener", "CallRecord", "ServeSettings", "Server", "ServiceWorker"]
+__all__ = [
+    "OK",
+    "RETURNED",
+    "UNANSWERABLE",
+    "CallListener",
+    "CallRecord",
+    "ServeSettings",
+    "Server",
+    "ServiceWorker",
+]
 
 log = logging.getLogger(__name__)
 _DONE = object()
 
-#: Messages the client may buffer per consumer. The broker drops a non-persistent message
-#: when no consumer has a free permit, so the receive loop drains this queue eagerly and
-#: the worker itself answers ``overloaded`` beyond its bound: nothing is dropped silently.
-RECEIVER_QUEUE = 1000
+#: Messages the client may buffer per consumer of a non-persistent request topic: the burst
+#: one host absorbs per service. The receive loop drains the buffer eagerly and the worker
+#: answers ``overloaded`` beyond its bound, so the host itself drops nothing. But the broker
+#: drops a non-persistent message when no consumer has a free permit (Pulsar's semantics): a
+#: larger burst, arriving faster than the host takes it, partly never reaches the host and its
+#: callers time out; use a persistent topic for such bursts. (tests/test_faults.py sends 2000 at
+#: once; pulsar-client's default of 1000 lost a third of them.) A persistent topic keeps what no
+#: host has taken, so its consumer buffers nothing (size 0) and receives only when a slot is free.
+RECEIVER_QUEUE = 10_000
 
 
 @dataclass(frozen=True)
 class ServeSettings:
     """Host-wide serving limits; a service descriptor's ``timeout``/``max-concurrency`` override.
 
-    ``timeout`` and ``grace`` are seconds. ``max_queue`` is how many requests per service
-    may wait for a free slot before new ones are answered ``overloaded``.
+    ``timeout``, ``grace`` and ``stall_threshold`` are seconds; ``max_payload`` is bytes.
+
+    - ``max_queue``: requests per service that may wait for a free slot before new ones are
+      answered ``overloaded`` (non-persistent topics; a persistent topic queues in the broker).
+    - ``max_payload``: a larger request is answered ``bad-request`` and never decoded.
+    - ``max_redeliveries``: how often a request on a persistent topic may be delivered again
+      (its host died or shut down mid-call) and still be invoked; one more delivery is answered
+      ``redelivery-limit``, and the client moves any later one to the dead-letter topic
+      ``<request topic>-<subscription>-DLQ``.
+    - ``stall_threshold``: the loop-lag watchdog warns when the event loop is blocked longer;
+      ``0`` turns it off.
     """
 
     timeout: float = 30.0
     max_concurrency: int = 16
     max_queue: int = 64
     grace: float = 10.0
+    max_payload: int = 1024 * 1024
+    max_redeliveries: int = 3
+    stall_threshold: float = 0.5
 
 
 #: ``CallRecord.status`` of a call answered without error; any other status is the wire error type.
 OK = "ok"
 #: ``CallRecord.status`` of a request without an ``id`` property: acknowledged, never answered.
 UNANSWERABLE = "unanswerable"
+#: ``CallRecord.status`` of a persistent request cut off by shutdown: left unacknowledged and
+#: unanswered, so the broker delivers it to another host.
+RETURNED = "returned"
 
 
 @dataclass
 class CallRecord:
     """What one request came to, handed to every :data:`CallListener` once it is acknowledged.
 
-    ``status`` is :data:`OK`, :data:`UNANSWERABLE` or the wire error type of the reply
-    (``timeout``, ``overloaded``, ...). ``duration`` is seconds from receipt to acknowledgement.
-    ``user`` is ``None`` when the envelope could not be decoded.
+    ``status`` is :data:`OK`, :data:`UNANSWERABLE`, :data:`RETURNED` or the wire error type of
+    the reply (``timeout``, ``overloaded``, ``not-allowed``, ...). ``duration`` is seconds from
+    receipt to acknowledgement. ``user`` and ``arguments`` (the decoded arguments object) are
+    ``None`` when the envelope was not decoded.
     """
 
     service: str
@@ -68,11 +101,15 @@ class CallRecord:
     user: str | None = None
     status: str = OK
     duration: float = 0.0
+    arguments: dict[str, Any] | None = None
 
 
 #: Called once per request, after it is acknowledged (metrics, audit). Must not block; an
 #: exception is logged and the host goes on.
 CallListener = Callable[[CallRecord], None]
+
+#: What :meth:`ServiceWorker._invoke` passes to ``invoke``: user, config, checked arguments.
+_Call = tuple[str, dict[str, Any], dict[str, Any]]
 
 
 def _next_chunk(chunks: Iterator[Any]) -> Any:
@@ -80,25 +117,41 @@ def _next_chunk(chunks: Iterator[Any]) -> Any:
 
 
 class ServiceWorker:
-    """Serves one tool service: receive, bound, invoke, reply, then acknowledge."""
+    """Serves one tool service: receive, bound, check, invoke, reply, then acknowledge.
+
+    A plain (sync) ``invoke`` runs in this worker's own thread pool, ``max_concurrency``
+    threads at most, started as needed, so a plugin that never returns starves only its own
+    service. Python cannot stop a thread: at the timeout the caller is answered ``timeout`` at
+    once, the slot is freed, and the thread runs on until the plugin returns.
+
+    Before ``invoke``, in this order: the payload size (``max_payload``), the redelivery count
+    (persistent topics), the envelope, ``authorize`` (``not-allowed``), the required config
+    params and ``service.check_arguments`` (``invalid-arguments``).
+    """
 
     def __init__(
         self,
         service: ToolService,
         descriptor: ToolServiceDescriptor,
         settings: ServeSettings,
-        executor: ThreadPoolExecutor,
         listeners: Sequence[CallListener] = (),
+        authorize: Authorize | None = None,
     ) -> None:
         self.service = service
         self.descriptor = descriptor
         self.timeout = descriptor.timeout or settings.timeout
         self.max_concurrency = descriptor.max_concurrency or settings.max_concurrency
         self.max_queue = settings.max_queue
+        self.max_payload = settings.max_payload
+        self.max_redeliveries = settings.max_redeliveries
+        self.persistent = descriptor.request_queue.startswith("persistent://")
         self.counters = {"received": 0, "unanswerable": 0}
-        self._executor = executor
         self._listeners = tuple(listeners)
+        self._authorize = authorize
+        self._executor = ThreadPoolExecutor(self.max_concurrency, thread_name_prefix=f"tghost-{descriptor.id}")
         self._slots = asyncio.Semaphore(self.max_concurrency)
+        self._room = asyncio.Semaphore(self.max_concurrency) if self.persistent else None
+        self._admitted = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop_task: asyncio.Task[None] | None = None
         self._consumer: pulsar.asyncio.Consumer | None = None
@@ -111,7 +164,7 @@ class ServiceWorker:
 
     @property
     def in_flight(self) -> int:
-        """Requests received and not yet answered (running or waiting for a slot)."""
+        """Requests received and not yet answered (running, waiting for a slot, or being refused)."""
         return len(self._tasks)
 
     async def start(self, client: pulsar.asyncio.Client) -> None:
@@ -127,16 +180,25 @@ class ServiceWorker:
             self.descriptor.request_queue,
             self.subscription,
             consumer_type=pulsar.ConsumerType.Shared,
-            receiver_queue_size=RECEIVER_QUEUE,
+            **self._consumer_options(),
         )
         self._loop_task = asyncio.create_task(self._receive_loop(), name=f"receive {self.descriptor.id}")
+
+    def _consumer_options(self) -> dict[str, Any]:
+        if not self.persistent:
+            return {"receiver_queue_size": RECEIVER_QUEUE}
+        return {"receiver_queue_size": 0,
+                "dead_letter_policy": pulsar.ConsumerDeadLetterPolicy(self.max_redeliveries + 1)}
 
     async def _receive_loop(self) -> None:
         assert self._consumer is not None
         while True:
+            if self._room is not None:
+                await self._room.acquire()  # persistent: take a request only when it can run
             try:
                 message = await self._consumer.receive()
             except pulsar.asyncio.PulsarException as exc:
+                self._release_room()
                 if exc.error() == pulsar.Result.AlreadyClosed:
                     return
                 log.warning("service %s: receive failed (%s); retrying", self.descriptor.id, exc)
@@ -145,36 +207,61 @@ class ServiceWorker:
             self.counters["received"] += 1
             task = asyncio.create_task(self._handle(message))
             self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._release_room()
+
+    def _release_room(self) -> None:
+        if self._room is not None:
+            self._room.release()
 
     async def _handle(self, message: pulsar.Message) -> None:
         started = time.perf_counter()
         record = CallRecord(self.descriptor.id, message.properties().get("id"))
         log.debug("service %s: request %s received", self.descriptor.id, record.request_id)
+        acknowledge = True
         try:
             if record.request_id is None:
                 self.counters["unanswerable"] += 1
                 record.status = UNANSWERABLE
                 log.warning("service %s: request without 'id' property cannot be answered; "
                             "acknowledged and dropped", self.descriptor.id)
-            elif len(self._tasks) > self.max_concurrency + self.max_queue:
+            elif self._admitted >= self.max_concurrency + self.max_queue:
                 await self._fail(record, wire.OVERLOADED, f"service {self.descriptor.id!r} has "
                                  f"{self.max_concurrency} calls running and {self.max_queue} waiting; retry later")
             else:
-                async with self._slots:
-                    await self._answer(record, message.data())
+                await self._admit(record, message)
         except asyncio.CancelledError:
-            if record.request_id is not None:
-                with contextlib.suppress(Exception):
-                    await self._fail(record, wire.UNAVAILABLE, "the host shut down before the call finished; retry")
+            acknowledge = not self.persistent
+            await self._cut_off(record)
             raise
         except Exception:
             log.exception("service %s: could not reply to request %s", self.descriptor.id, record.request_id)
         finally:
-            with contextlib.suppress(Exception):
-                await self._consumer.acknowledge(message)  # type: ignore[union-attr]
+            if acknowledge:
+                with contextlib.suppress(Exception):
+                    await self._consumer.acknowledge(message)  # type: ignore[union-attr]
             record.duration = time.perf_counter() - started
             self._notify(record)
+
+    async def _admit(self, record: CallRecord, message: pulsar.Message) -> None:
+        self._admitted += 1
+        try:
+            async with self._slots:
+                await self._answer(record, message)
+        finally:
+            self._admitted -= 1
+
+    async def _cut_off(self, record: CallRecord) -> None:
+        """A call cancelled by shutdown: a persistent request goes back to the broker unanswered
+        (another host takes it when this consumer closes); any other is answered ``unavailable``."""
+        if self.persistent:
+            record.status = RETURNED
+        elif record.request_id is not None:
+            with contextlib.suppress(Exception):
+                await self._fail(record, wire.UNAVAILABLE, "the host shut down before the call finished; retry")
 
     def _notify(self, record: CallRecord) -> None:
         for listener in self._listeners:
@@ -191,34 +278,59 @@ class ServiceWorker:
         record.status = error_type
         await self._send(record.request_id or "", wire.encode_error(error_type, message))
 
-    async def _answer(self, record: CallRecord, payload: bytes) -> None:
-        """Decode, check config, invoke under the timeout, and send the reply (or error)."""
+    async def _answer(self, record: CallRecord, message: pulsar.Message) -> None:
+        """Check the request, invoke under the timeout, and send the reply (or error)."""
+        deadline = asyncio.timeout(self.timeout)
+        try:
+            call = self._checked(record, message)
+            async with deadline:
+                await self._stream(record.request_id or "", call)
+        except ToolError as exc:
+            await self._fail(record, exc.error_type, str(exc))
+        except TimeoutError as exc:
+            if not deadline.expired():
+                await self._invoke_failed(record, exc)
+            else:
+                await self._fail(record, wire.TIMEOUT,
+                                 f"service {self.descriptor.id!r} did not finish within {self.timeout}s")
+        except Exception as exc:
+            await self._invoke_failed(record, exc)
+
+    async def _invoke_failed(self, record: CallRecord, exc: Exception) -> None:
+        log.exception("service %s: invoke raised", self.descriptor.id, exc_info=exc)
+        await self._fail(record, wire.TOOL_SERVICE_ERROR, f"{type(exc).__name__}: {exc}")
+
+    def _checked(self, record: CallRecord, message: pulsar.Message) -> _Call:
+        """The call to make, once the request passes every check before ``invoke``.
+
+        Raises:
+            ToolError: with the wire error type of the failed check.
+        """
+        payload = message.data()
+        if len(payload) > self.max_payload:
+            raise ToolError(f"request is {len(payload)} bytes, over this host's limit of {self.max_payload} "
+                            "bytes; send less, or raise the limit (tghost run --max-payload)", wire.BAD_REQUEST)
+        if self.persistent and message.redelivery_count() > self.max_redeliveries:
+            raise ToolError(f"request was delivered {message.redelivery_count() + 1} times: every host that took "
+                            "it stopped before answering, so it is not invoked again (tghost run "
+                            "--max-redeliveries)", wire.REDELIVERY_LIMIT)
         try:
             request = wire.decode_request(payload)
         except wire.BadRequest as exc:
-            await self._fail(record, wire.BAD_REQUEST, str(exc))
-            return
-        record.user = request.user
+            raise ToolError(str(exc), wire.BAD_REQUEST) from None
+        record.user, record.arguments = request.user, request.arguments
+        if self._authorize is not None:
+            reason = self._authorize(request.user, self.descriptor.id, request.config, request.arguments)
+            if reason is not None:
+                raise ToolError(reason, wire.NOT_ALLOWED)
         missing = [p for p in self.descriptor.required_config if p not in request.config]
         if missing:
-            await self._fail(record, wire.MISSING_CONFIG,
-                             f"service {self.descriptor.id!r} needs config param(s) {missing}")
-            return
-        try:
-            async with asyncio.timeout(self.timeout):
-                await self._stream(record.request_id or "", request)
-        except TimeoutError:
-            await self._fail(record, wire.TIMEOUT, f"service {self.descriptor.id!r} did not finish within "
-                                                   f"{self.timeout}s")
-        except ToolError as exc:
-            await self._fail(record, exc.error_type, str(exc))
-        except Exception as exc:
-            log.exception("service %s: invoke raised", self.descriptor.id)
-            await self._fail(record, wire.TOOL_SERVICE_ERROR, f"{type(exc).__name__}: {exc}")
+            raise ToolError(f"service {self.descriptor.id!r} needs config param(s) {missing}", wire.MISSING_CONFIG)
+        return request.user, request.config, self.service.check_arguments(request.arguments)
 
-    async def _stream(self, request_id: str, request: wire.Request) -> None:
+    async def _stream(self, request_id: str, call: _Call) -> None:
         """Send one response, or for a generator one per chunk then an empty final one."""
-        result = await self._invoke(request)
+        result = await self._invoke(call)
         if inspect.isasyncgen(result) or inspect.isgenerator(result):
             async for chunk in self._chunks(result):
                 await self._send(request_id, wire.encode_response(wire.observation(chunk), False))
@@ -226,13 +338,12 @@ class ServiceWorker:
         else:
             await self._send(request_id, wire.encode_response(wire.observation(result)))
 
-    async def _invoke(self, request: wire.Request) -> Any:
-        args = (request.user, request.config, request.arguments)
+    async def _invoke(self, call: _Call) -> Any:
         if self.service.runs_in_thread:
             loop = asyncio.get_running_loop()
-            result = await loop.run_in_executor(self._executor, self.service.invoke, *args)
+            result = await loop.run_in_executor(self._executor, self.service.invoke, *call)
         else:
-            result = self.service.invoke(*args)
+            result = self.service.invoke(*call)
         return await result if inspect.isawaitable(result) else result
 
     async def _chunks(self, result: Any) -> AsyncIterator[Any]:
@@ -246,7 +357,8 @@ class ServiceWorker:
             while (chunk := await loop.run_in_executor(self._executor, _next_chunk, result)) is not _DONE:
                 yield chunk
         finally:
-            result.close()
+            with contextlib.suppress(ValueError):  # "generator already executing" in a timed-out thread
+                result.close()
 
     async def stop_receiving(self) -> None:
         """Stop taking new requests; in-flight ones go on."""
@@ -261,21 +373,26 @@ class ServiceWorker:
             _, pending = await asyncio.wait(set(self._tasks), timeout=grace)
             for task in pending:
                 task.cancel()
+            if pending:
+                await asyncio.wait(pending, timeout=1.0)  # let them answer 'unavailable'
             return len(pending)
         return 0
 
     async def close(self) -> None:
-        """Close the consumer and producer; errors are logged, not raised."""
+        """Close the consumer and producer, and let go of the worker threads (a thread still in a
+        plugin runs on); errors are logged, not raised."""
         for closable in (self._consumer, self._producer):
             if closable is not None:
                 try:
                     await closable.close()
                 except Exception as exc:
                     log.debug("service %s: close failed: %s", self.descriptor.id, exc)
+        self._executor.shutdown(wait=False, cancel_futures=True)
 
 
 class Server:
-    """All the services of one host, started together and shut down gracefully."""
+    """All the services of one host, started together and shut down gracefully, plus the
+    loop-lag watchdog (:class:`tghost.watchdog.LoopWatchdog`) while they serve."""
 
     def __init__(
         self,
@@ -283,26 +400,30 @@ class Server:
         descriptors: dict[str, ToolServiceDescriptor],
         settings: ServeSettings | None = None,
         listeners: Sequence[CallListener] = (),
+        authorize: Authorize | None = None,
     ) -> None:
-        """``listeners`` are told of every request once it is acknowledged (see :class:`CallRecord`)."""
+        """Serve ``services`` (by service id) under their ``descriptors``.
+
+        ``listeners`` are told of every request once it is acknowledged (see :class:`CallRecord`).
+        ``authorize`` is asked about every decoded request before ``invoke`` (see
+        :data:`tghost.hookspecs.Authorize`); ``None`` allows every call.
+        """
         self.settings = settings or ServeSettings()
-        self._executor = ThreadPoolExecutor(
-            max_workers=max(4, sum(
-                (d.max_concurrency or self.settings.max_concurrency) for d in descriptors.values()
-            )),
-            thread_name_prefix="tghost-invoke",
-        )
         self.workers = [
-            ServiceWorker(services[sid], descriptors[sid], self.settings, self._executor, listeners)
+            ServiceWorker(services[sid], descriptors[sid], self.settings, listeners, authorize)
             for sid in descriptors
         ]
+        self.watchdog: LoopWatchdog | None = None
 
     async def start(self, client: pulsar.asyncio.Client) -> None:
-        """Start every service worker.
+        """Start the watchdog (unless ``stall_threshold`` is 0) and every service worker.
 
         Raises:
             pulsar.asyncio.PulsarException: a subscription or producer could not be created.
         """
+        if self.settings.stall_threshold > 0:
+            self.watchdog = LoopWatchdog(self.settings.stall_threshold, owner_type=ServiceWorker,
+                                         label=lambda worker: worker.descriptor.id).start()
         await asyncio.gather(*(worker.start(client) for worker in self.workers))
 
     async def stop(self, grace: float | None = None) -> int:
@@ -314,5 +435,6 @@ class Server:
         await asyncio.gather(*(w.stop_receiving() for w in self.workers))
         cancelled = sum(await asyncio.gather(*(w.drain(grace) for w in self.workers)))
         await asyncio.gather(*(w.close() for w in self.workers))
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        if self.watchdog is not None:
+            self.watchdog.stop()
         return cancelled

@@ -6,13 +6,15 @@ Never touches Pulsar: serving is ``serve``'s job; this module only describes and
 
 from __future__ import annotations
 
+import functools
 import inspect
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, get_type_hints
 
 import docstring_parser
+import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from . import wire
@@ -46,6 +48,15 @@ class InvalidArguments(ToolError):
     def __init__(self, message: str) -> None:
         super().__init__(message, wire.INVALID_ARGUMENTS)
 
+    @classmethod
+    def at(cls, problems: Iterable[tuple[Sequence[str | int], str]]) -> InvalidArguments:
+        """One error for several ``(field path, message)`` problems, each as ``argument 'a.b': message``
+        (``arguments: message`` for the object itself), joined by ``; ``."""
+        return cls("; ".join(
+            f"argument '{'.'.join(str(p) for p in path)}': {message}" if path else f"arguments: {message}"
+            for path, message in problems
+        ))
+
 
 @dataclass(frozen=True)
 class Context:
@@ -63,9 +74,15 @@ class ToolService:
 
     Set ``id`` (required) and optionally ``topic`` (default: ``id``), ``description``,
     ``config_params`` (``ConfigParam`` or plain names, meaning optional), ``arguments``,
-    ``timeout`` (seconds), ``max_concurrency`` and ``version``. Override
+    ``input_schema`` (a JSON Schema the host checks the arguments against before ``invoke``),
+    ``timeout`` (seconds), ``max_concurrency``, ``version`` and ``persistent``. Override
     ``invoke(user, config, arguments)``: plain or ``async``, returning a string or a
     JSON-able value, or a (sync or async) generator to stream chunks.
+
+    ``persistent = True`` serves the requests from ``persistent://tg/request/<topic>``
+    instead of the non-persistent topic: a request waits in the broker until a host takes
+    it, and one whose host dies mid-call is delivered again to another host (at least once,
+    so ``invoke`` should be safe to repeat). Responses stay non-persistent.
     """
 
     id: str
@@ -77,10 +94,40 @@ class ToolService:
     timeout: float | None = None
     max_concurrency: int | None = None
     version: str | None = None
+    persistent: bool = False
 
     def invoke(self, user: str, config: dict[str, Any], arguments: dict[str, Any]) -> Any:
-        """Answer one request; see the class docstring for what may be returned."""
+        """Answer one request; see the class docstring for what may be returned.
+
+        The host passes the ``arguments`` that :meth:`check_arguments` returned.
+        """
         raise NotImplementedError(f"{type(self).__name__} must implement invoke()")
+
+    def check_arguments(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        """Check ``arguments`` against ``input_schema`` and return what ``invoke`` receives.
+
+        The host calls this before ``invoke``. Without an ``input_schema`` the arguments pass
+        as they are. The validator is compiled once per service (JSON Schema draft from the
+        schema's ``$schema``, default the latest).
+
+        Raises:
+            InvalidArguments: the arguments break the schema; the message names each field path.
+            jsonschema.SchemaError: ``input_schema`` itself is not a valid JSON Schema.
+        """
+        validator = self._arguments_validator
+        if validator is not None:
+            errors = sorted(validator.iter_errors(arguments), key=lambda e: list(map(str, e.absolute_path)))
+            if errors:
+                raise InvalidArguments.at((list(e.absolute_path), e.message) for e in errors[:_MAX_ERRORS])
+        return arguments
+
+    @functools.cached_property
+    def _arguments_validator(self) -> Any:
+        if self.input_schema is None:
+            return None
+        validator_class = jsonschema.validators.validator_for(self.input_schema)
+        validator_class.check_schema(self.input_schema)
+        return validator_class(self.input_schema)
 
     @property
     def runs_in_thread(self) -> bool:
@@ -89,11 +136,17 @@ class ToolService:
 
     @property
     def descriptor(self) -> ToolServiceDescriptor:
-        """The seed 000 tool-service descriptor. Raises pydantic.ValidationError if invalid."""
+        """The seed 000 tool-service descriptor.
+
+        Raises:
+            pydantic.ValidationError: a field is invalid.
+            jsonschema.SchemaError: ``input_schema`` is not a valid JSON Schema.
+        """
+        _ = self._arguments_validator  # compiled here, so a bad schema fails at registration
         topic = self.topic or self.id
         fields = {
             "id": self.id,
-            "request-queue": request_queue(topic),
+            "request-queue": _persistent_queue(topic) if self.persistent else request_queue(topic),
             "response-queue": response_queue(topic),
             "config-params": [_config_param(p) for p in self.config_params],
             "description": self.description,
@@ -127,6 +180,15 @@ class ToolService:
         return []
 
 
+#: At most this many argument problems are named in one ``invalid-arguments`` reply.
+_MAX_ERRORS = 10
+
+
+def _persistent_queue(topic: str) -> str:
+    """The persistent request topic of a ``persistent`` service: ``persistent://tg/request/T``."""
+    return "persistent" + request_queue(topic).removeprefix("non-persistent")
+
+
 def _is_async(fn: Callable[..., Any]) -> bool:
     return inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn)
 
@@ -150,6 +212,7 @@ class FunctionService(ToolService):
         tool_fields: dict[str, Any],
         timeout: float | None,
         max_concurrency: int | None,
+        persistent: bool = False,
     ) -> None:
         doc = docstring_parser.parse(fn.__doc__ or "")
         signature = inspect.signature(fn)
@@ -161,6 +224,7 @@ class FunctionService(ToolService):
         self.description = description or _summary(doc) or f"The {tool_name} tool."
         self.timeout = timeout
         self.max_concurrency = max_concurrency
+        self.persistent = persistent
         self._tool_name = tool_name
         self._tool_fields = tool_fields
         self._context_param = next((n for n in signature.parameters if hints.get(n) is Context), None)
@@ -178,16 +242,21 @@ class FunctionService(ToolService):
     def runs_in_thread(self) -> bool:
         return not _is_async(self.fn)
 
-    def invoke(self, user: str, config: dict[str, Any], arguments: dict[str, Any]) -> Any:
-        """Validate ``arguments`` against the signature, then call the function.
+    def check_arguments(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        """Validate ``arguments`` with the signature's pydantic model; returns the parsed values.
 
         Raises:
             InvalidArguments: an argument is missing or of the wrong type (names the field).
         """
         try:
-            values = dict(self.model.model_validate(arguments))
+            return dict(self.model.model_validate(arguments))
         except ValidationError as exc:
-            raise InvalidArguments(_argument_errors(exc)) from None
+            raise InvalidArguments.at((e["loc"], e["msg"]) for e in exc.errors()[:_MAX_ERRORS]) from None
+
+    def invoke(self, user: str, config: dict[str, Any], arguments: dict[str, Any]) -> Any:
+        """Call the function with ``arguments`` as :meth:`check_arguments` returned them, plus
+        its config params from ``config`` and the :class:`Context` parameter, if any."""
+        values = dict(arguments)
         for param in self._config:
             if param.name in config:
                 values[param.name] = config[param.name]
@@ -241,12 +310,6 @@ def _json_type(prop: dict[str, Any]) -> str:
     return str(types[0]) if types else "string"
 
 
-def _argument_errors(error: ValidationError) -> str:
-    return "; ".join(
-        f"argument '{'.'.join(str(p) for p in e['loc'])}': {e['msg']}" for e in error.errors()
-    )
-
-
 def tool(
     fn: Callable[..., Any] | None = None,
     *,
@@ -257,6 +320,7 @@ def tool(
     config: Sequence[str] = (),
     timeout: float | None = None,
     max_concurrency: int | None = None,
+    persistent: bool = False,
     **tool_fields: Any,
 ) -> Any:
     """Turn a typed function into a tool service (and, usually, its tool).
@@ -267,8 +331,9 @@ def tool(
     (pydantic model ``<fn>Arguments``; unannotated means ``str``); parameter descriptions
     come from the docstring's Args section. Parameters named in ``config`` are filled from
     the tool's config values instead (required when they have no default); a parameter
-    annotated :class:`Context` receives the user and config. ``tool_fields`` are extra
-    seed 001 tool keys such as ``group`` or ``state``.
+    annotated :class:`Context` receives the user and config. ``timeout`` (seconds),
+    ``max_concurrency`` and ``persistent`` are as on :class:`ToolService`. ``tool_fields`` are
+    extra seed 001 tool keys such as ``group`` or ``state``.
 
     Returns:
         a ``FunctionService``; call it like the original function.
@@ -286,6 +351,7 @@ def tool(
             tool_fields=tool_fields,
             timeout=timeout,
             max_concurrency=max_concurrency,
+            persistent=persistent,
         )
 
     return decorate(fn) if fn is not None else decorate

@@ -16,6 +16,7 @@ __all__ = [
     "MISSING_CONFIG",
     "NOT_ALLOWED",
     "OVERLOADED",
+    "REDELIVERY_LIMIT",
     "TIMEOUT",
     "TOOL_SERVICE_ERROR",
     "UNAVAILABLE",
@@ -39,6 +40,8 @@ TIMEOUT = "timeout"
 OVERLOADED = "overloaded"
 NOT_ALLOWED = "not-allowed"
 UNAVAILABLE = "unavailable"
+#: A request on a persistent topic delivered more often than the host's redelivery limit.
+REDELIVERY_LIMIT = "redelivery-limit"
 
 #: TrustGraph's DynamicToolService uses this user when the request names none.
 DEFAULT_USER = "trustgraph"
@@ -66,16 +69,23 @@ class Response:
     error: dict[str, str] | None = None
 
 
+def _loads(raw: str, complaint: str) -> Any:
+    """``json.loads``, with every way it can fail (bad JSON, nesting deeper than the interpreter's
+    recursion limit, integers longer than its digit limit) raised as ``BadRequest(complaint: why)``."""
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise BadRequest(f"{complaint}: {reason}") from None
+
+
 def _json_object(envelope: dict[str, Any], key: str) -> dict[str, Any]:
-    raw = envelope.get(key, "")
+    raw = envelope.get(key)
     if raw is None or raw == "":
         return {}
     if not isinstance(raw, str):
         raise BadRequest(f"'{key}' must be a JSON object encoded as a string, got {type(raw).__name__}")
-    try:
-        value = json.loads(raw)
-    except ValueError as exc:
-        raise BadRequest(f"'{key}' is not valid JSON: {exc}") from None
+    value = _loads(raw, f"'{key}' is not valid JSON")
     if not isinstance(value, dict):
         raise BadRequest(f"'{key}' must encode a JSON object, got {type(value).__name__}")
     return value
@@ -85,20 +95,24 @@ def decode_request(payload: bytes) -> Request:
     """Decode a seed 000 request envelope.
 
     ``{"user": str?, "config": "<JSON object>", "arguments": "<JSON object>"}``; unknown keys
-    are ignored, an empty or missing ``config``/``arguments`` means ``{}`` and a missing
-    ``user`` means ``"trustgraph"``.
+    are ignored, an empty or missing ``config``/``arguments`` means ``{}`` and a missing,
+    null or empty ``user`` means ``"trustgraph"``.
 
     Raises:
-        BadRequest: the payload is not UTF-8 JSON, not an object, or a field has a wrong type.
+        BadRequest: the payload is not UTF-8 JSON (or nests too deeply to parse), not an object,
+            or a field has a wrong type. Never any other exception, whatever the bytes.
     """
     try:
-        envelope = json.loads(payload)
-    except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError are both ValueErrors
+        text = payload.decode()
+    except UnicodeDecodeError as exc:
         raise BadRequest(f"request is not UTF-8 JSON: {exc}") from None
+    envelope = _loads(text, "request is not UTF-8 JSON")
     if not isinstance(envelope, dict):
         raise BadRequest(f"request must be a JSON object, got {type(envelope).__name__}")
-    user = envelope.get("user") or DEFAULT_USER
-    if not isinstance(user, str):
+    user = envelope.get("user")
+    if user is None or user == "":
+        user = DEFAULT_USER
+    elif not isinstance(user, str):
         raise BadRequest(f"'user' must be a string, got {type(user).__name__}")
     return Request(user, _json_object(envelope, "config"), _json_object(envelope, "arguments"))
 
