@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -11,9 +12,10 @@ from typing import Any
 import pytest
 
 import tghost
+from tghost.announce import announcement_key
 from tghost.broker import EmbeddedBroker, PulsarSettings
 from tghost.client import ToolCallError
-from tghost.directory import Change, ToolDirectory
+from tghost.directory import Change, InvokeRecord, ToolDirectory
 from tghost.discover import catalog_of
 from tghost.testing import LocalHost
 
@@ -217,7 +219,7 @@ async def test_garbage_and_wrong_shapes_on_the_topic_are_counted_and_never_repla
         await producer.close()
         found = await directory(pulsar_broker, topic)
         try:
-            assert found.rejected == 5
+            assert found.rejected == 5 and found.rejections == {"invalid": 5}
             assert found.tools["count"].descriptor.description == "Count characters."
         finally:
             await found.close()
@@ -225,3 +227,190 @@ async def test_garbage_and_wrong_shapes_on_the_topic_are_counted_and_never_repla
 
 def found_tool() -> dict[str, Any]:
     return {"type": "tool-service", "name": "count", "description": "forged", "service": "count"}
+
+
+# -- the pure message path: replays, staleness and leases ------------------------------------
+
+
+def offline() -> ToolDirectory:
+    """A directory that is never started: messages go in through ``_apply`` only."""
+    return ToolDirectory(PulsarSettings("pulsar://127.0.0.1:1"), "unused")
+
+
+def announced(status: str = "available", sent_at: float | None = None, kind: str = "tool", name: str = "count",
+              host: str = "h", lease: float = 30.0) -> dict[str, Any]:
+    """One announcement value, as an Announcer of the ``count`` tool/service on ``host`` sends it."""
+    descriptor = {"tool": {**found_tool(), "description": "Count characters."},
+                  "tool-service": {"id": name, "request-queue": "non-persistent://tg/request/count",
+                                   "response-queue": "non-persistent://tg/response/count"},
+                  "host": None}[kind]
+    return {"kind": kind, "name": name, "status": status, "host": {"id": host},
+            "descriptor": descriptor if status == "available" else None, "plugin": None,
+            "lease": {"seconds": lease, "sent_at": time.time() if sent_at is None else sent_at}}
+
+
+def feed(found: ToolDirectory, value: dict[str, Any], publish_time: float | None = None) -> None:
+    """Apply one value as the follow loop would a message (key from the value itself)."""
+    key = announcement_key(value["kind"], value["name"], value["host"]["id"])
+    published = value["lease"]["sent_at"] if publish_time is None else publish_time
+    found._resolve(found._apply(json.dumps(value).encode(), published, key), "removed")
+
+
+def test_a_replayed_available_after_a_withdrawal_does_not_resurrect_the_tool() -> None:
+    found = offline()
+    t = time.time()
+    old_service, old_tool = announced(kind="tool-service", sent_at=t), announced(sent_at=t + 0.1)
+    feed(found, old_service)
+    feed(found, old_tool)
+    assert "count" in found.tools
+    feed(found, announced("withdrawn", sent_at=t + 0.2))
+    assert "count" not in found.tools
+    feed(found, old_tool, publish_time=t + 0.3)  # the replay is published later, but was sent earlier
+    assert "count" not in found.tools
+    assert found.rejections == {"stale": 1}
+    feed(found, announced(sent_at=t + 0.4))  # a genuinely newer announcement still counts
+    assert "count" in found.tools
+
+
+def test_a_message_whose_key_does_not_match_its_value_is_invalid() -> None:
+    found = offline()
+    feed(found, announced(kind="tool-service"))
+    data = json.dumps(announced()).encode()
+    found._resolve(found._apply(data, time.time(), announcement_key("tool", "count", "someone-else")), "removed")
+    assert "count" not in found.tools and found.rejections == {"invalid": 1}
+
+
+def test_a_lease_runs_from_publish_time_but_never_from_later_than_sent_at_plus_the_max_skew() -> None:
+    found = offline()
+    now = time.time()
+    feed(found, announced(kind="tool-service", host="slow", lease=30), publish_time=now)
+    feed(found, announced(host="slow", sent_at=now - 50, lease=30), publish_time=now)  # 50 s behind: full lease
+    assert found._hosts["slow"].expires_at == pytest.approx(now + 30)
+    found._expire(now + 29)
+    found._resolve(found._expire(now + 29), "expired")
+    assert "count" in found.tools
+    late = offline()
+    feed(late, announced(kind="tool-service", host="stale", sent_at=now - 1000, lease=30), publish_time=now)
+    assert late._hosts["stale"].expires_at == pytest.approx(now - 1000 + 60 + 30)
+    late._resolve(late._expire(now), "expired")
+    assert late.services == {} and late._hosts == {}
+
+
+def test_after_its_own_outage_a_directory_gives_every_host_a_fresh_lease() -> None:
+    found = offline()
+    now = time.time()
+    feed(found, announced(kind="tool-service", lease=2, sent_at=now - 10), publish_time=now - 10)
+    feed(found, announced(lease=2, sent_at=now - 9), publish_time=now - 9)
+    found._resume_leases(now, outage=3)  # a lease (2 s) plus the outage (3 s) from now
+    found._resolve(found._expire(now + 4.9), "expired")
+    assert "count" in found.tools
+    found._resolve(found._expire(now + 5.1), "expired")
+    assert "count" not in found.tools
+
+
+async def test_a_replayed_message_on_the_topic_never_resurrects_a_withdrawn_tool(
+    pulsar_broker: EmbeddedBroker, topic: str
+) -> None:
+    found = await directory(pulsar_broker, topic)
+    try:
+        host = LocalHost(pulsar_broker.url, kb_catalog(), announce_as="h", topic=topic)
+        assert host.announcer is not None
+        async with host:
+            await found.wait_for("count")
+            recorded = list(host.announcer._messages("available"))  # what an eavesdropper kept
+        await found.wait_for("count", present=False)
+        client = await PulsarSettings(pulsar_broker.url).connect()
+        try:
+            producer = await client.create_producer(topic, batching_enabled=False)
+            stale = [(key, {**v, "lease": {**v["lease"], "sent_at": v["lease"]["sent_at"] - 60}})
+                     for key, v in recorded]
+            for key, value in stale:
+                await producer.send(json.dumps(value).encode(), partition_key=key)
+            async with asyncio.timeout(10):
+                while found.rejections["stale"] < len(stale):
+                    await asyncio.sleep(0.02)
+            assert found.tools == {} and found.services == {}
+            late = await directory(pulsar_broker, topic)  # one that catches up over the replay
+            try:
+                assert late.tools == {} and late.rejections == {"stale": len(stale)}
+            finally:
+                await late.close()
+        finally:
+            await client.close()
+    finally:
+        await found.close()
+
+
+# -- allowed groups, refusals and invoke records ---------------------------------------------
+
+
+async def test_a_request_for_groups_beyond_the_allowed_ones_is_refused_counted_and_never_sent(
+    pulsar_broker: EmbeddedBroker, topic: str
+) -> None:
+    async with LocalHost(pulsar_broker.url, kb_catalog(), announce_as="h", topic=topic) as host:
+        found = await directory(pulsar_broker, topic)
+        worker = next(w for w in host.server.workers if w.descriptor.id == "count")
+        try:
+            assert await found.invoke("count", {"text": "ab"}, groups=["math"], allowed_groups=["math", "hr"]) == "2"
+            assert await found.invoke("count", {"text": "ab"}, groups=["*"], allowed_groups=["*"]) == "2"
+            assert await found.invoke("count", {"text": "ab"}, groups=["math"], allowed_groups=["*"]) == "2"
+            refused = [(["math", "admin"], ["math"]), (["*"], ["math", "default"]), (None, ["math"]), ([], [])]
+            for groups, allowed in refused[:3]:
+                with pytest.raises(ToolCallError) as info:
+                    await found.invoke("count", {"text": "ab"}, groups=groups, allowed_groups=allowed)
+                assert info.value.error_type == "not-allowed"
+                assert info.value.message.startswith(f"requested groups {groups or ['default']} exceed allowed "
+                                                     f"{allowed}")
+            with pytest.raises(ToolCallError):
+                [c async for c in found.stream("no-such-tool", {}, groups=["x"], allowed_groups=["math"])]
+            with pytest.raises(ToolCallError, match="unknown-tool"):
+                await found.invoke("no-such-tool", {}, allowed_groups=["default"])
+            with pytest.raises(ToolCallError, match="not-allowed: tool 'count' is in groups"):
+                found.check("count", ["default"], allowed_groups=["default"])
+            assert found.refusals == {"groups-exceed-allowed": 4, "unknown-tool": 1, "not-available": 1}
+            assert worker.counters["received"] == 3  # only the allowed calls reached the host
+        finally:
+            await found.close()
+
+
+async def test_every_invoke_and_stream_is_recorded_with_its_state_transition(
+    pulsar_broker: EmbeddedBroker, topic: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    @tghost.tool(state="broken")
+    async def explode() -> str:
+        """Always fails."""
+        raise RuntimeError("boom")
+
+    records: list[InvokeRecord] = []
+
+    def broken_listener(record: InvokeRecord) -> None:
+        raise RuntimeError("the audit sink is down")
+
+    catalog = catalog_of([search, count, explode], [search.tool("query-customers", collection="customers")])
+    async with LocalHost(pulsar_broker.url, catalog, announce_as="h", topic=topic):
+        found = await ToolDirectory(PulsarSettings(pulsar_broker.url), topic,
+                                    listeners=[broken_listener, records.append]).start()
+        try:
+            assert await found.invoke("count", {"text": "abc"}, user="alice", groups=["math"], state="start",
+                                      allowed_groups=["math"]) == "3"
+            assert [c async for c in found.stream("query-customers", {"question": "q"})] == [
+                "trustgraph asked customers: q"]
+            with pytest.raises(ToolCallError):
+                await found.invoke("explode", {}, user="bob")
+            with pytest.raises(ToolCallError):
+                await found.invoke("count", {"text": "x"})  # "math" only
+            with pytest.raises(ToolCallError):
+                await found.invoke("ghost", {}, state="s")
+        finally:
+            await found.close()
+    assert [(r.tool, r.service, r.user, r.groups, r.allowed_groups, r.state_before, r.state_after, r.status)
+            for r in records] == [
+        ("count", "count", "alice", ("math",), ("math",), "start", "counted", "ok"),
+        ("query-customers", "kb", None, ("default",), None, "undefined", "undefined", "ok"),
+        ("explode", "explode", "bob", ("default",), None, "undefined", "undefined", "tool-service-error"),
+        ("count", "count", None, ("default",), None, "undefined", "undefined", "not-allowed"),
+        ("ghost", None, None, ("default",), None, "s", "s", "unknown-tool"),
+    ]
+    assert all(r.duration >= 0 for r in records)
+    assert sum("invoke listener" in r.message and "failed" in r.message for r in caplog.records) == 5
+    assert records[0].to_json()["groups"] == ["math"] and "arguments" not in records[0].to_json()

@@ -1,5 +1,6 @@
 """announce: publish what this host serves on the ``tool-descriptors`` topic, renew its lease
-by heartbeat, and withdraw it before shutdown (DESIGN.md, "Announcement protocol").
+by heartbeat, announce again after a reconnect, and withdraw it before shutdown (DESIGN.md,
+"Announcement protocol"); with a signing key every value is signed (:mod:`tghost.trust`).
 
 Never serves requests and never reads the topic: the directory does that.
 """
@@ -24,10 +25,13 @@ import pulsar.asyncio
 
 from . import __version__
 from .discover import Catalog
+from .trust import Signer
 
 __all__ = ["DEFAULT_TOPIC", "Announcer", "HostIdentity", "announcement_key"]
 
 DEFAULT_TOPIC = "persistent://tg/config/tool-descriptors"
+#: Seconds between checks of the producer's connection (a reconnect triggers a re-announce).
+CONNECTION_CHECK = 0.2
 log = logging.getLogger(__name__)
 
 
@@ -92,8 +96,11 @@ def announcement_key(kind: str, name: str, host_id: str) -> str:
 class Announcer:
     """Publishes a catalog's descriptors with this host's identity, plugin origin and lease.
 
-    ``lease`` is seconds; a heartbeat every ``lease / 3`` seconds renews it. If the producer
-    was disconnected at a heartbeat, everything is announced again once it is back.
+    ``lease`` is seconds; a heartbeat every ``lease / 3`` seconds renews it. The producer's
+    connection is checked every :data:`CONNECTION_CHECK` seconds (or lease/3 if shorter):
+    once it is back after any disconnect, everything is announced again, since a directory
+    may have expired this host meanwhile. With a ``signer`` every value is signed
+    (:mod:`tghost.trust` gives the format); ``sent`` counts the messages published.
     """
 
     def __init__(
@@ -102,11 +109,13 @@ class Announcer:
         identity: HostIdentity,
         topic: str = DEFAULT_TOPIC,
         lease: float = 30.0,
+        signer: Signer | None = None,
     ) -> None:
         self.catalog = catalog
         self.identity = identity
         self.topic = topic
         self.lease = lease
+        self.signer = signer
         self.sent = 0
         self._producer: pulsar.asyncio.Producer | None = None
         self._heartbeat: asyncio.Task[None] | None = None
@@ -132,13 +141,18 @@ class Announcer:
             "plugin": plugin,
             "lease": {"seconds": self.lease, "sent_at": time.time()},
         }
+        if self.signer is not None:
+            value = self.signer.sign(value)
         return announcement_key(kind, name, self.identity.id), value
 
-    async def _publish(self, status: str) -> None:
+    async def _send(self, key: str, value: dict[str, Any]) -> None:
         assert self._producer is not None
+        await self._producer.send(json.dumps(value).encode(), partition_key=key)
+        self.sent += 1
+
+    async def _publish(self, status: str) -> None:
         for key, value in self._messages(status):
-            await self._producer.send(json.dumps(value).encode(), partition_key=key)
-            self.sent += 1
+            await self._send(key, value)
 
     async def start(self, client: pulsar.asyncio.Client) -> None:
         """Announce everything as ``available`` and start the heartbeat.
@@ -148,27 +162,33 @@ class Announcer:
         """
         self._producer = await client.create_producer(self.topic, batching_enabled=False)
         await self._publish("available")
-        log.info("announced %d service(s), %d tool(s) on %s as host %s (lease %ss)",
-                 len(self.catalog.descriptors), len(self.catalog.tools), self.topic, self.identity.id, self.lease)
+        log.info("announced %d service(s), %d tool(s) on %s as host %s (lease %ss%s)",
+                 len(self.catalog.descriptors), len(self.catalog.tools), self.topic, self.identity.id, self.lease,
+                 f", signed by key {self.signer.key_id}" if self.signer else ", unsigned")
         self._heartbeat = asyncio.create_task(self._beat(), name="announce heartbeat")
 
     async def _beat(self) -> None:
         assert self._producer is not None
+        loop = asyncio.get_running_loop()
+        interval = self.lease / 3
+        due = loop.time() + interval
         was_connected = True
         while True:
-            await asyncio.sleep(self.lease / 3)
+            await asyncio.sleep(min(interval, CONNECTION_CHECK))
             connected = self._producer.is_connected()
             try:
                 if connected and not was_connected:
                     log.info("broker connection is back: announcing again")
                     await self._publish("available")
-                elif connected:
-                    key, value = self._message("host", self.identity.id, None, None, "available")
-                    await self._producer.send(json.dumps(value).encode(), partition_key=key)
-                    self.sent += 1
+                    due = loop.time() + interval
+                elif connected and loop.time() >= due:
+                    await self._send(*self._message("host", self.identity.id, None, None, "available"))
+                    due = loop.time() + interval
             except pulsar.asyncio.PulsarException as exc:
                 log.warning("heartbeat failed (%s); will announce again when connected", exc)
                 connected = False
+            if was_connected and not connected:
+                log.warning("lost the broker connection; will announce again when it is back")
             was_connected = connected
 
     async def withdraw(self) -> None:

@@ -1,16 +1,18 @@
 """directory: the agent's live view of the ``tool-descriptors`` topic. Catches up from the
 earliest message, follows live, expires providers whose lease ran out, filters by seed 001
-group/state, and invokes tools by name. Never imports serve or discover.
+group/state, and invokes tools by name. Never imports serve or discover, and never lets a
+bad message on the topic raise or replace a live tool.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
-from collections import defaultdict
-from collections.abc import AsyncIterator, Sequence
+from collections import Counter, defaultdict
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -19,20 +21,62 @@ import pulsar.asyncio
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from . import groups as seed001
-from .announce import DEFAULT_TOPIC
+from . import wire
+from .announce import DEFAULT_TOPIC, announcement_key
 from .broker import PulsarSettings
 from .client import ToolCallError, ToolServiceClient
 from .descriptors import ToolDescriptor, ToolServiceDescriptor
+from .trust import TrustedKeys
 
-__all__ = ["Change", "DirectoryTool", "Provider", "ServiceEntry", "ToolDirectory"]
+__all__ = [
+    "GROUPS_EXCEED_ALLOWED",
+    "HIJACK",
+    "INVALID",
+    "MAX_ANNOUNCEMENT_BYTES",
+    "MAX_DEPTH",
+    "NOT_AVAILABLE",
+    "OK",
+    "STALE",
+    "UNKNOWN_TOOL",
+    "Change",
+    "DirectoryTool",
+    "InvokeListener",
+    "InvokeRecord",
+    "Provider",
+    "ServiceEntry",
+    "ToolDirectory",
+]
 
 log = logging.getLogger(__name__)
+
+# Why a message on the topic was not applied (``ToolDirectory.rejections``); with trusted keys
+# also tghost.trust's ``unsigned``, ``bad-signature`` and ``unknown-key``.
+INVALID = "invalid"
+"""Not an announcement: undecodable, wrong shape, invalid descriptor, too large, too deep, a
+message key that does not match the value, or sent (by the host's clock) more than
+``max_clock_skew`` after the broker published it."""
+STALE = "stale"
+"""Not newer (``lease.sent_at``) than one already applied for the same kind, name and host."""
+HIJACK = "hijack"
+"""Failed the signature check while naming a tool, tool service or host claimed by a trusted host."""
+
+# Why a call was refused before anything was sent (``ToolDirectory.refusals``).
 UNKNOWN_TOOL = "unknown-tool"
+NOT_AVAILABLE = "not-available"
+GROUPS_EXCEED_ALLOWED = "groups-exceed-allowed"
+
+#: ``InvokeRecord.status`` of a call answered without error.
+OK = "ok"
+#: Announcements larger than this (bytes) are rejected as ``invalid``.
+MAX_ANNOUNCEMENT_BYTES = 1 << 20
+#: Announcements nested deeper than this (JSON objects and arrays) are rejected as ``invalid``.
+MAX_DEPTH = 32
 
 
 class _Lease(BaseModel):
-    seconds: float = Field(gt=0)
-    sent_at: float
+    model_config = ConfigDict(strict=True)
+    seconds: float = Field(gt=0, le=86_400, allow_inf_nan=False)
+    sent_at: float = Field(ge=0, allow_inf_nan=False)
 
 
 class _Host(BaseModel):
@@ -44,7 +88,8 @@ class _Host(BaseModel):
 
 
 class _Announcement(BaseModel):
-    """One message on the topic (the announcement protocol in DESIGN.md)."""
+    """One message on the topic (the announcement protocol in DESIGN.md; ``signature`` is
+    checked before this model, see :mod:`tghost.trust`)."""
 
     kind: Literal["host", "tool-service", "tool"]
     name: str = Field(min_length=1)
@@ -53,6 +98,15 @@ class _Announcement(BaseModel):
     host: _Host
     plugin: dict[str, Any] | None = None
     lease: _Lease
+
+
+class _Rejected(Exception):
+    """A message that is not applied: ``reason`` is the counter key, ``detail`` the log text."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
 
 
 @dataclass(frozen=True)
@@ -95,6 +149,43 @@ class Change:
                 "providers": [p.host["id"] for p in tool.providers] if tool else []}
 
 
+@dataclass(frozen=True)
+class InvokeRecord:
+    """What one :meth:`ToolDirectory.invoke`/:meth:`~ToolDirectory.stream` call came to, handed
+    to every :data:`InvokeListener` once it ends (audit, metrics).
+
+    ``groups`` are the request's groups (``("default",)`` when it gave none), ``allowed_groups``
+    the caller's permitted groups (``None``: not checked). ``state_before``/``state_after`` are
+    seed 001 states; the state moves only on success (:func:`tghost.groups.next_state`).
+    ``status`` is :data:`OK`, ``cancelled`` (the caller stopped reading), the error type of a
+    refusal or error reply (``unknown-tool``, ``not-allowed``, ``timeout``, ...), or the class
+    name of any other exception. ``service`` is ``None`` when the tool is unknown. ``duration``
+    is seconds from the call to its end.
+    """
+
+    tool: str
+    service: str | None
+    user: str | None
+    groups: tuple[str, ...]
+    allowed_groups: tuple[str, ...] | None
+    state_before: str
+    state_after: str
+    status: str
+    duration: float
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as a JSON-able dict (lists for tuples); never holds the arguments."""
+        return {"tool": self.tool, "service": self.service, "user": self.user, "groups": list(self.groups),
+                "allowed_groups": None if self.allowed_groups is None else list(self.allowed_groups),
+                "state_before": self.state_before, "state_after": self.state_after,
+                "status": self.status, "duration": self.duration}
+
+
+#: Called once per invoke/stream with its :class:`InvokeRecord`. Must not block; an exception
+#: is logged and the call goes on.
+InvokeListener = Callable[[InvokeRecord], None]
+
+
 @dataclass
 class _Claim:
     descriptor: ToolDescriptor | ToolServiceDescriptor
@@ -105,6 +196,7 @@ class _Claim:
 @dataclass
 class _HostLease:
     expires_at: float
+    seconds: float
     names: set[tuple[str, str]] = field(default_factory=set)
 
 
@@ -113,6 +205,37 @@ class ToolDirectory:
 
     ``async with ToolDirectory(PulsarSettings(url)) as directory:`` catches up, then follows.
     ``expiry_interval`` is how often (seconds) leases are checked.
+
+    Trust: with ``trusted`` keys only announcements signed by one of them are applied
+    (format in :mod:`tghost.trust`); without, every well-formed one is (open mode). Every
+    message that is not applied is logged and counted in :attr:`rejections` by reason:
+    :data:`INVALID`, :data:`STALE`, ``unsigned``, ``bad-signature``, ``unknown-key``, or
+    :data:`HIJACK` when a message failing the signature check names a tool, tool service
+    or host that a trusted announcement claims now (one reason per message; the log names
+    the signature reason too).
+    Signatures protect the values, not the topic's key space: restrict who may publish on
+    the topic (Pulsar authorization) so that compaction cannot drop a host's entries.
+
+    Ordering and clocks: ``lease.sent_at`` (the host's clock) orders the messages of one
+    (kind, name, host); one not newer than the newest applied is :data:`STALE`, so a replayed
+    ``available`` never undoes a later ``withdrawn``. A lease runs from the broker's publish
+    time (one clock for every host, capped at this directory's now), but never from later
+    than ``sent_at + max_clock_skew``. The trade-off: hosts whose clocks are behind the
+    broker's by up to ``max_clock_skew`` seconds keep their full lease; a host further
+    behind gets a shorter one (logged once per host), and in exchange a verbatim replay of
+    an old message can keep a dead host's entries alive for at most ``max_clock_skew`` plus
+    its lease after the host sent it. A message sent more than ``max_clock_skew`` after its
+    publish time is :data:`INVALID` (a clock far ahead would otherwise make every later
+    message of that key stale). A host whose clock steps back across a restart is ignored
+    as stale until its clock passes the last message it sent.
+
+    While this directory's reader is disconnected from the broker it expires nothing (it
+    cannot tell a dead host from its own outage); once back, each host gets at least a full
+    lease plus the outage's length to be heard again (see :meth:`_resume_leases`).
+
+    Calls: ``listeners`` get one :class:`InvokeRecord` per invoke/stream. A call refused
+    before sending is counted in :attr:`refusals` by reason: :data:`UNKNOWN_TOOL`,
+    :data:`NOT_AVAILABLE` (seed 001 group/state filtering) or :data:`GROUPS_EXCEED_ALLOWED`.
     """
 
     def __init__(
@@ -121,18 +244,28 @@ class ToolDirectory:
         topic: str = DEFAULT_TOPIC,
         *,
         expiry_interval: float = 0.25,
+        trusted: TrustedKeys | None = None,
+        listeners: Sequence[InvokeListener] = (),
+        max_clock_skew: float = 60.0,
     ) -> None:
         self.pulsar = pulsar_settings
         self.topic = topic
         self.expiry_interval = expiry_interval
+        self.trusted = trusted
+        self.listeners = tuple(listeners)
+        self.max_clock_skew = max_clock_skew
         self.tools: dict[str, DirectoryTool] = {}
         self.services: dict[str, ServiceEntry] = {}
         self.conflicts: dict[str, list[str]] = {}
         """Tool name -> the service ids that lost a name conflict (the winner is in ``tools``)."""
-        self.rejected = 0
-        """Messages that were not valid announcements (counted, logged, ignored)."""
+        self.rejections: Counter[str] = Counter()
+        """Messages on the topic that were not applied, by reason (see the class docstring)."""
+        self.refusals: Counter[str] = Counter()
+        """Calls refused before anything was sent, by reason (see the class docstring)."""
         self._claims: dict[tuple[str, str], dict[str, _Claim]] = defaultdict(dict)
         self._hosts: dict[str, _HostLease] = {}
+        self._latest: dict[tuple[str, str, str], float] = {}
+        self._skewed_hosts: set[str] = set()
         self._tools_of_service: dict[str, set[str]] = defaultdict(set)
         self._order = 0
         self._filtered: dict[tuple[tuple[str, ...] | None, str | None], list[ToolDescriptor]] = {}
@@ -142,6 +275,11 @@ class ToolDirectory:
         self._tasks: list[asyncio.Task[None]] = []
         self._client: pulsar.asyncio.Client | None = None
         self._reader: pulsar.asyncio.Reader | None = None
+
+    @property
+    def rejected(self) -> int:
+        """How many messages on the topic were not applied (the sum of :attr:`rejections`)."""
+        return self.rejections.total()
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -155,7 +293,7 @@ class ToolDirectory:
         self._reader = reader = await self._client.create_reader(self.topic, pulsar.MessageId.earliest)
         dirty: set[tuple[str, str]] = set()
         while await _has_message_available(reader):
-            dirty |= self._apply(await reader.read_next())
+            dirty |= self._apply_message(await reader.read_next())
         dirty |= self._expire(time.time())  # hosts that died before we came
         self._resolve(dirty, "removed")  # nothing is live yet: all changes are "added"
         self._tasks = [asyncio.create_task(self._follow(reader), name="directory follow"),
@@ -192,12 +330,31 @@ class ToolDirectory:
                 log.warning("reading %s failed (%s); retrying", self.topic, exc)
                 await asyncio.sleep(0.5)
                 continue
-            self._resolve(self._apply(message), "removed")
+            self._resolve(self._apply_message(message), "removed")
 
     async def _expire_loop(self) -> None:
+        outage_since: float | None = None
         while True:
             await asyncio.sleep(self.expiry_interval)
-            self._resolve(self._expire(time.time()), "expired")
+            now = time.time()
+            if self._reader is not None and not self._reader.is_connected():
+                if outage_since is None:
+                    log.warning("lost the broker connection: expiring nothing until it is back")
+                    outage_since = now
+                continue
+            if outage_since is not None:
+                log.info("broker connection is back after %.1fs: every host gets a lease from now", now - outage_since)
+                self._resume_leases(now, now - outage_since)
+                outage_since = None
+            self._resolve(self._expire(now), "expired")
+
+    def _resume_leases(self, now: float, outage: float) -> None:
+        """After an ``outage`` (seconds) of this directory's connection ending at ``now`` (unix
+        seconds), give every host a full lease plus the outage's length from ``now`` to be heard
+        again: a host's client backs off exponentially while the broker is away, so it may
+        reconnect up to about an outage later than this directory's client."""
+        for lease in self._hosts.values():
+            lease.expires_at = max(lease.expires_at, now + lease.seconds + outage)
 
     def _expire(self, now: float) -> set[tuple[str, str]]:
         """Drop every host whose lease ended before ``now`` (unix seconds); returns what changed."""
@@ -209,40 +366,111 @@ class ToolDirectory:
 
     # -- applying messages -----------------------------------------------------------------
 
-    def _apply(self, message: pulsar.Message) -> set[tuple[str, str]]:
-        """Apply one message to the claims; returns the (kind, name) pairs to re-resolve."""
+    def _apply_message(self, message: pulsar.Message) -> set[tuple[str, str]]:
+        """:meth:`_apply` a message read from the topic."""
+        return self._apply(message.data(), message.publish_timestamp() / 1000, message.partition_key())
+
+    def _apply(self, data: bytes, publish_time: float, key: str) -> set[tuple[str, str]]:
+        """Apply one message: its payload ``data``, the broker's ``publish_time`` (unix seconds;
+        0 if unknown) and its message ``key``. Returns the (kind, name) pairs to re-resolve.
+
+        Touches no Pulsar object, and never raises for any ``data``: a message that is not
+        applied is logged and counted in :attr:`rejections`.
+        """
         self._order += 1
         try:
-            announcement = _Announcement.model_validate_json(message.data())
+            announcement, descriptor = self._accept(data, publish_time, key)
+        except _Rejected as rejected:
+            self.rejections[rejected.reason] += 1
+            log.warning("ignored an announcement (key %r): %s: %s", key, rejected.reason, rejected.detail)
+            return set()
+        return self._record(announcement, descriptor, publish_time)
+
+    def _accept(
+        self, data: bytes, publish_time: float, key: str
+    ) -> tuple[_Announcement, ToolDescriptor | ToolServiceDescriptor | None]:
+        """Decode, check the signature, validate, check the key, the clock and the order; the
+        announcement and its parsed descriptor.
+
+        Raises:
+            _Rejected: the message must not be applied (the reason says why).
+        """
+        value = _decode(data)
+        if self.trusted is not None:
+            reason = self.trusted.verify(value)
+            if reason is not None:
+                target = _target(value)
+                if target is not None and self._is_live(*target):
+                    raise _Rejected(HIJACK, f"{reason}, naming the live {target[0]} {target[1]!r}")
+                raise _Rejected(reason, "not signed by a trusted key")
+        try:
+            announcement = _Announcement.model_validate(value)
             descriptor = _parse_descriptor(announcement)
         except (ValidationError, ValueError) as exc:
-            self.rejected += 1
-            log.warning("ignored an invalid announcement (key %r): %s", message.partition_key(),
-                        str(exc).splitlines()[0])
-            return set()
+            raise _Rejected(INVALID, str(exc).splitlines()[0]) from None
+        expected = announcement_key(announcement.kind, announcement.name, announcement.host.id)
+        if key != expected:
+            raise _Rejected(INVALID, f"the message key should be {expected!r}")
+        sent_at = announcement.lease.sent_at
+        if publish_time and sent_at > publish_time + self.max_clock_skew:
+            raise _Rejected(INVALID, f"sent {sent_at - publish_time:.1f}s after the broker published it: the "
+                                     f"host's clock is ahead by more than max_clock_skew ({self.max_clock_skew}s)")
+        latest = self._latest.get(_order_key(announcement))
+        if latest is not None and sent_at <= latest:
+            raise _Rejected(STALE, f"sent at {sent_at}, not after {latest} (a replay?)")
+        return announcement, descriptor
+
+    def _is_live(self, kind: str, name: str) -> bool:
+        """Whether an applied announcement claims this tool or tool service (by ``kind``), or
+        this host, now; so it holds during catch-up too, before the live view is resolved."""
+        if kind == "host":
+            return name in self._hosts
+        return bool(self._claims.get((kind, name)))
+
+    def _lease_end(self, announcement: _Announcement, publish_time: float) -> float:
+        """When (unix seconds) the lease this announcement grants ends: see the class docstring."""
+        sent_at = announcement.lease.sent_at
+        start = min(publish_time or sent_at, time.time())
+        if start > sent_at + self.max_clock_skew:
+            host_id = announcement.host.id
+            if host_id not in self._skewed_hosts:
+                self._skewed_hosts.add(host_id)
+                log.warning("host %s: a message sent at %.3f was published %.1fs later, more than the %ss "
+                            "max clock skew (a replay, or the host's clock is behind): its lease is shortened",
+                            host_id, sent_at, start - sent_at, self.max_clock_skew)
+            start = sent_at + self.max_clock_skew
+        return start + announcement.lease.seconds
+
+    def _record(
+        self, announcement: _Announcement, descriptor: ToolDescriptor | ToolServiceDescriptor | None,
+        publish_time: float,
+    ) -> set[tuple[str, str]]:
+        """Apply an accepted announcement to the claims and leases."""
+        self._latest[_order_key(announcement)] = announcement.lease.sent_at
         host_id = announcement.host.id
-        published = message.publish_timestamp() / 1000 or announcement.lease.sent_at
-        expires_at = min(published, time.time()) + announcement.lease.seconds
+        expires_at = self._lease_end(announcement, publish_time)
         if announcement.kind == "host":
             if announcement.status == "withdrawn":
                 return self._drop_host(host_id)
-            self._renew(host_id, expires_at)
+            self._renew(host_id, expires_at, announcement.lease.seconds)
             return set()
         key = (announcement.kind, announcement.name)
         if announcement.status == "withdrawn":
             self._claims[key].pop(host_id, None)
-            self._hosts.get(host_id, _HostLease(0)).names.discard(key)
+            if host_id in self._hosts:
+                self._hosts[host_id].names.discard(key)
             return {key}
         assert descriptor is not None
         provider = Provider(announcement.host.model_dump(), announcement.plugin)
         previous = self._claims[key].get(host_id)
         self._claims[key][host_id] = _Claim(descriptor, provider, previous.order if previous else self._order)
-        self._renew(host_id, expires_at).names.add(key)
+        self._renew(host_id, expires_at, announcement.lease.seconds).names.add(key)
         return {key}
 
-    def _renew(self, host_id: str, expires_at: float) -> _HostLease:
-        lease = self._hosts.setdefault(host_id, _HostLease(expires_at))
+    def _renew(self, host_id: str, expires_at: float, seconds: float) -> _HostLease:
+        lease = self._hosts.setdefault(host_id, _HostLease(expires_at, seconds))
         lease.expires_at = max(lease.expires_at, expires_at)
+        lease.seconds = seconds
         return lease
 
     def _drop_host(self, host_id: str) -> set[tuple[str, str]]:
@@ -347,24 +575,43 @@ class ToolDirectory:
 
     # -- invoking --------------------------------------------------------------------------
 
-    def check(self, name: str, groups: Sequence[str] | None = None, state: str | None = None) -> DirectoryTool:
+    def check(
+        self,
+        name: str,
+        groups: Sequence[str] | None = None,
+        state: str | None = None,
+        allowed_groups: Sequence[str] | None = None,
+    ) -> DirectoryTool:
         """The live tool ``name`` if a request with these groups and state may use it.
 
+        ``allowed_groups`` are the groups the caller is permitted (seed 001 section 6.1;
+        ``None``: not checked): the request's groups (``["default"]`` when ``None``) must be a
+        subset of them; a requested ``"*"`` needs ``"*"`` allowed, and an allowed ``"*"``
+        permits any group. A refusal is counted in :attr:`refusals`.
+
         Raises:
-            ToolCallError: ``unknown-tool`` if it is not live, ``not-allowed`` if seed 001
-                filtering excludes it (the message says why).
+            ToolCallError: ``not-allowed`` if the request's groups exceed the allowed ones or
+                seed 001 filtering excludes the tool, ``unknown-tool`` if it is not live (the
+                message says why).
         """
+        requested = list(seed001.DEFAULT_GROUPS if groups is None else groups)
+        if allowed_groups is not None and (excess := _excess_groups(requested, allowed_groups)):
+            raise self._refuse(GROUPS_EXCEED_ALLOWED, wire.NOT_ALLOWED, (
+                f"requested groups {requested} exceed allowed {list(allowed_groups)} (not allowed: {excess})"))
         tool = self.tools.get(name)
         if tool is None:
-            raise ToolCallError(UNKNOWN_TOOL, f"no live tool named {name!r}; see 'tghost tools'")
+            raise self._refuse(UNKNOWN_TOOL, UNKNOWN_TOOL, f"no live tool named {name!r}; see 'tghost tools'")
         if not seed001.is_available(tool.descriptor, groups, state):
             d = tool.descriptor
-            raise ToolCallError("not-allowed", (
+            raise self._refuse(NOT_AVAILABLE, wire.NOT_ALLOWED, (
                 f"tool {name!r} is in groups {list(d.group)} and available in states "
-                f"{list(d.available_in_states or ['*'])}; the request has groups "
-                f"{list(groups) if groups is not None else list(seed001.DEFAULT_GROUPS)} "
+                f"{list(d.available_in_states or ['*'])}; the request has groups {requested} "
                 f"and state {state or seed001.DEFAULT_STATE!r}"))
         return tool
+
+    def _refuse(self, reason: str, error_type: str, message: str) -> ToolCallError:
+        self.refusals[reason] += 1
+        return ToolCallError(error_type, message)
 
     async def caller(self, descriptor: ToolServiceDescriptor) -> ToolServiceClient:
         """A started client for a service's queues, cached per service id (for ``--service`` calls)."""
@@ -386,18 +633,50 @@ class ToolDirectory:
         user: str | None = None,
         groups: Sequence[str] | None = None,
         state: str | None = None,
+        allowed_groups: Sequence[str] | None = None,
         timeout: float = 60.0,
     ) -> AsyncIterator[str]:
         """Invoke tool ``name`` and yield its observation chunks. The tool's config values go
-        into the request's ``config``; ``groups``/``state`` are checked as in :meth:`check`.
+        into the request's ``config``; ``groups``/``state``/``allowed_groups`` are checked as
+        in :meth:`check`. Every listener gets one :class:`InvokeRecord` when the call ends.
 
         Raises:
             ToolCallError: not allowed, unknown, an error reply, or a timeout (seconds).
         """
-        tool = self.check(name, groups, state)
-        caller = await self.caller(tool.service.descriptor)
-        async for chunk in caller.stream(tool.descriptor.config, arguments, user=user, timeout=timeout):
-            yield chunk
+        started = time.perf_counter()
+        known = self.tools.get(name)
+        tool: DirectoryTool | None = None  # once allowed
+        status = OK
+        try:
+            tool = self.check(name, groups, state, allowed_groups)
+            caller = await self.caller(tool.service.descriptor)
+            async for chunk in caller.stream(tool.descriptor.config, arguments, user=user, timeout=timeout):
+                yield chunk
+        except ToolCallError as exc:
+            status = exc.error_type
+            raise
+        except (asyncio.CancelledError, GeneratorExit):
+            status = "cancelled"
+            raise
+        except Exception as exc:
+            status = type(exc).__name__
+            raise
+        finally:
+            before = state or seed001.DEFAULT_STATE
+            self._notify(InvokeRecord(
+                tool=name, service=known.descriptor.service if known else None, user=user,
+                groups=tuple(seed001.DEFAULT_GROUPS if groups is None else groups),
+                allowed_groups=None if allowed_groups is None else tuple(allowed_groups),
+                state_before=before,
+                state_after=seed001.next_state(tool.descriptor, before, status == OK) if tool else before,
+                status=status, duration=time.perf_counter() - started))
+
+    def _notify(self, record: InvokeRecord) -> None:
+        for listener in self.listeners:
+            try:
+                listener(record)
+            except Exception:
+                log.exception("invoke listener %r failed on a call of %r", listener, record.tool)
 
     async def invoke(
         self,
@@ -407,11 +686,60 @@ class ToolDirectory:
         user: str | None = None,
         groups: Sequence[str] | None = None,
         state: str | None = None,
+        allowed_groups: Sequence[str] | None = None,
         timeout: float = 60.0,
     ) -> str:
         """Invoke tool ``name`` and return the observation string; as :meth:`stream`."""
-        chunks = self.stream(name, arguments, user=user, groups=groups, state=state, timeout=timeout)
+        chunks = self.stream(name, arguments, user=user, groups=groups, state=state,
+                             allowed_groups=allowed_groups, timeout=timeout)
         return "".join([chunk async for chunk in chunks])
+
+
+def _excess_groups(requested: Sequence[str], allowed: Sequence[str]) -> list[str]:
+    """The requested groups that ``allowed`` does not permit (seed 001 section 6.1)."""
+    if seed001.WILDCARD in allowed:
+        return []
+    return [group for group in requested if group not in allowed]
+
+
+def _decode(data: bytes) -> dict[str, Any]:
+    """The JSON object in ``data``; raises :class:`_Rejected` (``invalid``) for anything else."""
+    if len(data) > MAX_ANNOUNCEMENT_BYTES:
+        raise _Rejected(INVALID, f"{len(data)} bytes, more than {MAX_ANNOUNCEMENT_BYTES}")
+    try:
+        value = json.loads(data)
+    except RecursionError:
+        raise _Rejected(INVALID, "JSON nested too deeply") from None
+    except ValueError as exc:
+        raise _Rejected(INVALID, f"not JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise _Rejected(INVALID, f"a JSON {type(value).__name__}, not an object")
+    if data.count(b"{") + data.count(b"[") > MAX_DEPTH and _depth_exceeds(value, MAX_DEPTH):
+        raise _Rejected(INVALID, f"JSON nested deeper than {MAX_DEPTH} levels")
+    return value
+
+
+def _depth_exceeds(value: Any, limit: int) -> bool:
+    """Whether objects/arrays in ``value`` nest deeper than ``limit`` (iterative: no recursion)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = node.values() if isinstance(node, dict) else node
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return False
+
+
+def _target(value: dict[str, Any]) -> tuple[str, str] | None:
+    """The (kind, name) an unverified value claims, if it names one."""
+    kind, name = value.get("kind"), value.get("name")
+    return (kind, name) if isinstance(kind, str) and isinstance(name, str) else None
+
+
+def _order_key(announcement: _Announcement) -> tuple[str, str, str]:
+    """What ``lease.sent_at`` orders: one (kind, name, host id)."""
+    return announcement.kind, announcement.name, announcement.host.id
 
 
 def _shape(tool: DirectoryTool | None) -> tuple[Any, ...] | None:
