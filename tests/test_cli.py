@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -10,13 +11,20 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable
+from importlib.metadata import entry_points
 from pathlib import Path
 
+import click
 import pytest
+from click.testing import CliRunner
+from prometheus_client.parser import text_string_to_metric_families
 
-from tghost.broker import EmbeddedBroker, free_port
+from tghost.broker import EmbeddedBroker, PulsarSettings, free_port
+from tghost.cli import pulsar_options
+from tghost.discover import ENTRY_POINT_GROUP
 
 from .conftest import HostProcess, PluginDir
 
@@ -77,7 +85,14 @@ def env(pulsar_broker: EmbeddedBroker, plugin_dir: PluginDir, tmp_path: Path) ->
     and a private config dir (host slots, tools.toml)."""
     plugin_dir.add("echo", ECHO)
     return plugin_dir.env(TGHOST_PULSAR_URL=pulsar_broker.url, XDG_CONFIG_HOME=str(tmp_path / "config"),
-                          TGHOST_DESCRIPTORS_TOPIC=f"persistent://tg/config/cli-{uuid.uuid4().hex[:8]}")
+                          TGHOST_DESCRIPTORS_TOPIC=f"persistent://tg/config/cli-{uuid.uuid4().hex[:8]}",
+                          TGHOST_DISABLE_PLUGINS=",".join(installed_plugins(plugin_dir)))
+
+
+def installed_plugins(plugin_dir: PluginDir) -> list[str]:
+    """Entry points pip-installed in this environment (the example plugins), which the tests'
+    own plugins must not be mixed with."""
+    return [ep.name for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name not in plugin_dir.names]
 
 
 def live_tools(env: dict[str, str]) -> dict[str, dict[str, object]]:
@@ -134,18 +149,33 @@ def test_sigterm_lets_in_flight_calls_finish_then_exits_0(
 ) -> None:
     plugin_dir.add("echo", ECHO)
     env = plugin_dir.env(TGHOST_PULSAR_URL=pulsar_broker.url)
-    host = host_process("--grace", "10", "--log-level", "debug", env=env)
+    port = free_port()
+    host = host_process("--grace", "10", "--metrics-port", str(port), env=env)
     host.wait_for(READY)
     result: dict[str, subprocess.CompletedProcess[str]] = {}
     caller = threading.Thread(target=lambda: result.update(
         call=tghost("call", "--service", "unhurried", "seconds:=1.5", env=env)))
     caller.start()
-    host.wait_for(r"service unhurried: request \w+ received")
+    wait_for_in_flight(port, "unhurried")
     host.process.send_signal(signal.SIGTERM)
     caller.join(30)
     assert result["call"].returncode == 0 and result["call"].stdout == "slept 1.5s\n"
     assert host.finish() == 0
     assert "waiting up to 10.0s for 1 in-flight call(s)" in host.log
+
+
+def wait_for_in_flight(port: int, service: str, timeout: float = 20) -> None:
+    """Wait until the host's metrics show a call of ``service`` in flight."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), \
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            families = text_string_to_metric_families(response.read().decode())
+            if any(s.name == "tghost_in_flight" and s.labels == {"service": service} and s.value >= 1
+                   for family in families for s in family.samples):
+                return
+        time.sleep(0.02)
+    raise AssertionError(f"no call of {service} in flight after {timeout}s")
 
 
 def test_joke_service_tells_a_pun_about_cats(
@@ -277,3 +307,104 @@ def test_watch_shows_a_second_host_arriving_and_leaving(env: dict[str, str], plu
     finally:
         watcher.send_signal(signal.SIGINT)
         watcher.wait(10)
+
+
+def _settings_seen(args: list[str], env: dict[str, str]) -> PulsarSettings:
+    """Run a command decorated with ``pulsar_options`` and return the PulsarSettings it was handed."""
+    seen: list[PulsarSettings] = []
+
+    @click.command()
+    @pulsar_options
+    def probe(pulsar: PulsarSettings, descriptors_topic: str) -> None:
+        seen.append(pulsar)
+
+    result = CliRunner().invoke(probe, args, env=env, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return seen[0]
+
+
+def test_pulsar_options_come_from_the_environment(tmp_path: Path) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_text("not checked here")
+    settings = _settings_seen([], {"TGHOST_PULSAR_URL": "pulsar+ssl://broker:6651", "TGHOST_PULSAR_TOKEN": "env-jwt",
+                                   "TGHOST_TLS_TRUST_CERTS": str(ca), "TGHOST_TLS_ALLOW_INSECURE": "1",
+                                   "TGHOST_TLS_VALIDATE_HOSTNAME": "true"})
+    assert settings == PulsarSettings("pulsar+ssl://broker:6651", token="env-jwt", tls_trust_certs=str(ca),
+                                      tls_allow_insecure=True, tls_validate_hostname=True)
+
+
+def test_pulsar_option_flags_override_the_environment() -> None:
+    settings = _settings_seen(["--pulsar-url", "pulsar://other:6650", "--pulsar-token", "flag-jwt"],
+                              {"TGHOST_PULSAR_URL": "pulsar://env:6650", "TGHOST_PULSAR_TOKEN": "env-jwt"})
+    assert (settings.url, settings.token, settings.tls_trust_certs) == ("pulsar://other:6650", "flag-jwt", None)
+    assert not settings.tls_allow_insecure
+
+
+def test_a_missing_trust_certs_file_is_a_usage_error() -> None:
+    result = tghost("call", "--service", "echo", "--tls-trust-certs", "/nonexistent/ca.pem")
+    assert result.returncode == 2 and "/nonexistent/ca.pem" in result.stderr
+
+
+def test_run_and_call_with_a_pulsar_token(env: dict[str, str], host_process: Callable[..., HostProcess]) -> None:
+    """The token passes through ``tghost run`` and ``tghost call`` to the broker without breaking
+    anything. pulsar-lite 0.2.0 does not enforce auth: it accepts any token, so this cannot show
+    that a wrong token is refused."""
+    host = host_process("--pulsar-token", "x", env=env)
+    host.wait_for(READY)
+    result = tghost("call", "--pulsar-token", "x", "--service", "echo", "text=with a token", env=env)
+    assert (result.returncode, result.stdout) == (0, "with a token\n"), result.stderr
+    by_env = tghost("call", "--service", "echo", "text=token from env", env={**env, "TGHOST_PULSAR_TOKEN": "x"})
+    assert (by_env.returncode, by_env.stdout) == (0, "token from env\n"), by_env.stderr
+    host.process.send_signal(signal.SIGINT)
+    assert host.finish() == 0
+
+
+def test_plugin_flags_block_plugins_and_plugins_lists_why(plugin_dir: PluginDir) -> None:
+    plugin_dir.add("echo", ECHO)
+    plugin_dir.add("shout", SHOUT)
+    env = plugin_dir.env(TGHOST_DISABLE_PLUGINS="echo")
+    result = tghost("plugins", "--json", "--load-plugins", "echo,shout,typo", env=env)
+    reports = {r["name"]: r for r in json.loads(result.stdout)}
+    assert reports["echo"]["status"] == "blocked" and reports["echo"]["blocked"] == "disabled by TGHOST_DISABLE_PLUGINS"
+    assert reports["shout"]["status"] == "loaded" and reports["shout"]["services"] == ["shout"]
+    assert reports["typo"]["status"] == "missing" and "--load-plugins names entry point 'typo'" in (
+        reports["typo"]["errors"][0])
+    assert result.returncode == 1  # the unknown name is an error
+    assert {r["status"] for name, r in reports.items() if name not in ("echo", "shout", "typo")} == {"blocked"}
+    human = tghost("plugins", "--load-plugins", "shout", "--disable-plugins", "", env=env)
+    assert human.returncode == 0, human.stdout
+    assert "echo (tghost-test-echo 1.0) blocked\n  entry point: tghost_test_echo\n  blocked:     not listed in " \
+           "--load-plugins" in human.stdout
+
+
+def test_status_reports_a_running_host_and_exits_1_once_it_stops(
+    env: dict[str, str], tmp_path: Path, host_process: Callable[..., HostProcess]
+) -> None:
+    port = free_port()
+    audit = tmp_path / "audit.jsonl"
+    host = host_process("--audit-log", str(audit), env={**env, "TGHOST_METRICS_PORT": str(port)})
+    host.wait_for("announced")
+    url = f"http://127.0.0.1:{port}/health"
+    deadline = time.monotonic() + 15
+    while (status := tghost("status", "--json", "--url", url, env=env)).returncode and time.monotonic() < deadline:
+        time.sleep(0.1)  # "starting" until the host watches its connection, just after announcing
+    health = json.loads(status.stdout)
+    assert (status.returncode, health["status"], health["connected"]) == (0, "ok", True), status.stderr
+    assert sorted(health["services"]) == ["echo", "failing", "kb", "unhurried"]
+    human = tghost("status", env={**env, "TGHOST_METRICS_PORT": str(port)})
+    assert human.returncode == 0 and "connected:  yes" in human.stdout
+    secret = uuid.uuid4().hex
+    assert tghost("call", "--service", "echo", f"text={secret}", env=env).stdout == f"{secret}\n"
+    host.process.send_signal(signal.SIGINT)
+    assert host.finish() == 0
+    [line] = audit.read_text().splitlines()
+    entry = json.loads(line)
+    assert (entry["service"], entry["status"], entry["argument_names"]) == ("echo", "ok", ["text"])
+    assert secret not in line
+    gone = tghost("status", "--url", url, env=env)
+    assert gone.returncode == 1 and f"no tghost host answers at {url}" in gone.stderr
+
+
+def test_status_without_a_url_says_how_to_give_one() -> None:
+    result = tghost("status", env={k: v for k, v in os.environ.items() if not k.startswith("TGHOST_")})
+    assert result.returncode == 2 and "TGHOST_METRICS_PORT" in result.stderr

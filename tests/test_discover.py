@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
-from tghost.discover import PluginLoadError, discover
+from tghost.discover import PluginLoadError, PluginSelection, discover
 
 from .conftest import PluginDir
 
@@ -135,3 +137,60 @@ def test_strict_mode_makes_any_failure_fatal(plugin_dir: PluginDir, monkeypatch:
         discover(plugin_dir.entry_points())
     monkeypatch.setenv("TGHOST_STRICT_PLUGINS", "0")
     assert discover(plugin_dir.entry_points()).plugins[0].failed
+
+
+def test_selection_unset_loads_all_and_an_empty_load_list_loads_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TGHOST_LOAD_PLUGINS", raising=False)
+    monkeypatch.delenv("TGHOST_DISABLE_PLUGINS", raising=False)
+    assert PluginSelection.from_settings().blocked_reason("any") is None
+    monkeypatch.setenv("TGHOST_LOAD_PLUGINS", "")
+    assert PluginSelection.from_settings().blocked_reason("any") == "TGHOST_LOAD_PLUGINS is empty"
+
+
+def test_selection_reads_comma_lists_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TGHOST_LOAD_PLUGINS", " a, b ,,")
+    monkeypatch.setenv("TGHOST_DISABLE_PLUGINS", "b")
+    selection = PluginSelection.from_settings()
+    assert selection.load == {"a", "b"} and selection.disable == {"b"}
+    assert selection.blocked_reason("a") is None
+    assert selection.blocked_reason("b") == "disabled by TGHOST_DISABLE_PLUGINS"
+    assert selection.blocked_reason("c") == "not listed in TGHOST_LOAD_PLUGINS"
+
+
+def test_selection_flags_override_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TGHOST_LOAD_PLUGINS", "a")
+    monkeypatch.setenv("TGHOST_DISABLE_PLUGINS", "c")
+    selection = PluginSelection.from_settings(load="c", disable="")
+    assert selection.blocked_reason("c") is None
+    assert selection.blocked_reason("a") == "not listed in --load-plugins"
+    assert PluginSelection.from_settings(disable="a").blocked_reason("a") == "disabled by --disable-plugins"
+
+
+def test_names_that_no_entry_point_has_are_reported_missing() -> None:
+    selection = PluginSelection(load=frozenset({"good", "typo"}), disable=frozenset({"gone"}))
+    missing = {r.name: r for r in selection.missing(["good", "other"])}
+    assert set(missing) == {"typo", "gone"}
+    assert missing["typo"].status == "missing"
+    assert "TGHOST_LOAD_PLUGINS names entry point 'typo', but no installed plugin has it" in missing["typo"].errors[0]
+    assert "TGHOST_DISABLE_PLUGINS names entry point 'gone'" in missing["gone"].errors[0]
+
+
+def test_a_blocked_plugin_is_never_imported_and_is_reported_blocked(plugin_dir: PluginDir) -> None:
+    plugin_dir.add("good", GOOD)
+    plugin_dir.add("explosive", "raise SystemExit('imported although blocked')\n")
+    selection = PluginSelection(disable=frozenset({"explosive"}), disable_source="--disable-plugins")
+    catalog = discover(plugin_dir.entry_points(), selection=selection)
+    reports = {r.name: r for r in catalog.plugins}
+    assert reports["explosive"].status == "blocked" and not reports["explosive"].errors
+    assert reports["explosive"].to_json()["blocked"] == "disabled by --disable-plugins"
+    assert reports["explosive"].distribution == "tghost-test-explosive"
+    assert "tghost_test_explosive" not in sys.modules
+    assert reports["good"].status == "loaded" and list(catalog.services) == ["double"]
+
+
+def test_a_load_list_serves_only_the_named_plugins_and_reports_unknown_names(plugin_dir: PluginDir) -> None:
+    plugin_dir.add("good", GOOD)
+    plugin_dir.add("kb", KB)
+    catalog = discover(plugin_dir.entry_points(), selection=PluginSelection(load=frozenset({"kb", "kbb"})))
+    assert {r.name: r.status for r in catalog.plugins} == {"good": "blocked", "kb": "loaded", "kbb": "missing"}
+    assert set(catalog.services) == {"kb"}

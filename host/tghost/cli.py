@@ -6,19 +6,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
 import sys
-from collections.abc import Callable
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import click
-import pulsar.asyncio
+from pulsar.asyncio import PulsarException
 
 from . import __version__
 from .announce import DEFAULT_TOPIC, Announcer, HostIdentity
+from .audit import AuditLog
 from .broker import (
     DEFAULT_URL,
     BrokerError,
@@ -32,10 +37,12 @@ from .client import ToolCallError
 from .config import default_config_path, load_config_tools
 from .descriptors import ToolServiceDescriptor, request_queue, response_queue
 from .directory import Change, DirectoryTool, ToolDirectory
-from .discover import Catalog, PluginLoadError, discover
+from .discover import Catalog, PluginLoadError, PluginReport, PluginSelection, discover
 from .groups import DEFAULT_STATE, next_state
 from .host import run_host
-from .serve import ServeSettings
+from .metrics import HostMonitor
+from .serve import CallListener, ServeSettings
+from .trust import KeyFileError, Signer, TrustedKeys, write_key_pair
 
 F = TypeVar("F", bound=Callable[..., Any])
 log = logging.getLogger("tghost")
@@ -47,15 +54,131 @@ def _setup_logging(level: str) -> None:
 
 
 def pulsar_options(fn: F) -> F:
-    """The connection options every command that talks to Pulsar takes."""
-    fn = click.option(
-        "--descriptors-topic", envvar="TGHOST_DESCRIPTORS_TOPIC", default=DEFAULT_TOPIC, show_default=True,
-        help="Topic where hosts announce their tools (env TGHOST_DESCRIPTORS_TOPIC).",
-    )(fn)
-    return click.option(
-        "--pulsar-url", envvar="TGHOST_PULSAR_URL", default=DEFAULT_URL, show_default=True,
-        help="Pulsar service URL (env TGHOST_PULSAR_URL).",
-    )(fn)
+    """The connection options every command that talks to Pulsar takes. The command gets one
+    ``pulsar: PulsarSettings`` built from --pulsar-url, --pulsar-token and the TLS options, and
+    ``descriptors_topic``.
+    """
+    @functools.wraps(fn)
+    def with_settings(*args: Any, pulsar_url: str, pulsar_token: str | None, tls_trust_certs: Path | None,
+                      tls_allow_insecure: bool, tls_validate_hostname: bool, **kwargs: Any) -> Any:
+        settings = PulsarSettings(pulsar_url, token=pulsar_token or None,
+                                  tls_trust_certs=str(tls_trust_certs) if tls_trust_certs else None,
+                                  tls_allow_insecure=tls_allow_insecure, tls_validate_hostname=tls_validate_hostname)
+        return fn(*args, pulsar=settings, **kwargs)
+
+    options = [
+        click.option("--pulsar-url", envvar="TGHOST_PULSAR_URL", default=DEFAULT_URL, show_default=True,
+                     help="Pulsar service URL, pulsar:// or pulsar+ssl:// (env TGHOST_PULSAR_URL)."),
+        click.option("--pulsar-token", envvar="TGHOST_PULSAR_TOKEN", default=None, show_envvar=False,
+                     help="Pulsar auth token (JWT) (env TGHOST_PULSAR_TOKEN). The embedded broker "
+                          "(pulsar-lite) accepts any token and does not enforce auth."),
+        click.option("--tls-trust-certs", envvar="TGHOST_TLS_TRUST_CERTS", default=None,
+                     type=click.Path(path_type=Path, dir_okay=False, exists=True),
+                     help="PEM file of CA certificates to trust for pulsar+ssl:// (env TGHOST_TLS_TRUST_CERTS)."),
+        click.option("--tls-allow-insecure", envvar="TGHOST_TLS_ALLOW_INSECURE", is_flag=True,
+                     help="Accept any broker TLS certificate; for testing only (env TGHOST_TLS_ALLOW_INSECURE)."),
+        click.option("--tls-validate-hostname", envvar="TGHOST_TLS_VALIDATE_HOSTNAME", is_flag=True,
+                     help="Check the broker certificate names the URL's host (env TGHOST_TLS_VALIDATE_HOSTNAME)."),
+        click.option("--descriptors-topic", envvar="TGHOST_DESCRIPTORS_TOPIC", default=DEFAULT_TOPIC,
+                     show_default=True, help="Topic where hosts announce their tools (env TGHOST_DESCRIPTORS_TOPIC)."),
+    ]
+    wrapped: Any = with_settings
+    for option in reversed(options):
+        wrapped = option(wrapped)
+    return cast(F, wrapped)
+
+
+def selection_options(fn: F) -> F:
+    """--load-plugins / --disable-plugins; the command gets one ``selection: PluginSelection``."""
+    @functools.wraps(fn)
+    def with_selection(*args: Any, load_plugins: str | None, disable_plugins: str | None, **kwargs: Any) -> Any:
+        return fn(*args, selection=PluginSelection.from_settings(load_plugins, disable_plugins), **kwargs)
+
+    wrapped: Any = click.option(
+        "--load-plugins", default=None, metavar="NAMES",
+        help="Comma list of the only entry points to load; '' loads none (overrides env TGHOST_LOAD_PLUGINS) "
+             "[default: all].")(with_selection)
+    wrapped = click.option(
+        "--disable-plugins", default=None, metavar="NAMES",
+        help="Comma list of entry points never to import (overrides env TGHOST_DISABLE_PLUGINS).")(wrapped)
+    return cast(F, wrapped)
+
+
+def trust_options(fn: F) -> F:
+    """--trusted-key (repeatable; env TGHOST_TRUSTED_KEYS, os.pathsep-separated); the command
+    gets one ``trusted: TrustedKeys | None`` (``None``: open mode, every host is believed)."""
+    @functools.wraps(fn)
+    def with_trust(*args: Any, trusted_keys: tuple[Path, ...], **kwargs: Any) -> Any:
+        try:
+            trusted = TrustedKeys.from_files(trusted_keys) if trusted_keys else None
+        except KeyFileError as exc:
+            raise click.BadParameter(str(exc), param_hint="--trusted-key / TGHOST_TRUSTED_KEYS") from None
+        return fn(*args, trusted=trusted, **kwargs)
+
+    return cast(F, click.option(
+        "--trusted-key", "trusted_keys", multiple=True, type=click.Path(path_type=Path, dir_okay=False),
+        envvar="TGHOST_TRUSTED_KEYS",
+        help="Public key (.pub from 'tghost keygen') whose signed announcements to accept; repeatable "
+             f"(env TGHOST_TRUSTED_KEYS, '{os.pathsep}'-separated). With any, unsigned and other hosts "
+             "are ignored [default: accept every host].")(with_trust))
+
+
+@dataclass(frozen=True)
+class _Operations:
+    """What ``tghost run`` exposes for operators: metrics and /health, and the audit log."""
+
+    metrics_host: str
+    metrics_port: int | None
+    audit_log: str | None
+    audit_arguments: bool
+
+    @contextlib.contextmanager
+    def open(self) -> Iterator[tuple[list[CallListener], HostMonitor | None]]:
+        """Bind the metrics port and open the audit log; yields the call listeners and the monitor."""
+        with contextlib.ExitStack() as stack:
+            listeners: list[CallListener] = []
+            monitor = None
+            if self.metrics_port is not None:
+                try:
+                    monitor = stack.enter_context(HostMonitor(self.metrics_host, self.metrics_port))
+                except OSError as exc:
+                    raise click.ClickException(
+                        f"cannot serve metrics on {self.metrics_host}:{self.metrics_port} ({exc}): choose another "
+                        "--metrics-port (env TGHOST_METRICS_PORT) or --metrics-host") from None
+                listeners += monitor.listeners
+            if self.audit_log is not None:
+                try:
+                    listeners.append(stack.enter_context(AuditLog.open(self.audit_log, arguments=self.audit_arguments)))
+                except OSError as exc:
+                    raise click.ClickException(f"cannot open the audit log ({exc}): check --audit-log "
+                                               "(env TGHOST_AUDIT_LOG), or give '-' for stderr") from None
+            yield listeners, monitor
+
+
+def operations_options(fn: F) -> F:
+    """--metrics-port/--metrics-host and --audit-log/--audit-arguments; the command gets one
+    ``operations: _Operations``."""
+    @functools.wraps(fn)
+    def with_operations(*args: Any, metrics_host: str, metrics_port: int | None, audit_log: str | None,
+                        audit_arguments: bool, **kwargs: Any) -> Any:
+        return fn(*args, operations=_Operations(metrics_host, metrics_port, audit_log, audit_arguments), **kwargs)
+
+    options = [
+        click.option("--metrics-port", type=click.IntRange(0, 65535), envvar="TGHOST_METRICS_PORT", default=None,
+                     help="Serve Prometheus metrics on /metrics and health on /health at this port "
+                          "(env TGHOST_METRICS_PORT) [default: off]."),
+        click.option("--metrics-host", envvar="TGHOST_METRICS_HOST", default="127.0.0.1", show_default=True,
+                     help="Address the metrics port binds (env TGHOST_METRICS_HOST); 0.0.0.0 for every interface."),
+        click.option("--audit-log", envvar="TGHOST_AUDIT_LOG", default=None, metavar="PATH",
+                     help="Append one JSON line per call to PATH, or '-' for stderr (env TGHOST_AUDIT_LOG) "
+                          "[default: off]. Argument names only, never config values."),
+        click.option("--audit-arguments", is_flag=True, envvar="TGHOST_AUDIT_ARGUMENTS",
+                     help="Also log argument values in the audit log (env TGHOST_AUDIT_ARGUMENTS)."),
+    ]
+    wrapped: Any = with_operations
+    for option in reversed(options):
+        wrapped = option(wrapped)
+    return cast(F, wrapped)
 
 
 def filter_options(fn: F) -> F:
@@ -108,26 +231,41 @@ def cli() -> None:
               help="Requests per service that may wait for a slot before 'overloaded' replies.")
 @click.option("--grace", type=click.FloatRange(min=0), default=10.0, show_default=True,
               help="Seconds in-flight calls get to finish on SIGINT/SIGTERM.")
+@click.option("--max-payload", type=click.IntRange(min=1), default=ServeSettings.max_payload, show_default=True,
+              help="Bytes a request may have; a larger one is answered 'bad-request' and never decoded.")
+@click.option("--max-redeliveries", type=click.IntRange(min=0), default=ServeSettings.max_redeliveries,
+              show_default=True, help="Times a request on a persistent topic is invoked again after its host "
+                                      "died mid-call; one more delivery is answered 'redelivery-limit'.")
+@click.option("--stall-threshold", type=click.FloatRange(min=0), default=ServeSettings.stall_threshold,
+              show_default=True, help="Seconds the event loop may be blocked before a warning names the "
+                                      "service blocking it; 0 turns the watchdog off.")
 @click.option("--config", "config_path", type=click.Path(path_type=Path, dir_okay=False), envvar="TGHOST_CONFIG",
               default=None, help=f"TOML file of extra tools (env TGHOST_CONFIG) [default: {default_config_path()}, "
                                  "if it exists].")
-@click.option("--lease", type=click.FloatRange(min=0.5), default=30.0, show_default=True,
+@click.option("--lease", type=click.FloatRange(min=0.5, max=86_400), default=30.0, show_default=True,
               help="Seconds an announcement lives without a heartbeat (heartbeat every lease/3).")
 @click.option("--host-id", envvar="TGHOST_HOST_ID", default=None,
               help="This host's id in announcements (env TGHOST_HOST_ID) [default: a stable id per host slot].")
+@click.option("--signing-key", type=click.Path(path_type=Path, dir_okay=False), envvar="TGHOST_SIGNING_KEY",
+              default=None, help="Ed25519 private key (.key from 'tghost keygen') to sign announcements with "
+                                 "(env TGHOST_SIGNING_KEY) [default: unsigned].")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True)
-def run(pulsar_url: str, descriptors_topic: str, data_dir: Path | None, timeout: float, max_concurrency: int,
-        max_queue: int, grace: float, config_path: Path | None, lease: float, host_id: str | None,
-        log_level: str) -> None:
+@selection_options
+@operations_options
+def run(pulsar: PulsarSettings, descriptors_topic: str, data_dir: Path | None, timeout: float, max_concurrency: int,
+        max_queue: int, grace: float, max_payload: int, max_redeliveries: int, stall_threshold: float,
+        config_path: Path | None, lease: float, host_id: str | None,
+        signing_key: Path | None, log_level: str, selection: PluginSelection, operations: _Operations) -> None:
     """Serve every installed tool-service plugin on Pulsar.
 
     If nothing answers at a local --pulsar-url, an embedded pulsar-lite broker is started
     there. Stops cleanly on Ctrl-C or SIGTERM: no new requests, in-flight calls finish.
     """
     _setup_logging(log_level)
+    signer = _signer(signing_key)
     try:
-        catalog = discover()
+        catalog = discover(selection=selection)
     except PluginLoadError as exc:
         raise click.ClickException(str(exc)) from None
     _add_config_tools(catalog, config_path)
@@ -136,19 +274,28 @@ def run(pulsar_url: str, descriptors_topic: str, data_dir: Path | None, timeout:
             log.error("plugin %s: %s (run 'tghost plugins' for details)", report.name, error)
     if not catalog.services:
         log.warning("no tool services to serve: pip install a tghost plugin (see 'tghost plugins')")
-    broker = _start_broker_if_needed(pulsar_url, data_dir)
-    settings = ServeSettings(timeout=timeout, max_concurrency=max_concurrency,
-                             max_queue=max_queue, grace=grace)
+    broker = _start_broker_if_needed(pulsar.url, data_dir)
+    settings = ServeSettings(timeout=timeout, max_concurrency=max_concurrency, max_queue=max_queue, grace=grace,
+                             max_payload=max_payload, max_redeliveries=max_redeliveries,
+                             stall_threshold=stall_threshold)
     try:
         with HostIdentity.claim(Path(click.get_app_dir("tghost")), host_id) as identity:
-            announcer = Announcer(catalog, identity, descriptors_topic, lease)
-            asyncio.run(run_host(catalog, PulsarSettings(pulsar_url), settings, announcer))
-    except pulsar.asyncio.PulsarException as exc:
-        raise click.ClickException(f"Pulsar at {pulsar_url} failed: {exc}; check --pulsar-url "
+            announcer = Announcer(catalog, identity, descriptors_topic, lease, signer)
+            with operations.open() as (listeners, monitor):
+                asyncio.run(run_host(catalog, pulsar, settings, announcer, listeners=listeners, monitor=monitor))
+    except PulsarException as exc:
+        raise click.ClickException(f"Pulsar at {pulsar.url} failed: {exc}; check --pulsar-url "
                                    "(env TGHOST_PULSAR_URL) and that the broker is up") from None
     finally:
         if broker is not None:
             broker.stop()
+
+
+def _signer(path: Path | None) -> Signer | None:
+    try:
+        return None if path is None else Signer.from_file(path)
+    except KeyFileError as exc:
+        raise click.BadParameter(str(exc), param_hint="--signing-key / TGHOST_SIGNING_KEY") from None
 
 
 def _add_config_tools(catalog: Catalog, path: Path | None) -> None:
@@ -170,6 +317,35 @@ def _start_broker_if_needed(url: str, data_dir: Path | None) -> EmbeddedBroker |
         log.info("nothing answered at %s: started the embedded broker there (data %s, log %s)",
                  url, broker.data_dir, broker.log_path)
     return broker
+
+
+def _default_key_prefix() -> Path:
+    return Path(click.get_app_dir("tghost")) / "keys" / "announce"
+
+
+@cli.command()
+@click.option("--out", "prefix", type=click.Path(path_type=Path, dir_okay=False), default=None, metavar="PATH_PREFIX",
+              help=f"Write PATH_PREFIX.key and PATH_PREFIX.pub [default: {_default_key_prefix()}].")
+@click.option("--force", is_flag=True, help="Overwrite existing key files.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for programs.")
+def keygen(prefix: Path | None, force: bool, as_json: bool) -> None:
+    """Write an Ed25519 key pair for signed announcements.
+
+    The private key (.key, PKCS#8 PEM, mode 0600) goes to 'tghost run --signing-key'; the
+    public key (.pub) to every directory that should trust this host: '--trusted-key' on
+    tools/watch/call, or ToolDirectory(trusted=...). Refuses to overwrite without --force.
+    """
+    try:
+        written = write_key_pair(prefix or _default_key_prefix(), force)
+    except (FileExistsError, OSError) as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps({"key_id": written.key_id, "private_key": str(written.private),
+                               "public_key": str(written.public)}, indent=2))
+        return
+    click.echo(f"key id:      {written.key_id}")
+    click.echo(f"private key: {written.private}  (keep secret; tghost run --signing-key {written.private})")
+    click.echo(f"public key:  {written.public}  (share; tghost tools --trusted-key {written.public})")
 
 
 @cli.command()
@@ -196,13 +372,15 @@ def broker(port: int, data_dir: Path | None) -> None:
 
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for programs.")
-def plugins(as_json: bool) -> None:
-    """List every installed plugin: what it serves, and what failed and why.
+@selection_options
+def plugins(as_json: bool, selection: PluginSelection) -> None:
+    """List every installed plugin: what it serves, what failed and why, and what was blocked
+    (by --load-plugins/--disable-plugins or their env vars) and by which setting.
 
-    Exits 1 when any plugin reported an error.
+    Exits 1 when any plugin reported an error, or a setting names an entry point not installed.
     """
     logging.basicConfig(level=logging.CRITICAL)
-    catalog = discover(strict=False)
+    catalog = discover(strict=False, selection=selection)
     if as_json:
         click.echo(json.dumps([report.to_json() for report in catalog.plugins], indent=2))
     else:
@@ -211,17 +389,97 @@ def plugins(as_json: bool) -> None:
         sys.exit(1)
 
 
-def _print_plugins(reports: list[Any]) -> None:
+_STATUS_COLOUR = {"loaded": "green", "blocked": "yellow"}
+
+
+def _print_plugins(reports: list[PluginReport]) -> None:
     if not reports:
         click.echo("no plugins installed (entry point group 'tghost.plugins')")
     for report in reports:
-        status = click.style("failed", fg="red") if report.failed else click.style("loaded", fg="green")
+        status = click.style(report.status, fg=_STATUS_COLOUR.get(report.status, "red"))
         click.echo(f"{report.name} ({report.distribution or '?'} {report.version or '?'}) {status}")
         click.echo(f"  entry point: {report.value}")
-        click.echo(f"  services:    {', '.join(report.services) or '-'}")
-        click.echo(f"  tools:       {', '.join(report.tools) or '-'}")
+        if report.blocked is not None:
+            click.echo(f"  blocked:     {report.blocked}")
+        elif report.installed:
+            click.echo(f"  services:    {', '.join(report.services) or '-'}")
+            click.echo(f"  tools:       {', '.join(report.tools) or '-'}")
         for error in report.errors:
             click.echo(click.style(f"  error: {error}", fg="red"))
+
+
+def _default_status_url() -> str | None:
+    port = os.environ.get("TGHOST_METRICS_PORT")
+    host = os.environ.get("TGHOST_METRICS_HOST", "127.0.0.1")
+    return f"http://{'127.0.0.1' if host == '0.0.0.0' else host}:{port}/health" if port else None
+
+
+@cli.command()
+@click.option("--url", envvar="TGHOST_STATUS_URL", default=None,
+              help="The host's health URL (env TGHOST_STATUS_URL) [default: http://TGHOST_METRICS_HOST:"
+                   "TGHOST_METRICS_PORT/health].")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=5.0, show_default=True,
+              help="Seconds to wait for the answer.")
+@click.option("--json", "as_json", is_flag=True, help="Print the health JSON for programs.")
+def status(url: str | None, timeout: float, as_json: bool) -> None:
+    """Ask a running 'tghost run --metrics-port PORT' how it is: connected to Pulsar or not,
+    the services it serves, its uptime and the last error it logged.
+
+    Exits 1 when the host is degraded (not connected to Pulsar), still starting, or does not answer.
+    """
+    url = url or _default_status_url()
+    if url is None:
+        raise click.UsageError("give --url http://HOST:PORT/health, or set TGHOST_METRICS_PORT to the port "
+                               "'tghost run --metrics-port' serves on")
+    health = _fetch_health(url, timeout, as_json)
+    if as_json:
+        click.echo(json.dumps(health, indent=2))
+    else:
+        _print_health(health)
+    if health.get("status") != "ok":
+        click.echo(_STATUS_ADVICE.get(str(health.get("status")), f"error: unknown status {health.get('status')!r}"),
+                   err=True)
+        sys.exit(1)
+
+
+_STATUS_ADVICE = {
+    "degraded": "error: the host is not connected to Pulsar; check that the broker at its --pulsar-url is up "
+                "(the host reconnects and announces again by itself)",
+    "starting": "error: the host is still starting (not serving yet); try again in a moment, and see its log "
+                "if it stays so",
+}
+
+
+def _fetch_health(url: str, timeout: float, as_json: bool) -> dict[str, Any]:
+    """The health JSON at ``url`` (also from a 503 answer); exits 1 when nothing answers."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            body = response.read()
+    except urllib.error.HTTPError as exc:
+        body = exc.read()
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        if as_json:
+            click.echo(json.dumps({"status": "unreachable", "url": url, "error": str(reason)}, indent=2))
+        click.echo(f"error: no tghost host answers at {url} ({reason}): is 'tghost run --metrics-port PORT' "
+                   "running? Check --url (env TGHOST_STATUS_URL or TGHOST_METRICS_PORT)", err=True)
+        sys.exit(1)
+    try:
+        health: dict[str, Any] = json.loads(body)
+    except ValueError:
+        raise click.ClickException(f"{url} did not answer health JSON: is it a tghost metrics port?") from None
+    return health
+
+
+def _print_health(health: dict[str, Any]) -> None:
+    ok = health.get("status") == "ok"
+    click.echo(f"status:     {click.style(str(health.get('status')), fg='green' if ok else 'red')}")
+    connected = health.get("connected")
+    click.echo(f"connected:  {'unknown' if connected is None else 'yes' if connected else 'no'}")
+    click.echo(f"services:   {', '.join(health.get('services') or []) or '-'}")
+    click.echo(f"uptime:     {health.get('uptime_seconds')} s")
+    error = health.get("last_error")
+    click.echo(f"last error: {error['time']} {error['logger']}: {error['message']}" if error else "last error: -")
 
 
 def _parse_pairs(pairs: tuple[str, ...], what: str) -> dict[str, Any]:
@@ -250,10 +508,10 @@ def _require_broker(url: str) -> None:
                                    "or pass --pulsar-url / TGHOST_PULSAR_URL")
 
 
-def _directory(pulsar_url: str, topic: str) -> ToolDirectory:
+def _directory(pulsar: PulsarSettings, topic: str, trusted: TrustedKeys | None) -> ToolDirectory:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    _require_broker(pulsar_url)
-    return ToolDirectory(PulsarSettings(pulsar_url), topic)
+    _require_broker(pulsar.url)
+    return ToolDirectory(pulsar, topic, trusted=trusted)
 
 
 def _tool_json(tool: DirectoryTool) -> dict[str, Any]:
@@ -267,16 +525,17 @@ def _tool_json(tool: DirectoryTool) -> dict[str, Any]:
 @cli.command()
 @pulsar_options
 @filter_options
+@trust_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for programs.")
-def tools(pulsar_url: str, descriptors_topic: str, groups: tuple[str, ...], state: str | None,
-          as_json: bool) -> None:
+def tools(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...], state: str | None,
+          trusted: TrustedKeys | None, as_json: bool) -> None:
     """List the live tools every agent can see, as announced by running hosts.
 
     Without --group/--state, every live tool is listed; with them, only those a seed 001
     request with those groups and state may use.
     """
     async def fetch() -> list[dict[str, Any]]:
-        async with _directory(pulsar_url, descriptors_topic) as directory:
+        async with _directory(pulsar, descriptors_topic, trusted) as directory:
             names = [t.name for t in directory.available(groups or ["*"], state)]
             if not groups and state is None:
                 names = sorted(directory.tools)
@@ -299,14 +558,15 @@ def tools(pulsar_url: str, descriptors_topic: str, groups: tuple[str, ...], stat
 
 @cli.command()
 @pulsar_options
+@trust_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per change (JSON Lines).")
-def watch(pulsar_url: str, descriptors_topic: str, as_json: bool) -> None:
+def watch(pulsar: PulsarSettings, descriptors_topic: str, trusted: TrustedKeys | None, as_json: bool) -> None:
     """Follow the live tool set: tools added, updated, removed or expired, until Ctrl-C.
 
     Starts with the tools live now, reported as added.
     """
     async def follow() -> None:
-        async with _directory(pulsar_url, descriptors_topic) as directory:
+        async with _directory(pulsar, descriptors_topic, trusted) as directory:
             changes = directory.changes()
             for name in sorted(directory.tools):
                 _print_change(Change("added", name, directory.tools[name]), as_json)
@@ -331,6 +591,7 @@ def _print_change(change: Change, as_json: bool) -> None:
 @cli.command()
 @pulsar_options
 @filter_options
+@trust_options
 @click.option("--service", "service_id", default=None,
               help="Call a tool service by id instead of a tool by name.")
 @click.option("--topic", default=None,
@@ -344,9 +605,9 @@ def _print_change(change: Change, as_json: bool) -> None:
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True,
               help="Seconds to wait for the whole answer.")
 @click.argument("arguments", nargs=-1, metavar="[TOOL] [KEY=VALUE | KEY:=JSON]...")
-def call(pulsar_url: str, descriptors_topic: str, groups: tuple[str, ...], state: str | None,
-         service_id: str | None, topic: str | None, config_pairs: tuple[str, ...], json_args: str | None,
-         user: str | None, timeout: float, arguments: tuple[str, ...]) -> None:
+def call(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...], state: str | None,
+         trusted: TrustedKeys | None, service_id: str | None, topic: str | None, config_pairs: tuple[str, ...],
+         json_args: str | None, user: str | None, timeout: float, arguments: tuple[str, ...]) -> None:
     """Call a tool by name (through the live directory), or a service with --service.
 
     A tool call merges the tool's config values into the request and is refused, with the
@@ -361,7 +622,7 @@ def call(pulsar_url: str, descriptors_topic: str, groups: tuple[str, ...], state
         raise click.UsageError("give arguments as KEY=VALUE pairs or --json, not both")
     args = _parse_pairs(arguments, "ARGUMENTS") if json_args is None else _json_object(json_args)
     config = _parse_pairs(config_pairs, "--config")
-    directory = _directory(pulsar_url, descriptors_topic)
+    directory = _directory(pulsar, descriptors_topic, trusted)
     try:
         if tool_name is not None:
             asyncio.run(_call_tool(directory, tool_name, args, user, list(groups) or None, state, timeout))

@@ -1,11 +1,14 @@
 """discover: entry points in group ``tghost.plugins`` -> a checked :class:`Catalog` of services and tools.
 
 Each plugin is loaded, registered and called in its own ``try``; a failure is reported
-and the rest go on (unless ``TGHOST_STRICT_PLUGINS=1``). Never touches Pulsar.
+and the rest go on (unless ``TGHOST_STRICT_PLUGINS=1``). ``TGHOST_LOAD_PLUGINS`` and
+``TGHOST_DISABLE_PLUGINS`` (:class:`PluginSelection`) choose which entry points are imported
+at all. Never touches Pulsar.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import traceback
@@ -21,7 +24,16 @@ from . import hookspecs
 from .descriptors import ToolDescriptor, ToolServiceDescriptor, describe_validation_error
 from .service import ToolService
 
-__all__ = ["ENTRY_POINT_GROUP", "Catalog", "PluginLoadError", "PluginReport", "catalog_of", "discover"]
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "Catalog",
+    "PluginLoadError",
+    "PluginReport",
+    "PluginSelection",
+    "authorizer",
+    "catalog_of",
+    "discover",
+]
 
 ENTRY_POINT_GROUP = "tghost.plugins"
 log = logging.getLogger(__name__)
@@ -43,11 +55,24 @@ class PluginReport:
     tools: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     tracebacks: list[str] = field(default_factory=list)
+    blocked: str | None = None
+    """Why the entry point was not imported (which setting blocked it), or ``None``."""
+    installed: bool = True
+    """False for a name given to a plugin setting that no installed entry point has."""
 
     @property
     def failed(self) -> bool:
         """True when the plugin contributes nothing because it failed as a whole."""
         return bool(self.errors) and not self.services and not self.tools
+
+    @property
+    def status(self) -> str:
+        """``loaded``, ``failed``, ``blocked`` (by a plugin setting) or ``missing`` (named, not installed)."""
+        if not self.installed:
+            return "missing"
+        if self.blocked is not None:
+            return "blocked"
+        return "failed" if self.failed else "loaded"
 
     def fail(self, message: str, exc: BaseException | None = None) -> None:
         """Record an error (and its traceback); log it with the plugin's name."""
@@ -62,10 +87,64 @@ class PluginReport:
 
     def to_json(self) -> dict[str, Any]:
         """The report as a JSON-able dict (``tghost plugins --json``)."""
-        status = "failed" if self.failed else "loaded"
         return {"name": self.name, "value": self.value, "distribution": self.distribution,
-                "version": self.version, "status": status, "services": self.services,
+                "version": self.version, "status": self.status, "blocked": self.blocked, "services": self.services,
                 "tools": self.tools, "errors": self.errors, "tracebacks": self.tracebacks}
+
+
+LOAD_ENV = "TGHOST_LOAD_PLUGINS"
+DISABLE_ENV = "TGHOST_DISABLE_PLUGINS"
+
+
+def _names(text: str) -> frozenset[str]:
+    return frozenset(name.strip() for name in text.split(",") if name.strip())
+
+
+@dataclass(frozen=True)
+class PluginSelection:
+    """Which entry points may be imported: only those in ``load`` (``None``: all), never those
+    in ``disable``. ``*_source`` names the setting each came from, for the blocked reason.
+    """
+
+    load: frozenset[str] | None = None
+    disable: frozenset[str] = frozenset()
+    load_source: str = LOAD_ENV
+    disable_source: str = DISABLE_ENV
+
+    @classmethod
+    def from_settings(cls, load: str | None = None, disable: str | None = None) -> PluginSelection:
+        """From comma lists given on the command line (``--load-plugins``/``--disable-plugins``),
+        each falling back to its env var (``TGHOST_LOAD_PLUGINS``/``TGHOST_DISABLE_PLUGINS``).
+
+        An unset load list means all plugins; a set but empty one means none.
+        """
+        load_source, disable_source = (
+            "--load-plugins" if load is not None else LOAD_ENV,
+            "--disable-plugins" if disable is not None else DISABLE_ENV,
+        )
+        load = os.environ.get(LOAD_ENV) if load is None else load
+        disable = os.environ.get(DISABLE_ENV, "") if disable is None else disable
+        return cls(None if load is None else _names(load), _names(disable), load_source, disable_source)
+
+    def blocked_reason(self, name: str) -> str | None:
+        """Why entry point ``name`` must not be imported, or ``None`` when it may be."""
+        if name in self.disable:
+            return f"disabled by {self.disable_source}"
+        if self.load is not None and name not in self.load:
+            return f"not listed in {self.load_source}" if self.load else f"{self.load_source} is empty"
+        return None
+
+    def missing(self, installed: Iterable[str]) -> list[PluginReport]:
+        """A ``missing`` report, with an error saying so, for each name no installed entry point has."""
+        reports = []
+        present = set(installed)
+        for names, source in ((self.load or frozenset(), self.load_source), (self.disable, self.disable_source)):
+            for name in sorted(names - present):
+                report = PluginReport(name, "(not installed)", installed=False)
+                report.fail(f"{source} names entry point {name!r}, but no installed plugin has it "
+                            f"(run 'tghost plugins' to see the installed names)")
+                reports.append(report)
+        return reports
 
 
 @dataclass
@@ -84,6 +163,9 @@ class Catalog:
     plugins: list[PluginReport] = field(default_factory=list)
     service_origin: dict[str, PluginReport] = field(default_factory=dict)
     tool_origin: dict[str, PluginReport] = field(default_factory=dict)
+    authorize: hookspecs.Authorize | None = None
+    """Every plugin's ``tghost_authorize`` in one check (see :func:`authorizer`); ``None`` when no
+    plugin implements the hook, so serving pays nothing for it."""
 
 
 def _strict_from_env() -> bool:
@@ -91,35 +173,47 @@ def _strict_from_env() -> bool:
 
 
 def discover(
-    eps: Iterable[EntryPoint] | None = None, *, strict: bool | None = None
+    eps: Iterable[EntryPoint] | None = None, *, strict: bool | None = None,
+    selection: PluginSelection | None = None,
 ) -> Catalog:
-    """Load every ``tghost.plugins`` entry point, one at a time, into a :class:`Catalog`.
+    """Load every selected ``tghost.plugins`` entry point, one at a time, into a :class:`Catalog`.
 
     Plugins are taken in entry-point name order, so on a service-id or tool-name collision
     the first name wins and the later plugin is skipped and reported, never overwritten.
+    Entry points ``selection`` (default: from the env vars) blocks are never imported; they are
+    reported ``blocked`` with the reason, and names it gives that are not installed ``missing``.
 
     Raises:
         PluginLoadError: ``strict`` (default: ``TGHOST_STRICT_PLUGINS=1``) and any plugin failed.
     """
+    selection = selection or PluginSelection.from_settings()
     pm = pluggy.PluginManager("tghost")
     pm.add_hookspecs(hookspecs)
-    selected = sorted(entry_points(group=ENTRY_POINT_GROUP) if eps is None else eps,
-                      key=lambda ep: ep.name)
-    reports = {ep.name: _register(pm, ep) for ep in selected}
+    installed = sorted(entry_points(group=ENTRY_POINT_GROUP) if eps is None else eps,
+                       key=lambda ep: ep.name)
+    blocked = [_blocked(ep, reason) for ep in installed if (reason := selection.blocked_reason(ep.name))]
+    reports = {ep.name: _register(pm, ep) for ep in installed if selection.blocked_reason(ep.name) is None}
     contributions = _call_hooks(pm, reports)
-    catalog = Catalog(plugins=list(reports.values()))
+    missing = selection.missing(ep.name for ep in installed)
+    catalog = Catalog(plugins=sorted([*reports.values(), *blocked, *missing], key=lambda r: r.name))
     for name, contribution in contributions.items():
         _admit(catalog, reports[name], contribution)
     _check_tool_references(catalog)
+    catalog.authorize = authorizer((impl.plugin_name, impl.function)
+                                   for impl in pm.hook.tghost_authorize.get_hookimpls())
     failures = [f"{r.name}: {e}" for r in catalog.plugins for e in r.errors]
     if failures and (_strict_from_env() if strict is None else strict):
         raise PluginLoadError("TGHOST_STRICT_PLUGINS is set and plugins failed:\n" + "\n".join(failures))
     return catalog
 
 
-def catalog_of(services: Iterable[Any], tools: Iterable[Any] = (), name: str = "local") -> Catalog:
+def catalog_of(
+    services: Iterable[Any], tools: Iterable[Any] = (), name: str = "local",
+    authorize: Callable[..., Any] | None = None,
+) -> Catalog:
     """A catalog of service objects and tools registered in-process, as plugin ``name`` would
-    register them (for tests and embedding; no entry points).
+    register them (for tests and embedding; no entry points). ``authorize`` is a function
+    with the contract of the ``tghost_authorize`` hook, as plugin ``name``'s.
 
     Raises:
         DescriptorError: a descriptor is invalid.
@@ -131,12 +225,57 @@ def catalog_of(services: Iterable[Any], tools: Iterable[Any] = (), name: str = "
         _service_registrar(report, contribution)(service)
     for tool in tools:
         _tool_registrar(report, contribution)(tool)
-    catalog = Catalog(plugins=[report])
+    catalog = Catalog(plugins=[report], authorize=authorizer([(name, authorize)] if authorize else []))
     _admit(catalog, report, contribution)
     _check_tool_references(catalog)
     if any(r.errors for r in catalog.plugins):
         raise ValueError("; ".join(catalog.plugins[0].errors))
     return catalog
+
+
+_AUTHORIZE_ARGS = ("user", "service", "config", "arguments")
+
+
+def authorizer(checks: Iterable[tuple[str, Callable[..., Any]]]) -> hookspecs.Authorize | None:
+    """Combine ``tghost_authorize`` implementations, given as ``(plugin name, function)``, into
+    the one :data:`tghost.hookspecs.Authorize` the host calls per request; ``None`` for none.
+
+    Each function gets, by keyword, only the arguments it names. ``None`` or ``True`` is no
+    objection; ``False``, a string (the reason) or anything else denies, and the first deny
+    wins. A function that raises denies too (fail closed); it is logged with its plugin name.
+    """
+    named = [(name, fn, _accepted_args(fn)) for name, fn in checks]
+    if not named:
+        return None
+
+    def authorize(user: str, service: str, config: dict[str, Any], arguments: dict[str, Any]) -> str | None:
+        given = {"user": user, "service": service, "config": config, "arguments": arguments}
+        for name, fn, args in named:
+            try:
+                verdict = fn(**{arg: given[arg] for arg in args})
+            except Exception:
+                log.exception("plugin %r: tghost_authorize raised; call to %r denied", name, service)
+                return f"the access check of plugin {name!r} failed, so the call is denied"
+            if verdict is not None and verdict is not True:
+                return verdict if isinstance(verdict, str) and verdict else f"denied by plugin {name!r}"
+        return None
+
+    return authorize
+
+
+def _accepted_args(fn: Callable[..., Any]) -> tuple[str, ...]:
+    params = inspect.signature(fn).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return _AUTHORIZE_ARGS
+    return tuple(arg for arg in _AUTHORIZE_ARGS if arg in params)
+
+
+def _blocked(ep: EntryPoint, reason: str) -> PluginReport:
+    """The report of an entry point a plugin setting blocked; read from metadata, never imported."""
+    dist = ep.dist
+    log.info("plugin %r blocked: %s", ep.name, reason)
+    return PluginReport(ep.name, ep.value, dist.name if dist else None, dist.version if dist else None,
+                        blocked=reason)
 
 
 def _register(pm: pluggy.PluginManager, ep: EntryPoint) -> PluginReport:

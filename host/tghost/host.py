@@ -8,15 +8,27 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from collections.abc import Sequence
+from typing import Protocol
+
+import pulsar.asyncio
 
 from .announce import Announcer
 from .broker import PulsarSettings
 from .discover import Catalog
-from .serve import Server, ServeSettings
+from .serve import CallListener, Server, ServeSettings
 
-__all__ = ["run_host"]
+__all__ = ["Monitor", "run_host"]
 
 log = logging.getLogger(__name__)
+
+
+class Monitor(Protocol):
+    """Watches a serving host (metrics, health; :class:`tghost.metrics.HostMonitor`)."""
+
+    async def watch(self, client: pulsar.asyncio.Client, catalog: Catalog, server: Server,
+                    announcer: Announcer | None) -> None:
+        """Start reading the live host; called once it serves and announces."""
 
 
 def _log_catalog(catalog: Catalog, url: str) -> None:
@@ -34,13 +46,17 @@ async def run_host(
     serve_settings: ServeSettings,
     announcer: Announcer | None = None,
     stop: asyncio.Event | None = None,
+    *,
+    listeners: Sequence[CallListener] = (),
+    monitor: Monitor | None = None,
 ) -> int:
     """Serve ``catalog`` (and announce it, given an ``announcer``) until ``stop`` is set or
     SIGINT/SIGTERM arrives.
 
     On stop the host first withdraws its announcements, so agents stop routing to it, then
     stops taking requests, gives in-flight calls ``serve_settings.grace`` seconds, and
-    closes. Returns the number of calls cancelled at the end of the grace.
+    closes. Returns the number of calls cancelled at the end of the grace. ``listeners`` get
+    every call's record (metrics, audit); ``monitor`` watches the host once it serves.
 
     Raises:
         pulsar.asyncio.PulsarException: the broker refused a subscription or producer.
@@ -50,12 +66,14 @@ async def run_host(
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     client = await pulsar_settings.connect()
-    server = Server(catalog.services, catalog.descriptors, serve_settings)
+    server = Server(catalog.services, catalog.descriptors, serve_settings, listeners, authorize=catalog.authorize)
     try:
         await server.start(client)
         _log_catalog(catalog, pulsar_settings.url)
         if announcer is not None:
             await announcer.start(client)
+        if monitor is not None:
+            await monitor.watch(client, catalog, server, announcer)
         await stop.wait()
         if announcer is not None:
             await announcer.withdraw()

@@ -11,7 +11,7 @@ import asyncio
 import json
 import os
 import uuid
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from types import TracebackType
 from typing import Any
 
@@ -26,6 +26,7 @@ from .descriptors import ToolServiceDescriptor
 from .discover import Catalog, catalog_of
 from .serve import Server, ServeSettings
 from .service import ToolService
+from .trust import Signer
 
 __all__ = ["LocalHost", "RawWire", "pulsar_broker"]
 
@@ -44,7 +45,9 @@ class LocalHost:
     ``async with LocalHost(url, [my_service]) as host: await host.call("my-service", {...})``.
     ``services`` is an iterable of :class:`tghost.ToolService` or a discovered ``Catalog``.
     With ``announce_as`` (a host id) it also announces them on ``topic`` with a ``lease``
-    (seconds), and withdraws them on exit, as ``tghost run`` does.
+    (seconds), signed by ``signer`` if given (:class:`tghost.trust.Signer`), and withdraws
+    them on exit, as ``tghost run`` does. ``authorize`` is a function with the contract of the
+    ``tghost_authorize`` hook (a ``Catalog`` brings its own).
     """
 
     def __init__(
@@ -56,13 +59,15 @@ class LocalHost:
         announce_as: str | None = None,
         lease: float = 30.0,
         topic: str = DEFAULT_TOPIC,
+        signer: Signer | None = None,
+        authorize: Callable[..., Any] | None = None,
     ) -> None:
-        self.catalog = services if isinstance(services, Catalog) else catalog_of(services)
+        self.catalog = services if isinstance(services, Catalog) else catalog_of(services, authorize=authorize)
         self.services, self.descriptors = self.catalog.services, self.catalog.descriptors
         self.pulsar = PulsarSettings(url)
-        self.server = Server(self.services, self.descriptors, settings)
+        self.server = Server(self.services, self.descriptors, settings, authorize=self.catalog.authorize)
         self.announcer = None if announce_as is None else Announcer(
-            self.catalog, HostIdentity(announce_as, "localhost", os.getpid()), topic, lease)
+            self.catalog, HostIdentity(announce_as, "localhost", os.getpid()), topic, lease, signer)
         self._clients: dict[str, ToolServiceClient] = {}
         self._lock = asyncio.Lock()
         self.client: pulsar.asyncio.Client | None = None
