@@ -18,11 +18,11 @@ import tempfile
 import textwrap
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
 from importlib.metadata import PackageNotFoundError, entry_points, version
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import psutil
 
@@ -250,7 +250,7 @@ async def ready(call: Call, timeout: float = READY_TIMEOUT) -> None:
 @asynccontextmanager
 async def following(directory: ToolDirectory) -> AsyncIterator[AsyncIterator[Change]]:
     """The directory's ``changes()`` stream, closed when the block ends."""
-    changes = cast(AsyncGenerator[Change, None], directory.changes())
+    changes = directory.changes()
     try:
         yield changes
     finally:

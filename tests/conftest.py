@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import importlib
 import os
+import queue
 import re
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Callable, Iterator
 from importlib.metadata import EntryPoint, entry_points
@@ -64,14 +66,26 @@ def plugin_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> PluginDir:
 
 
 class HostProcess:
-    """A ``tghost run`` subprocess; its stderr log is collected in ``self.log``."""
+    """A ``tghost run`` subprocess; its stderr log is collected in ``self.log``.
+
+    A daemon thread reads stderr line by line into a queue, so :meth:`wait_for` keeps its
+    deadline even when the host goes quiet.
+    """
 
     def __init__(self, args: list[str], env: dict[str, str]) -> None:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "tghost", "run", *args],
-            env=env, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
         )
         self.log = ""
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.process.stderr is not None
+        for line in self.process.stderr:
+            self._lines.put(line)
+        self._lines.put(None)  # end of the log: the process exited
 
     def wait_for(self, pattern: str, timeout: float = 30.0) -> str:
         """Read the log until a line matches ``pattern``; returns that line.
@@ -79,21 +93,26 @@ class HostProcess:
         Raises:
             AssertionError: the process exited or the line did not come in ``timeout`` seconds.
         """
-        assert self.process.stderr is not None
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            line = self.process.stderr.readline()
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = self._lines.get(timeout=left)
+            except queue.Empty:
+                break
+            if line is None:
+                self._lines.put(None)
+                break
             self.log += line
             if re.search(pattern, line):
                 return line
-            if not line and self.process.poll() is not None:
-                break
-        raise AssertionError(f"no log line matching {pattern!r}; log so far:\n{self.log}")
+        raise AssertionError(f"no log line matching {pattern!r} in {timeout}s; log so far:\n{self.log}")
 
     def finish(self, timeout: float = 30.0) -> int:
         """Wait for exit; returns the exit code and appends the rest of the log."""
-        _, rest = self.process.communicate(timeout=timeout)
-        self.log += rest
+        self.process.wait(timeout)
+        while (line := self._lines.get(timeout=5)) is not None:
+            self.log += line
+        self._lines.put(None)
         return self.process.returncode
 
 
@@ -111,4 +130,4 @@ def host_process() -> Iterator[Callable[..., HostProcess]]:
     for host in started:
         if host.process.poll() is None:
             host.process.kill()
-            host.process.communicate()
+            host.process.wait()

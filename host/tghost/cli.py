@@ -10,6 +10,7 @@ import functools
 import json
 import logging
 import os
+import signal
 import sys
 import urllib.error
 import urllib.request
@@ -192,7 +193,11 @@ def main() -> None:
     """The ``tghost`` console script: run the command, then leave without interpreter
     finalization, where pulsar-client's C++ threads can crash the process after the work is
     done (apache/pulsar-client-python#153, #203). Output is flushed first; the exit code is kept.
+
+    Ctrl-C (SIGINT) always stops a command, even when the parent started it with SIGINT
+    ignored, as a non-interactive shell does for ``cmd &``.
     """
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         cli(prog_name="tghost")
         code = 0

@@ -12,7 +12,7 @@ import json
 import logging
 import time
 from collections import Counter, defaultdict
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -553,8 +553,9 @@ class ToolDirectory:
             self._filtered[key] = seed001.select(descriptors, groups, state)
         return self._filtered[key]
 
-    async def changes(self) -> AsyncIterator[Change]:
-        """Yield every change to the live tool set from now on, until the caller stops."""
+    async def changes(self) -> AsyncGenerator[Change, None]:
+        """Yield every change to the live tool set from now on, until the caller stops (``aclose()``
+        it, or leave the ``async for``, to stop)."""
         queue: asyncio.Queue[Change] = asyncio.Queue()
         self._watchers.append(queue)
         try:

@@ -11,7 +11,7 @@ import inspect
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, get_type_hints
+from typing import Any, get_type_hints, overload
 
 import docstring_parser
 import jsonschema
@@ -275,7 +275,10 @@ class FunctionService(ToolService):
 
 
 def _summary(doc: docstring_parser.Docstring) -> str:
-    return "\n\n".join(p for p in (doc.short_description, doc.long_description) if p)
+    """The docstring's summary and body as a tool description: paragraphs kept, the line wraps
+    inside a paragraph undone (an agent reads it as prose, not as source)."""
+    paragraphs = "\n\n".join(p for p in (doc.short_description, doc.long_description) if p)
+    return re.sub(r"(?<!\n)\n(?!\n)", " ", paragraphs)
 
 
 def _arguments_model(
@@ -310,6 +313,14 @@ def _json_type(prop: dict[str, Any]) -> str:
     return str(types[0]) if types else "string"
 
 
+@overload
+def tool(fn: Callable[..., Any], /) -> FunctionService: ...
+
+
+@overload
+def tool(fn: None = None, /, **options: Any) -> Callable[[Callable[..., Any]], FunctionService]: ...
+
+
 def tool(
     fn: Callable[..., Any] | None = None,
     *,
@@ -322,7 +333,7 @@ def tool(
     max_concurrency: int | None = None,
     persistent: bool = False,
     **tool_fields: Any,
-) -> Any:
+) -> FunctionService | Callable[[Callable[..., Any]], FunctionService]:
     """Turn a typed function into a tool service (and, usually, its tool).
 
     Usable bare (``@tool``) or with options (``@tool(name="add")``). The tool name defaults
@@ -336,7 +347,8 @@ def tool(
     extra seed 001 tool keys such as ``group`` or ``state``.
 
     Returns:
-        a ``FunctionService``; call it like the original function.
+        a ``FunctionService`` (bare use), or a decorator that makes one; call a
+        ``FunctionService`` like the original function.
     """
 
     def decorate(func: Callable[..., Any]) -> FunctionService:
