@@ -244,6 +244,7 @@ class ServiceWorker:
                 with contextlib.suppress(Exception):
                     await self._consumer.acknowledge(message)  # type: ignore[union-attr]
             record.duration = time.perf_counter() - started
+            self._tasks.discard(asyncio.current_task())  # type: ignore[arg-type]  # answered: no longer in flight
             self._notify(record)
 
     async def _admit(self, record: CallRecord, message: pulsar.Message) -> None:
