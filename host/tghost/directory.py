@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 import pulsar
 import pulsar.asyncio
+import pulsar.exceptions
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from . import groups as seed001
@@ -291,14 +292,34 @@ class ToolDirectory:
         """
         self._client = await self.pulsar.connect()
         self._reader = reader = await self._client.create_reader(self.topic, pulsar.MessageId.earliest)
-        dirty: set[tuple[str, str]] = set()
-        while await _has_message_available(reader):
-            dirty |= self._apply_message(await reader.read_next())
+        dirty = await self._catch_up(reader)
         dirty |= self._expire(time.time())  # hosts that died before we came
         self._resolve(dirty, "removed")  # nothing is live yet: all changes are "added"
         self._tasks = [asyncio.create_task(self._follow(reader), name="directory follow"),
                        asyncio.create_task(self._expire_loop(), name="directory expiry")]
         return self
+
+    async def _catch_up(self, reader: pulsar.asyncio.Reader) -> set[tuple[str, str]]:
+        """Apply every message already on the topic; returns what changed.
+
+        The blocking C++ reader behind ``reader`` reads batches in a worker thread while the
+        loop applies the previous batch: one thread hop per batch, where ``read_next`` costs
+        two event-loop wake-ups per message (10,000 announcements: see docs/benchmarks.md).
+        Falls back to the async reader if pulsar-client no longer exposes the blocking one.
+        """
+        dirty: set[tuple[str, str]] = set()
+        blocking = getattr(reader, "_reader", None)
+        if blocking is None:
+            while await _has_message_available(reader):
+                dirty |= self._apply_message(await reader.read_next())
+            return dirty
+        batch = await asyncio.to_thread(_read_batch, blocking)
+        while batch:
+            following = asyncio.ensure_future(asyncio.to_thread(_read_batch, blocking))
+            for message in batch:
+                dirty |= self._apply_message(message)
+            batch = await following
+        return dirty
 
     async def close(self) -> None:
         """Stop following and close every client."""
@@ -746,6 +767,33 @@ def _order_key(announcement: _Announcement) -> tuple[str, str, str]:
 def _shape(tool: DirectoryTool | None) -> tuple[Any, ...] | None:
     """What a change event is about: the tool, its providers and its service's descriptor."""
     return None if tool is None else (tool.descriptor, tool.providers, tool.service.descriptor)
+
+
+#: Messages :func:`_read_batch` reads per worker-thread hop during catch-up.
+CATCH_UP_BATCH = 500
+#: Milliseconds :func:`_read_batch` waits for the next message before it asks whether the
+#: topic has more (a message may still be on its way from the broker).
+CATCH_UP_POLL_MS = 5
+
+
+def _read_batch(reader: Any) -> list[Any]:
+    """Up to :data:`CATCH_UP_BATCH` messages from a blocking ``_pulsar.Reader``; an empty list
+    once the topic has no more. Runs in a worker thread: every call here blocks.
+
+    Raises:
+        pulsar.exceptions.PulsarException: the broker failed (not merely "no more messages").
+    """
+    batch: list[Any] = []
+    while len(batch) < CATCH_UP_BATCH:
+        try:
+            batch.append(reader.read_next(CATCH_UP_POLL_MS))
+        except pulsar.exceptions.Timeout:
+            try:
+                if not reader.has_message_available():
+                    break
+            except pulsar.exceptions.UnknownError:  # pulsar-lite 0.2.0 on an empty topic
+                break
+    return batch
 
 
 async def _has_message_available(reader: pulsar.asyncio.Reader) -> bool:
