@@ -14,7 +14,7 @@ import signal
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -649,9 +649,7 @@ async def _call_tool(directory: ToolDirectory, name: str, arguments: dict[str, A
                      groups: list[str] | None, state: str | None, timeout: float) -> None:
     async with directory:
         tool = directory.check(name, groups, state)
-        async for chunk in directory.stream(name, arguments, user=user, groups=groups, state=state, timeout=timeout):
-            click.echo(chunk, nl=False)
-        click.echo()
+        await _echo_stream(directory.stream(name, arguments, user=user, groups=groups, state=state, timeout=timeout))
         if tool.descriptor.state is not None:
             click.echo(f"state: {state or DEFAULT_STATE} -> {next_state(tool.descriptor, state, True)}", err=True)
 
@@ -662,8 +660,16 @@ async def _call_service(directory: ToolDirectory, service_id: str, topic: str | 
         announced = directory.services.get(service_id)
         descriptor = announced.descriptor if announced and not topic else _installed_service(service_id, topic)
         service = await directory.caller(descriptor)
-        async for chunk in service.stream(config, arguments, user=user, timeout=timeout):
-            click.echo(chunk, nl=False)
+        await _echo_stream(service.stream(config, arguments, user=user, timeout=timeout))
+
+
+async def _echo_stream(chunks: AsyncIterator[str]) -> None:
+    """Print observation chunks as they arrive, then end the line unless the last chunk did."""
+    last = "\n"
+    async for chunk in chunks:
+        click.echo(chunk, nl=False)
+        last = chunk or last
+    if not last.endswith("\n"):
         click.echo()
 
 
