@@ -7,6 +7,7 @@ orders) with its ``collection`` config value, so ``query-customers`` and ``query
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -39,6 +40,17 @@ class Hit:
     score: float
 
 
+def _bm25s() -> Any:
+    """The bm25s module, imported on first use so that importing the plugin stays cheap.
+
+    bm25s sets its own logger to DEBUG when imported; put it back under the host's log level.
+    """
+    import bm25s
+
+    logging.getLogger("bm25s").setLevel(logging.NOTSET)
+    return bm25s
+
+
 def _tokenize(texts: list[str], *, return_ids: bool) -> Any:
     """Lower-case and split ``texts`` into words, drop English stopwords, stem (Snowball).
 
@@ -46,24 +58,20 @@ def _tokenize(texts: list[str], *, return_ids: bool) -> Any:
     and those would rank documents by the question's wording.
 
     Returns bm25s' ``Tokenized`` (ids and vocabulary) or, without ``return_ids``, a list of stems per text.
-    bm25s (and numpy) are imported here, on first use, so that importing the plugin stays cheap.
     """
-    import bm25s
     import Stemmer
 
     # A Stemmer keeps internal state and must not be shared between threads; a new one costs under 1 µs.
     stemmer = Stemmer.Stemmer("english")
-    return bm25s.tokenize(texts, stopwords="en_plus", stemmer=stemmer, return_ids=return_ids, show_progress=False)
+    return _bm25s().tokenize(texts, stopwords="en_plus", stemmer=stemmer, return_ids=return_ids, show_progress=False)
 
 
 class Index:
     """A BM25 index over the title and text of ``documents``. Read-only once built, so threads may share it."""
 
     def __init__(self, documents: Sequence[Document]) -> None:
-        import bm25s
-
         self.documents = tuple(documents)
-        self._bm25 = bm25s.BM25()
+        self._bm25 = _bm25s().BM25()
         self._bm25.index(_tokenize([f"{d.title}\n{d.text}" for d in self.documents], return_ids=True),
                          show_progress=False)
 
