@@ -119,14 +119,20 @@ class Announcer:
         self.sent = 0
         self._producer: pulsar.asyncio.Producer | None = None
         self._heartbeat: asyncio.Task[None] | None = None
+        self._sending = asyncio.Lock()
 
     def _messages(self, status: str) -> Iterator[tuple[str, dict[str, Any]]]:
         yield self._message("host", self.identity.id, None, None, status)
-        for sid, descriptor in self.catalog.descriptors.items():
-            origin = self.catalog.service_origin[sid]
+        yield from self._entries(self.catalog, status)
+
+    def _entries(self, catalog: Catalog, status: str) -> Iterator[tuple[str, dict[str, Any]]]:
+        """The messages of ``catalog``'s services and tools; read from a snapshot, since a live
+        plugin install (:mod:`tghost.watch`) may change the catalog between two sends."""
+        for sid, descriptor in list(catalog.descriptors.items()):
+            origin = catalog.service_origin[sid]
             yield self._message("tool-service", sid, descriptor.to_json_dict(), origin.origin_json(), status)
-        for name, tool in self.catalog.tools.items():
-            origin = self.catalog.tool_origin[name]
+        for name, tool in list(catalog.tools.items()):
+            origin = catalog.tool_origin[name]
             yield self._message("tool", name, tool.to_json_dict(), origin.origin_json(), status)
 
     def _message(
@@ -147,7 +153,8 @@ class Announcer:
 
     async def _send(self, key: str, value: dict[str, Any]) -> None:
         assert self._producer is not None
-        await self._producer.send(json.dumps(value).encode(), partition_key=key)
+        async with self._sending:  # the heartbeat and a live plugin install may send at once
+            await self._producer.send(json.dumps(value).encode(), partition_key=key)
         self.sent += 1
 
     async def _publish(self, status: str) -> None:
@@ -168,6 +175,22 @@ class Announcer:
                  len(self.catalog.descriptors), len(self.catalog.tools), self.topic, self.identity.id, self.lease,
                  f", signed by key {self.signer.key_id}" if self.signer else ", unsigned")
         self._heartbeat = asyncio.create_task(self._beat(), name="announce heartbeat")
+
+    async def publish(self, part: Catalog, status: str) -> None:
+        """Announce (``status`` ``available``) or withdraw (``withdrawn``) only the services and
+        tools of ``part``, a sub-catalog: a plugin installed or uninstalled while the host runs
+        (:mod:`tghost.watch`). Keep :attr:`catalog` in step, since a reconnect announces it again.
+
+        Raises:
+            RuntimeError: before :meth:`start`.
+            pulsar.asyncio.PulsarException: a send failed.
+        """
+        if self._producer is None:
+            raise RuntimeError("Announcer.publish() before Announcer.start()")
+        for key, value in self._entries(part, status):
+            await self._send(key, value)
+        log.info("%s %d service(s), %d tool(s) on %s", "announced" if status == "available" else "withdrew",
+                 len(part.descriptors), len(part.tools), self.topic)
 
     async def _beat(self) -> None:
         assert self._producer is not None

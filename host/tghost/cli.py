@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import signal
+import subprocess
 import sys
 import urllib.error
 import urllib.request
@@ -39,11 +40,14 @@ from .config import default_config_path, load_config_tools
 from .descriptors import ToolServiceDescriptor, request_queue, response_queue
 from .directory import Change, DirectoryTool, ToolDirectory
 from .discover import Catalog, PluginLoadError, PluginReport, PluginSelection, discover
+from .export import FORMATS, select_tools
 from .groups import DEFAULT_STATE, next_state
 from .host import run_host
 from .metrics import HostMonitor
+from .scaffold import BadPluginName, PluginNames, write_plugin
 from .serve import CallListener, ServeSettings
 from .trust import KeyFileError, Signer, TrustedKeys, write_key_pair
+from .watch import WatchSettings
 
 F = TypeVar("F", bound=Callable[..., Any])
 log = logging.getLogger("tghost")
@@ -254,6 +258,11 @@ def cli() -> None:
 @click.option("--signing-key", type=click.Path(path_type=Path, dir_okay=False), envvar="TGHOST_SIGNING_KEY",
               default=None, help="Ed25519 private key (.key from 'tghost keygen') to sign announcements with "
                                  "(env TGHOST_SIGNING_KEY) [default: unsigned].")
+@click.option("--watch-plugins", is_flag=True, envvar="TGHOST_WATCH_PLUGINS",
+              help="Serve plugins pip-installed while running, and withdraw uninstalled ones, with no restart "
+                   "(env TGHOST_WATCH_PLUGINS). An upgraded plugin is logged as 'restart needed'.")
+@click.option("--watch-interval", type=click.FloatRange(min=0, min_open=True), default=2.0, show_default=True,
+              help="With --watch-plugins: seconds between two looks at the installed plugins.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True)
 @selection_options
@@ -261,11 +270,13 @@ def cli() -> None:
 def run(pulsar: PulsarSettings, descriptors_topic: str, data_dir: Path | None, timeout: float, max_concurrency: int,
         max_queue: int, grace: float, max_payload: int, max_redeliveries: int, stall_threshold: float,
         config_path: Path | None, lease: float, host_id: str | None,
-        signing_key: Path | None, log_level: str, selection: PluginSelection, operations: _Operations) -> None:
+        signing_key: Path | None, watch_plugins: bool, watch_interval: float, log_level: str,
+        selection: PluginSelection, operations: _Operations) -> None:
     """Serve every installed tool-service plugin on Pulsar.
 
     If nothing answers at a local --pulsar-url, an embedded pulsar-lite broker is started
     there. Stops cleanly on Ctrl-C or SIGTERM: no new requests, in-flight calls finish.
+    With --watch-plugins, plugins installed or uninstalled meanwhile are served or withdrawn live.
     """
     _setup_logging(log_level)
     signer = _signer(signing_key)
@@ -287,7 +298,8 @@ def run(pulsar: PulsarSettings, descriptors_topic: str, data_dir: Path | None, t
         with HostIdentity.claim(Path(click.get_app_dir("tghost")), host_id) as identity:
             announcer = Announcer(catalog, identity, descriptors_topic, lease, signer)
             with operations.open() as (listeners, monitor):
-                asyncio.run(run_host(catalog, pulsar, settings, announcer, listeners=listeners, monitor=monitor))
+                asyncio.run(run_host(catalog, pulsar, settings, announcer, listeners=listeners, monitor=monitor,
+                                     watch=WatchSettings(watch_interval, selection) if watch_plugins else None))
     except PulsarException as exc:
         raise click.ClickException(f"Pulsar at {pulsar.url} failed: {exc}; check --pulsar-url "
                                    "(env TGHOST_PULSAR_URL) and that the broker is up") from None
@@ -351,6 +363,77 @@ def keygen(prefix: Path | None, force: bool, as_json: bool) -> None:
     click.echo(f"key id:      {written.key_id}")
     click.echo(f"private key: {written.private}  (keep secret; tghost run --signing-key {written.private})")
     click.echo(f"public key:  {written.public}  (share; tghost tools --trusted-key {written.public})")
+
+
+@cli.command()
+@click.argument("name")
+@click.option("--dir", "parent", type=click.Path(path_type=Path, file_okay=False), default=Path("."),
+              show_default=True, help="Directory to write tghost-NAME/ in.")
+@click.option("--force", is_flag=True, help="Write into an existing, non-empty tghost-NAME/, overwriting its files.")
+def new(name: str, parent: Path, force: bool) -> None:
+    """Write a new plugin distribution, tghost-NAME/, ready to install, test and serve.
+
+    It has a pyproject.toml with the 'tghost.plugins' entry point, one @tghost.tool function
+    (a word count), a test that calls it through a real embedded broker, and a README.
+    NAME is lowercase letters and digits, words joined by '-', e.g. 'word-count'.
+    """
+    try:
+        names = PluginNames.parse(name)
+    except BadPluginName as exc:
+        raise click.BadParameter(str(exc), param_hint="NAME") from None
+    try:
+        root = write_plugin(names, parent, force)
+    except OSError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"wrote {root}/ with the tool {names.tool} ({names.module}/__init__.py)\n\nnext steps:\n"
+               f"  cd {root}\n"
+               "  tghost install -e '.[test]'   # into the environment tghost runs in\n"
+               "  python -m pytest              # calls the tool through a real embedded broker\n"
+               "  tghost run                    # (or keep one running with --watch-plugins)\n"
+               f"  tghost call {names.tool} text=\"hello tool world\"   # in another terminal")
+
+
+_PIP_CONTEXT = {"ignore_unknown_options": True, "help_option_names": ["-h", "--help"]}
+
+
+def pip_command(action: str, args: tuple[str, ...]) -> list[str]:
+    """The pip command line for ``tghost install|uninstall``: this interpreter's own pip (the
+    environment tghost runs in), ``-y`` for uninstall, then ``args`` as given."""
+    return [sys.executable, "-m", "pip", action, *(["-y"] if action == "uninstall" else []), *args]
+
+
+def _pip(action: str, args: tuple[str, ...]) -> int:
+    try:
+        return subprocess.run(pip_command(action, args), check=False).returncode
+    except OSError as exc:
+        raise click.ClickException(f"cannot run pip ({exc}): is pip installed for {sys.executable}?") from None
+
+
+@cli.command(context_settings=_PIP_CONTEXT)
+@click.argument("args", nargs=-1, required=True, metavar="[PIP OPTIONS] PACKAGE...")
+def install(args: tuple[str, ...]) -> None:
+    """pip install plugins into the environment tghost runs in, as 'llm install' does.
+
+    Every argument goes to pip as given, e.g. 'tghost install -e ./tghost-weather' or
+    'tghost install -U tghost-weather'. A 'tghost run --watch-plugins' serves what it
+    installs within seconds; otherwise restart 'tghost run'. Exits with pip's exit code.
+    """
+    code = _pip("install", args)
+    if code == 0:
+        click.echo("installed: 'tghost plugins' lists it; a 'tghost run --watch-plugins' serves it now, "
+                   "any other 'tghost run' after a restart", err=True)
+    sys.exit(code)
+
+
+@cli.command(context_settings=_PIP_CONTEXT)
+@click.argument("args", nargs=-1, required=True, metavar="[PIP OPTIONS] PACKAGE...")
+def uninstall(args: tuple[str, ...]) -> None:
+    """pip uninstall -y plugins from the environment tghost runs in.
+
+    A 'tghost run --watch-plugins' withdraws their tools within seconds. Exits with pip's
+    exit code (pip only warns, and exits 0, for a name that is not installed).
+    """
+    sys.exit(_pip("uninstall", args))
 
 
 @cli.command()
@@ -591,6 +674,55 @@ def _print_change(change: Change, as_json: bool) -> None:
     colour = {"added": "green", "updated": "yellow"}.get(change.kind, "red")
     click.echo(f"{click.style(change.kind.ljust(7), fg=colour)} {change.name}  {detail}".rstrip())
     sys.stdout.flush()
+
+
+@cli.command("export")
+@pulsar_options
+@filter_options
+@trust_options
+@click.option("--format", "fmt", type=click.Choice(list(FORMATS)), required=True,
+              help="trustgraph: the tool-service/<id> and tool/<name> config items a TrustGraph agent loads; "
+                   "openai: function-calling tool definitions; mcp: MCP Tool objects.")
+def export_tools(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...], state: str | None,
+                 trusted: TrustedKeys | None, fmt: str) -> None:
+    """Write the live tools as JSON on stdout, in the shape another agent loads.
+
+    Without --group/--state every live tool is written; with them, only those a seed 001
+    request with those groups and state may use. Exits 1 when no broker answers.
+    """
+    async def fetch() -> Any:
+        async with _directory(pulsar, descriptors_topic, trusted) as directory:
+            return FORMATS[fmt](select_tools(directory, list(groups) or None, state))
+
+    click.echo(json.dumps(asyncio.run(fetch()), indent=2))
+
+
+@cli.command("mcp")
+@pulsar_options
+@filter_options
+@trust_options
+@click.option("--transport", type=click.Choice(["stdio", "http"]), default="stdio", show_default=True,
+              help="stdio for a client that starts this command; http for streamable HTTP at /mcp.")
+@click.option("--host", "http_host", default="127.0.0.1", show_default=True,
+              help="With --transport http: the address to bind; 0.0.0.0 for every interface.")
+@click.option("--port", "http_port", type=click.IntRange(0, 65535), default=8765, show_default=True,
+              help="With --transport http: the port to bind.")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="warning",
+              show_default=True, help="Log level; the log always goes to stderr.")
+def mcp_bridge(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...], state: str | None,
+               trusted: TrustedKeys | None, transport: str, http_host: str, http_port: int, log_level: str) -> None:
+    """Serve the live tools to MCP clients (Model Context Protocol), until Ctrl-C or the client leaves.
+
+    tools/list gives the tools a seed 001 request with --group (default: the 'default' group)
+    and --state may use; tools/call calls one over Pulsar (an error reply is a result with
+    isError true). Clients get notifications/tools/list_changed when that list changes.
+    """
+    _setup_logging(log_level)
+    from .bridge import serve  # the mcp SDK is imported only by this command
+
+    directory = _directory(pulsar, descriptors_topic, trusted)
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve(directory, list(groups) or None, state, transport, http_host, http_port))
 
 
 @cli.command()

@@ -17,6 +17,7 @@ from .announce import Announcer
 from .broker import PulsarSettings
 from .discover import Catalog
 from .serve import CallListener, Server, ServeSettings
+from .watch import PluginWatcher, WatchSettings
 
 __all__ = ["Monitor", "run_host"]
 
@@ -49,6 +50,7 @@ async def run_host(
     *,
     listeners: Sequence[CallListener] = (),
     monitor: Monitor | None = None,
+    watch: WatchSettings | None = None,
 ) -> int:
     """Serve ``catalog`` (and announce it, given an ``announcer``) until ``stop`` is set or
     SIGINT/SIGTERM arrives.
@@ -56,7 +58,9 @@ async def run_host(
     On stop the host first withdraws its announcements, so agents stop routing to it, then
     stops taking requests, gives in-flight calls ``serve_settings.grace`` seconds, and
     closes. Returns the number of calls cancelled at the end of the grace. ``listeners`` get
-    every call's record (metrics, audit); ``monitor`` watches the host once it serves.
+    every call's record (metrics, audit); ``monitor`` watches the host once it serves. With
+    ``watch``, plugins installed or uninstalled meanwhile are served or withdrawn live
+    (:class:`tghost.watch.PluginWatcher`; ``catalog`` changes with them).
 
     Raises:
         pulsar.asyncio.PulsarException: the broker refused a subscription or producer.
@@ -74,7 +78,10 @@ async def run_host(
             await announcer.start(client)
         if monitor is not None:
             await monitor.watch(client, catalog, server, announcer)
+        watcher = PluginWatcher(catalog, server, announcer, watch).start() if watch is not None else None
         await stop.wait()
+        if watcher is not None:
+            await watcher.stop()
         if announcer is not None:
             await announcer.withdraw()
         log.info("stopping: no new requests; waiting up to %ss for %d in-flight call(s)",

@@ -12,7 +12,7 @@ import contextlib
 import inspect
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -410,11 +410,16 @@ class Server:
         :data:`tghost.hookspecs.Authorize`); ``None`` allows every call.
         """
         self.settings = settings or ServeSettings()
-        self.workers = [
-            ServiceWorker(services[sid], descriptors[sid], self.settings, listeners, authorize)
-            for sid in descriptors
-        ]
+        self._listeners = tuple(listeners)
+        self._authorize = authorize
+        self.workers = self._workers(services, descriptors)
         self.watchdog: LoopWatchdog | None = None
+        self._client: pulsar.asyncio.Client | None = None
+
+    def _workers(self, services: dict[str, ToolService],
+                 descriptors: dict[str, ToolServiceDescriptor]) -> list[ServiceWorker]:
+        return [ServiceWorker(services[sid], descriptors[sid], self.settings, self._listeners, self._authorize)
+                for sid in descriptors]
 
     async def start(self, client: pulsar.asyncio.Client) -> None:
         """Start the watchdog (unless ``stall_threshold`` is 0) and every service worker.
@@ -425,17 +430,56 @@ class Server:
         if self.settings.stall_threshold > 0:
             self.watchdog = LoopWatchdog(self.settings.stall_threshold, owner_type=ServiceWorker,
                                          label=lambda worker: worker.descriptor.id).start()
+        self._client = client
         await asyncio.gather(*(worker.start(client) for worker in self.workers))
+
+    async def add(self, services: dict[str, ToolService], descriptors: dict[str, ToolServiceDescriptor]) -> None:
+        """Start serving more services (by service id) on the client given to :meth:`start`, with
+        the same settings, listeners and ``authorize``; a live plugin install (:mod:`tghost.watch`).
+
+        Raises:
+            RuntimeError: the server was not started.
+            ValueError: a service id is already served (nothing is started then).
+            pulsar.asyncio.PulsarException: a subscription or producer could not be created; the
+                workers that did start are closed again.
+        """
+        if self._client is None:
+            raise RuntimeError("Server.add() before Server.start()")
+        taken = sorted(set(descriptors) & {worker.descriptor.id for worker in self.workers})
+        if taken:
+            raise ValueError(f"service id(s) {taken} already served")
+        workers = self._workers(services, descriptors)
+        results = await asyncio.gather(*(worker.start(self._client) for worker in workers), return_exceptions=True)
+        failed = next((r for r in results if isinstance(r, BaseException)), None)
+        if failed is not None:
+            await self._shut(workers, 0)
+            raise failed
+        self.workers += workers
+
+    async def remove(self, service_ids: Iterable[str], grace: float | None = None) -> int:
+        """Stop serving ``service_ids`` as :meth:`stop` does for all: stop receiving, give in-flight
+        calls ``grace`` seconds (default ``settings.grace``), close. Unknown ids are ignored.
+
+        Returns the number of calls cancelled because the grace period ran out.
+        """
+        ids = set(service_ids)
+        leaving = [worker for worker in self.workers if worker.descriptor.id in ids]
+        self.workers = [worker for worker in self.workers if worker.descriptor.id not in ids]
+        return await self._shut(leaving, self.settings.grace if grace is None else grace)
+
+    @staticmethod
+    async def _shut(workers: list[ServiceWorker], grace: float) -> int:
+        await asyncio.gather(*(w.stop_receiving() for w in workers))
+        cancelled = sum(await asyncio.gather(*(w.drain(grace) for w in workers)))
+        await asyncio.gather(*(w.close() for w in workers))
+        return cancelled
 
     async def stop(self, grace: float | None = None) -> int:
         """Stop receiving, let in-flight calls finish within ``grace`` seconds, then close.
 
         Returns the number of calls cancelled because the grace period ran out.
         """
-        grace = self.settings.grace if grace is None else grace
-        await asyncio.gather(*(w.stop_receiving() for w in self.workers))
-        cancelled = sum(await asyncio.gather(*(w.drain(grace) for w in self.workers)))
-        await asyncio.gather(*(w.close() for w in self.workers))
+        cancelled = await self._shut(self.workers, self.settings.grace if grace is None else grace)
         if self.watchdog is not None:
             self.watchdog.stop()
         return cancelled
