@@ -4,8 +4,10 @@ and an upgraded one is reported as "restart needed"."""
 
 from __future__ import annotations
 
+import importlib
 import shutil
 import signal
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -15,6 +17,7 @@ from typing import TypeVar
 import pytest
 
 import tghost
+from tghost import watch
 from tghost.broker import EmbeddedBroker
 from tghost.client import ToolServiceClient
 from tghost.discover import PluginReport, PluginSelection, discover
@@ -159,3 +162,21 @@ async def test_server_adds_and_removes_services_while_it_serves(pulsar_broker: E
         assert await host.server.remove(["shout"]) == 0
         assert [worker.descriptor.id for worker in host.server.workers] == ["echo"]
         assert await host.call("echo", {"text": "still here"}) == "still here"
+
+
+def test_a_path_file_installed_after_start_up_is_processed_so_an_editable_plugin_imports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``pip install -e`` puts the project's path in a ``.pth`` file, which Python reads only at
+    start-up; the watcher processes new ones, so the new plugin's module imports."""
+    project, site_dir = tmp_path / "project", tmp_path / "site-packages"
+    project.mkdir(), site_dir.mkdir()
+    (project / "tghost_pth_probe.py").write_text("ANSWER = 42\n")
+    monkeypatch.setattr("site.getsitepackages", lambda: [str(site_dir)])
+    monkeypatch.setattr("sys.path", list(sys.path))
+    (site_dir / "_editable_impl_probe.pth").write_text(f"{project}\n")
+    with pytest.raises(ImportError):
+        importlib.import_module("tghost_pth_probe")
+    watch.installed_plugins()
+    assert importlib.import_module("tghost_pth_probe").ANSWER == 42
+    monkeypatch.delitem(sys.modules, "tghost_pth_probe")

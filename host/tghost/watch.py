@@ -20,6 +20,8 @@ import asyncio
 import contextlib
 import importlib
 import logging
+import os
+import site
 from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint, entry_points
 
@@ -41,9 +43,30 @@ class WatchSettings:
     selection: PluginSelection = field(default_factory=PluginSelection)
 
 
+def _path_files() -> set[tuple[str, str]]:
+    """Every ``(site dir, name)`` of a ``.pth`` file in this interpreter's site-packages dirs."""
+    dirs = [*site.getsitepackages(), site.getusersitepackages()]
+    return {(d, name) for d in dirs if os.path.isdir(d) for name in os.listdir(d) if name.endswith(".pth")}
+
+
+#: The ``.pth`` files ``site`` had processed when this module was imported (at start-up).
+_PROCESSED_PATH_FILES = _path_files()
+
+
+def _process_new_path_files() -> None:
+    """Process the ``.pth`` files installed since start-up, as ``site`` does at start-up. An
+    editable install (``pip install -e``) puts its import path in one, and a running
+    interpreter reads none by itself: without this, its entry point would not import."""
+    for sitedir, name in sorted(_path_files() - _PROCESSED_PATH_FILES):
+        site.addpackage(sitedir, name, None)  # type: ignore[attr-defined]
+        _PROCESSED_PATH_FILES.add((sitedir, name))
+
+
 def installed_plugins() -> dict[str, EntryPoint]:
     """The ``tghost.plugins`` entry points installed now, by name, read afresh from disk
-    (``importlib.invalidate_caches()`` first: importlib.metadata caches directory listings)."""
+    (``.pth`` files new since start-up processed, and ``importlib.invalidate_caches()``
+    first: importlib.metadata caches directory listings)."""
+    _process_new_path_files()
     importlib.invalidate_caches()
     return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
 
