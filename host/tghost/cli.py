@@ -44,7 +44,6 @@ from .export import FORMATS, select_tools
 from .groups import DEFAULT_STATE, next_state
 from .host import run_host
 from .metrics import HostMonitor
-from .scaffold import BadPluginName, PluginNames, write_plugin
 from .serve import CallListener, ServeSettings
 from .trust import KeyFileError, Signer, TrustedKeys, write_key_pair
 from .watch import WatchSettings
@@ -377,6 +376,8 @@ def new(name: str, parent: Path, force: bool) -> None:
     (a word count), a test that calls it through a real embedded broker, and a README.
     NAME is lowercase letters and digits, words joined by '-', e.g. 'word-count'.
     """
+    from .scaffold import BadPluginName, PluginNames, write_plugin  # jinja2 only for this command
+
     try:
         names = PluginNames.parse(name)
     except BadPluginName as exc:

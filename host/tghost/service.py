@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Any, get_type_hints, overload
 
 import docstring_parser
-import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from . import wire
@@ -125,6 +124,8 @@ class ToolService:
     def _arguments_validator(self) -> Any:
         if self.input_schema is None:
             return None
+        import jsonschema  # here, not at import: only class services with an input_schema need it
+
         validator_class = jsonschema.validators.validator_for(self.input_schema)
         validator_class.check_schema(self.input_schema)
         return validator_class(self.input_schema)
