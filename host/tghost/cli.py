@@ -222,8 +222,11 @@ def cli() -> None:
     \b
     Quick start:
       tghost run                      serve every installed plugin (starts a local broker if needed)
+      tghost tools                    the live tools every agent sees
+      tghost call tell-joke topic=cats
+      tghost new NAME                 write a plugin to start from
+      tghost mcp                      serve the live tools to MCP clients
       tghost plugins                  what loaded, what failed and why
-      tghost call --service joke-service --config style=pun topic=cats
     """
 
 
