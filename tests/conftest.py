@@ -11,6 +11,7 @@ import sys
 import textwrap
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
@@ -49,6 +50,15 @@ class PluginDir:
     def entry_points(self) -> list[EntryPoint]:
         """The entry points of the distributions written here (found through importlib.metadata)."""
         return [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name in self.names]
+
+    def user_env(self, broker_url: str, config_dir: Path, topic_prefix: str) -> dict[str, str]:
+        """A user's environment for ``tghost`` subprocesses: these distributions and no other
+        plugin (the pip-installed examples are disabled), the broker at ``broker_url``, a fresh
+        descriptors topic ``<topic_prefix>-<random>`` and a private config dir (host slots, tools.toml)."""
+        others = [ep.name for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name not in self.names]
+        return self.env(TGHOST_PULSAR_URL=broker_url, XDG_CONFIG_HOME=str(config_dir),
+                        TGHOST_DESCRIPTORS_TOPIC=f"persistent://tg/config/{topic_prefix}-{uuid.uuid4().hex[:8]}",
+                        TGHOST_DISABLE_PLUGINS=",".join(others))
 
     def env(self, **extra: str) -> dict[str, str]:
         """Environment for a subprocess that sees these distributions."""

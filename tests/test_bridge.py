@@ -27,16 +27,14 @@ from tghost.broker import EmbeddedBroker, PulsarSettings, free_port
 from tghost.directory import ToolDirectory
 
 from .conftest import HostProcess, PluginDir
-from .test_cli import ECHO, SHOUT, installed_plugins, tghost
+from .test_cli import ECHO, SHOUT, tghost
 
 
 @pytest.fixture
 def env(pulsar_broker: EmbeddedBroker, plugin_dir: PluginDir, tmp_path: Path) -> dict[str, str]:
     """The ECHO plugin installed, this broker, a fresh descriptors topic, a private config dir."""
     plugin_dir.add("echo", ECHO)
-    return plugin_dir.env(TGHOST_PULSAR_URL=pulsar_broker.url, XDG_CONFIG_HOME=str(tmp_path / "config"),
-                          TGHOST_DESCRIPTORS_TOPIC=f"persistent://tg/config/mcp-{uuid.uuid4().hex[:8]}",
-                          TGHOST_DISABLE_PLUGINS=",".join(installed_plugins(plugin_dir)))
+    return plugin_dir.user_env(pulsar_broker.url, tmp_path / "config", "mcp")
 
 
 class Notifications:

@@ -14,7 +14,6 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Callable
-from importlib.metadata import entry_points
 from pathlib import Path
 
 import click
@@ -24,7 +23,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tghost.broker import EmbeddedBroker, PulsarSettings, free_port
 from tghost.cli import pulsar_options
-from tghost.discover import ENTRY_POINT_GROUP
 
 from .conftest import HostProcess, PluginDir
 
@@ -84,15 +82,7 @@ def env(pulsar_broker: EmbeddedBroker, plugin_dir: PluginDir, tmp_path: Path) ->
     """A user's environment: the ECHO plugin installed, this broker, a fresh descriptors topic,
     and a private config dir (host slots, tools.toml)."""
     plugin_dir.add("echo", ECHO)
-    return plugin_dir.env(TGHOST_PULSAR_URL=pulsar_broker.url, XDG_CONFIG_HOME=str(tmp_path / "config"),
-                          TGHOST_DESCRIPTORS_TOPIC=f"persistent://tg/config/cli-{uuid.uuid4().hex[:8]}",
-                          TGHOST_DISABLE_PLUGINS=",".join(installed_plugins(plugin_dir)))
-
-
-def installed_plugins(plugin_dir: PluginDir) -> list[str]:
-    """Entry points pip-installed in this environment (the example plugins), which the tests'
-    own plugins must not be mixed with."""
-    return [ep.name for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name not in plugin_dir.names]
+    return plugin_dir.user_env(pulsar_broker.url, tmp_path / "config", "cli")
 
 
 def live_tools(env: dict[str, str]) -> dict[str, dict[str, object]]:

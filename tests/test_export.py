@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import signal
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ from tghost.broker import EmbeddedBroker
 from tghost.export import input_schema, mcp_tool
 
 from .conftest import HostProcess, PluginDir
-from .test_cli import installed_plugins, tghost
+from .test_cli import tghost
 
 #: A class-based service described by a seed 000 ``arguments`` list only (no JSON Schema), and
 #: a decorated one whose schema comes from its signature.
@@ -59,9 +58,7 @@ def tghost_register_tools(register):
 def env(pulsar_broker: EmbeddedBroker, plugin_dir: PluginDir, tmp_path: Path) -> dict[str, str]:
     """The WEATHER plugin installed, this broker, a fresh descriptors topic, a private config dir."""
     plugin_dir.add("weather", WEATHER)
-    return plugin_dir.env(TGHOST_PULSAR_URL=pulsar_broker.url, XDG_CONFIG_HOME=str(tmp_path / "config"),
-                          TGHOST_DESCRIPTORS_TOPIC=f"persistent://tg/config/export-{uuid.uuid4().hex[:8]}",
-                          TGHOST_DISABLE_PLUGINS=",".join(installed_plugins(plugin_dir)))
+    return plugin_dir.user_env(pulsar_broker.url, tmp_path / "config", "export")
 
 
 @pytest.fixture

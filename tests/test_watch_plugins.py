@@ -9,7 +9,6 @@ import shutil
 import signal
 import sys
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -25,7 +24,7 @@ from tghost.testing import LocalHost
 from tghost.watch import plugin_part
 
 from .conftest import HostProcess, PluginDir
-from .test_cli import READY, installed_plugins, live_tools
+from .test_cli import READY, live_tools
 from .test_cli import tghost as run_cli
 
 T = TypeVar("T")
@@ -90,9 +89,7 @@ def test_watch_plugins_serves_installs_withdraws_uninstalls_and_reports_upgrades
     host_process: Callable[..., HostProcess],
 ) -> None:
     plugin_dir.add("first", FIRST)
-    env = plugin_dir.env(TGHOST_PULSAR_URL=pulsar_broker.url, XDG_CONFIG_HOME=str(tmp_path / "config"),
-                         TGHOST_DESCRIPTORS_TOPIC=f"persistent://tg/config/watch-{uuid.uuid4().hex[:8]}",
-                         TGHOST_DISABLE_PLUGINS=",".join(installed_plugins(plugin_dir)))
+    env = plugin_dir.user_env(pulsar_broker.url, tmp_path / "config", "watch")
     host = host_process("--watch-plugins", "--watch-interval", "0.5", env=env)
     host.wait_for(READY)
     host.wait_for("watching for plugins")
