@@ -163,6 +163,10 @@ class Announcer:
         for key, value in self._messages(status):
             await self._send(key, value)
 
+    def is_connected(self) -> bool:
+        """Whether the announcement producer is connected to the broker now (False before start)."""
+        return self._producer is not None and bool(self._producer.is_connected())
+
     async def start(self, client: pulsar.asyncio.Client) -> None:
         """Announce everything as ``available`` and start the heartbeat.
 

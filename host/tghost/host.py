@@ -11,8 +11,6 @@ import signal
 from collections.abc import Sequence
 from typing import Protocol
 
-import pulsar.asyncio
-
 from .announce import Announcer
 from .broker import PulsarSettings
 from .discover import Catalog
@@ -27,8 +25,7 @@ log = logging.getLogger(__name__)
 class Monitor(Protocol):
     """Watches a serving host (metrics, health; :class:`tghost.metrics.HostMonitor`)."""
 
-    async def watch(self, client: pulsar.asyncio.Client, catalog: Catalog, server: Server,
-                    announcer: Announcer | None) -> None:
+    async def watch(self, catalog: Catalog, server: Server, announcer: Announcer | None) -> None:
         """Start reading the live host; called once it serves and announces."""
 
 
@@ -77,7 +74,7 @@ async def run_host(
         if announcer is not None:
             await announcer.start(client)
         if monitor is not None:
-            await monitor.watch(client, catalog, server, announcer)
+            await monitor.watch(catalog, server, announcer)
         watcher = PluginWatcher(catalog, server, announcer, watch).start() if watch is not None else None
         await stop.wait()
         if watcher is not None:

@@ -16,7 +16,6 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-import pulsar.asyncio
 from prometheus_client import CollectorRegistry, Counter, Histogram, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -252,21 +251,14 @@ class HostMonitor:
         self.http.stop()
         self.health.detach()
 
-    async def watch(self, client: pulsar.asyncio.Client, catalog: Catalog, server: Server,
-                    announcer: Announcer | None) -> None:
-        """Read the live host from now on. Pulsar connectivity comes from an idle producer on a
-        topic the host already publishes on (the descriptors topic, else a response topic).
-
-        Raises:
-            pulsar.asyncio.PulsarException: the probe producer could not be created.
-        """
+    async def watch(self, catalog: Catalog, server: Server, announcer: Announcer | None) -> None:
+        """Read the live host from now on. Pulsar connectivity is the announcer's producer's (else
+        the first service's response producer's): producers the host already has."""
         self.metrics.watch_catalog(catalog)
         self.metrics.watch_server(server)
         if announcer is not None:
             self.metrics.watch_announcer(announcer)
         self.health.services = lambda: [worker.descriptor.id for worker in server.workers]
-        topic = announcer.topic if announcer is not None else next(
-            (worker.descriptor.response_queue for worker in server.workers), None)
-        if topic is not None:
-            probe = await client.create_producer(topic, batching_enabled=False)
-            self.health.connected = probe.is_connected
+        source = announcer if announcer is not None else next(iter(server.workers), None)
+        if source is not None:
+            self.health.connected = source.is_connected

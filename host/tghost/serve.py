@@ -162,6 +162,10 @@ class ServiceWorker:
         """The Shared subscription name, ``<service-id>-request`` (DESIGN.md)."""
         return f"{self.descriptor.id}-request"
 
+    def is_connected(self) -> bool:
+        """Whether the response producer is connected to the broker now (False before start)."""
+        return self._producer is not None and bool(self._producer.is_connected())
+
     @property
     def in_flight(self) -> int:
         """Requests received and not yet answered (running, waiting for a slot, or being refused)."""
