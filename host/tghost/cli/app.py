@@ -1,0 +1,52 @@
+"""cli.app: the ``tghost`` click group and the console-script entry point. Exit codes: 0 ok,
+1 failure, 2 usage error.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+
+import click
+
+from .. import __version__
+
+
+def main() -> None:
+    """The ``tghost`` console script: run the command, then leave without interpreter
+    finalization, where pulsar-client's C++ threads can crash the process after the work is
+    done (apache/pulsar-client-python#153, #203). Output is flushed first; the exit code is kept.
+
+    Ctrl-C (SIGINT) always stops a command, even when the parent started it with SIGINT
+    ignored, as a non-interactive shell does for ``cmd &``.
+    """
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        cli(prog_name="tghost")
+        code = 0
+    except SystemExit as exc:
+        if isinstance(exc.code, str):
+            click.echo(exc.code, err=True)
+        code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="tghost")
+def cli() -> None:
+    """Host pip-installed agent tool services on Apache Pulsar.
+
+    \b
+    Quick start:
+      tghost run                      serve every installed plugin (starts a local broker if needed)
+      tghost tools                    the live tools every agent sees
+      tghost call tell-joke topic=cats
+      tghost new NAME                 write a plugin to start from
+      tghost mcp                      serve the live tools to MCP clients
+      tghost plugins                  what loaded, what failed and why
+    """

@@ -1,0 +1,117 @@
+"""cli.call: ``tghost call``, a tool by name through the directory or a service by id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from collections.abc import AsyncIterator
+from typing import Any
+
+import click
+
+from ..broker import PulsarSettings
+from ..client import ToolCallError
+from ..descriptors import ToolServiceDescriptor, request_queue, response_queue
+from ..directory import ToolDirectory
+from ..discover import discover
+from ..groups import DEFAULT_STATE, next_state
+from ..trust import TrustedKeys
+from .app import cli
+from .options import filter_options, json_value, open_directory, parse_pairs, pulsar_options, trust_options
+
+log = logging.getLogger("tghost")
+
+
+@cli.command()
+@pulsar_options
+@filter_options
+@trust_options
+@click.option("--service", "service_id", default=None,
+              help="Call a tool service by id instead of a tool by name.")
+@click.option("--topic", default=None,
+              help="With --service: the short topic T (non-persistent://tg/request/T) [default: as announced, "
+                   "else from the installed plugin, else the service id].")
+@click.option("--config", "config_pairs", multiple=True, metavar="KEY=VALUE",
+              help="With --service: a config value; repeatable. KEY:=JSON for non-strings.")
+@click.option("--json", "json_args", default=None, metavar="ARGS",
+              help="All arguments as one JSON object, instead of KEY=VALUE pairs.")
+@click.option("--user", default=None, help="The request's user (omitted if not given).")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True,
+              help="Seconds to wait for the whole answer.")
+@click.argument("arguments", nargs=-1, metavar="[TOOL] [KEY=VALUE | KEY:=JSON]...")
+def call(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...], state: str | None,
+         trusted: TrustedKeys | None, service_id: str | None, topic: str | None, config_pairs: tuple[str, ...],
+         json_args: str | None, user: str | None, timeout: float, arguments: tuple[str, ...]) -> None:
+    """Call a tool by name (through the live directory), or a service with --service.
+
+    A tool call merges the tool's config values into the request and is refused, with the
+    reason, when the request's --group/--state (seed 001) do not allow the tool. The
+    observation is printed as it streams in. Exits 1 on a refusal, an error reply or a
+    timeout (the error goes to stderr).
+    """
+    if service_id is None and not arguments:
+        raise click.UsageError("give a TOOL name, or --service ID")
+    tool_name, arguments = (None, arguments) if service_id else (arguments[0], arguments[1:])
+    if json_args is not None and arguments:
+        raise click.UsageError("give arguments as KEY=VALUE pairs or --json, not both")
+    args = parse_pairs(arguments, "ARGUMENTS") if json_args is None else _json_object(json_args)
+    config = parse_pairs(config_pairs, "--config")
+    directory = open_directory(pulsar, descriptors_topic, trusted)
+    try:
+        if tool_name is not None:
+            asyncio.run(_call_tool(directory, tool_name, args, user, list(groups) or None, state, timeout))
+        else:
+            asyncio.run(_call_service(directory, service_id or "", topic, config, args, user, timeout))
+    except ToolCallError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    value = json_value(text, "ARGS", "--json")
+    if not isinstance(value, dict):
+        raise click.BadParameter("must be a JSON object", param_hint="--json")
+    return value
+
+
+async def _call_tool(directory: ToolDirectory, name: str, arguments: dict[str, Any], user: str | None,
+                     groups: list[str] | None, state: str | None, timeout: float) -> None:
+    async with directory:
+        tool = directory.check(name, groups, state)
+        await _echo_stream(directory.stream(name, arguments, user=user, groups=groups, state=state, timeout=timeout))
+        if tool.descriptor.state is not None:
+            click.echo(f"state: {state or DEFAULT_STATE} -> {next_state(tool.descriptor, state, True)}", err=True)
+
+
+async def _call_service(directory: ToolDirectory, service_id: str, topic: str | None, config: dict[str, Any],
+                        arguments: dict[str, Any], user: str | None, timeout: float) -> None:
+    async with directory:
+        announced = directory.services.get(service_id)
+        descriptor = announced.descriptor if announced and not topic else _installed_service(service_id, topic)
+        service = await directory.caller(descriptor)
+        await _echo_stream(service.stream(config, arguments, user=user, timeout=timeout))
+
+
+async def _echo_stream(chunks: AsyncIterator[str]) -> None:
+    """Print observation chunks as they arrive, then end the line unless the last chunk did."""
+    last = "\n"
+    async for chunk in chunks:
+        click.echo(chunk, nl=False)
+        last = chunk or last
+    if not last.endswith("\n"):
+        click.echo()
+
+
+def _installed_service(service_id: str, topic: str | None) -> ToolServiceDescriptor:
+    """The service by --topic, else as an installed plugin declares it, else topic = service id."""
+    descriptor = None if topic else discover(strict=False).descriptors.get(service_id)
+    if descriptor is None:
+        if not topic:
+            log.warning("service %r is neither announced nor installed here; assuming topic %r (use --topic)",
+                        service_id, service_id)
+        topic = topic or service_id
+        descriptor = ToolServiceDescriptor.model_validate(
+            {"id": service_id, "request-queue": request_queue(topic), "response-queue": response_queue(topic)})
+    return descriptor

@@ -1,0 +1,146 @@
+"""cli.directory: the agent-side views of the live directory: ``tghost tools``, ``watch``,
+``export`` and ``mcp``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from ..broker import PulsarSettings
+from ..directory import Change, DirectoryTool
+from ..export import FORMATS, select_tools
+from ..trust import TrustedKeys
+from .app import cli
+from .options import filter_options, open_directory, pulsar_options, setup_logging, trust_options
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _tool_json(tool: DirectoryTool) -> dict[str, Any]:
+    d = tool.descriptor
+    return {"name": d.name, "service": d.service, "description": d.description, "group": list(d.group),
+            "state": d.state, "available_in_states": list(d.available_in_states) if d.available_in_states else None,
+            "config": d.config, "arguments": [a.model_dump() for a in d.arguments],
+            "providers": [p.host["id"] for p in tool.providers]}
+
+
+@cli.command()
+@pulsar_options
+@filter_options
+@trust_options
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for programs.")
+def tools(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...], state: str | None,
+          trusted: TrustedKeys | None, as_json: bool) -> None:
+    """List the live tools every agent can see, as announced by running hosts.
+
+    Without --group/--state, every live tool is listed; with them, only those a seed 001
+    request with those groups and state may use.
+    """
+    async def fetch() -> list[dict[str, Any]]:
+        async with open_directory(pulsar, descriptors_topic, trusted) as directory:
+            names = [t.name for t in directory.available(groups or ["*"], state)]
+            if not groups and state is None:
+                names = sorted(directory.tools)
+            return [_tool_json(directory.tools[name]) for name in names]
+
+    rows = asyncio.run(fetch())
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        click.echo("no live tools (is a 'tghost run' up on this broker?)")
+        return
+    table = [("TOOL", "SERVICE", "PROVIDERS", "GROUPS", "STATES", "-> STATE")] + [
+        (r["name"], r["service"], ",".join(r["providers"]), ",".join(r["group"]),
+         ",".join(r["available_in_states"] or ["*"]), r["state"] or "-") for r in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    for row in table:
+        click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+
+
+@cli.command()
+@pulsar_options
+@trust_options
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object per change (JSON Lines).")
+def watch(pulsar: PulsarSettings, descriptors_topic: str, trusted: TrustedKeys | None, as_json: bool) -> None:
+    """Follow the live tool set: tools added, updated, removed or expired, until Ctrl-C.
+
+    Starts with the tools live now, reported as added.
+    """
+    async def follow() -> None:
+        async with open_directory(pulsar, descriptors_topic, trusted) as directory:
+            changes = directory.changes()
+            for name in sorted(directory.tools):
+                _print_change(Change("added", name, directory.tools[name]), as_json)
+            async for change in changes:
+                _print_change(change, as_json)
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(follow())
+
+
+def _print_change(change: Change, as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps(change.to_json()), nl=True)
+        return
+    tool = change.tool
+    detail = f"service {tool.descriptor.service} on {','.join(p.host['id'] for p in tool.providers)}" if tool else ""
+    colour = {"added": "green", "updated": "yellow"}.get(change.kind, "red")
+    click.echo(f"{click.style(change.kind.ljust(7), fg=colour)} {change.name}  {detail}".rstrip())
+    sys.stdout.flush()
+
+
+@cli.command("export")
+@pulsar_options
+@filter_options
+@trust_options
+@click.option("--format", "fmt", type=click.Choice(list(FORMATS)), required=True,
+              help="trustgraph: the tool-service/<id> and tool/<name> config items a TrustGraph agent loads; "
+                   "openai: function-calling tool definitions; mcp: MCP Tool objects.")
+def export_tools(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...], state: str | None,
+                 trusted: TrustedKeys | None, fmt: str) -> None:
+    """Write the live tools as JSON on stdout, in the shape another agent loads.
+
+    Without --group/--state every live tool is written; with them, only those a seed 001
+    request with those groups and state may use. Exits 1 when no broker answers.
+    """
+    async def fetch() -> Any:
+        async with open_directory(pulsar, descriptors_topic, trusted) as directory:
+            return FORMATS[fmt](select_tools(directory, list(groups) or None, state))
+
+    click.echo(json.dumps(asyncio.run(fetch()), indent=2))
+
+
+@cli.command("mcp")
+@pulsar_options
+@filter_options
+@trust_options
+@click.option("--transport", type=click.Choice(["stdio", "http"]), default="stdio", show_default=True,
+              help="stdio for a client that starts this command; http for streamable HTTP at /mcp.")
+@click.option("--host", "http_host", default="127.0.0.1", show_default=True,
+              help="With --transport http: the address to bind; 0.0.0.0 for every interface.")
+@click.option("--port", "http_port", type=click.IntRange(0, 65535), default=8765, show_default=True,
+              help="With --transport http: the port to bind.")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="warning",
+              show_default=True, help="Log level; the log always goes to stderr.")
+def mcp_bridge(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...], state: str | None,
+               trusted: TrustedKeys | None, transport: str, http_host: str, http_port: int, log_level: str) -> None:
+    """Serve the live tools to MCP clients (Model Context Protocol), until Ctrl-C or the client leaves.
+
+    tools/list gives the tools a seed 001 request with --group (default: the 'default' group)
+    and --state may use; tools/call calls one over Pulsar (an error reply is a result with
+    isError true). Clients get notifications/tools/list_changed when that list changes.
+    """
+    setup_logging(log_level)
+    from ..bridge import serve  # the mcp SDK is imported only by this command
+
+    directory = open_directory(pulsar, descriptors_topic, trusted)
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve(directory, list(groups) or None, state, transport, http_host, http_port))

@@ -1,0 +1,202 @@
+"""cli.options: the options and parsing every command shares (Pulsar connection, plugin
+selection, trust, operations, seed 001 filters, KEY=VALUE pairs). Never defines a command.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar, cast
+
+import click
+
+from ..announce import DEFAULT_TOPIC
+from ..audit import AuditLog
+from ..broker import DEFAULT_URL, PulsarSettings, is_reachable
+from ..directory import ToolDirectory
+from ..discover import PluginSelection
+from ..metrics import HostMonitor
+from ..serve import CallListener
+from ..trust import KeyFileError, TrustedKeys
+
+F = TypeVar("F", bound=Callable[..., Any])
+log = logging.getLogger("tghost")
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+
+
+def pulsar_options(fn: F) -> F:
+    """The connection options every command that talks to Pulsar takes. The command gets one
+    ``pulsar: PulsarSettings`` built from --pulsar-url, --pulsar-token and the TLS options, and
+    ``descriptors_topic``.
+    """
+    @functools.wraps(fn)
+    def with_settings(*args: Any, pulsar_url: str, pulsar_token: str | None, tls_trust_certs: Path | None,
+                      tls_allow_insecure: bool, tls_validate_hostname: bool, **kwargs: Any) -> Any:
+        settings = PulsarSettings(pulsar_url, token=pulsar_token or None,
+                                  tls_trust_certs=str(tls_trust_certs) if tls_trust_certs else None,
+                                  tls_allow_insecure=tls_allow_insecure, tls_validate_hostname=tls_validate_hostname)
+        return fn(*args, pulsar=settings, **kwargs)
+
+    options = [
+        click.option("--pulsar-url", envvar="TGHOST_PULSAR_URL", default=DEFAULT_URL, show_default=True,
+                     help="Pulsar service URL, pulsar:// or pulsar+ssl:// (env TGHOST_PULSAR_URL)."),
+        click.option("--pulsar-token", envvar="TGHOST_PULSAR_TOKEN", default=None, show_envvar=False,
+                     help="Pulsar auth token (JWT) (env TGHOST_PULSAR_TOKEN). The embedded broker "
+                          "(pulsar-lite) accepts any token and does not enforce auth."),
+        click.option("--tls-trust-certs", envvar="TGHOST_TLS_TRUST_CERTS", default=None,
+                     type=click.Path(path_type=Path, dir_okay=False, exists=True),
+                     help="PEM file of CA certificates to trust for pulsar+ssl:// (env TGHOST_TLS_TRUST_CERTS)."),
+        click.option("--tls-allow-insecure", envvar="TGHOST_TLS_ALLOW_INSECURE", is_flag=True,
+                     help="Accept any broker TLS certificate; for testing only (env TGHOST_TLS_ALLOW_INSECURE)."),
+        click.option("--tls-validate-hostname", envvar="TGHOST_TLS_VALIDATE_HOSTNAME", is_flag=True,
+                     help="Check the broker certificate names the URL's host (env TGHOST_TLS_VALIDATE_HOSTNAME)."),
+        click.option("--descriptors-topic", envvar="TGHOST_DESCRIPTORS_TOPIC", default=DEFAULT_TOPIC,
+                     show_default=True, help="Topic where hosts announce their tools (env TGHOST_DESCRIPTORS_TOPIC)."),
+    ]
+    wrapped: Any = with_settings
+    for option in reversed(options):
+        wrapped = option(wrapped)
+    return cast(F, wrapped)
+
+
+def selection_options(fn: F) -> F:
+    """--load-plugins / --disable-plugins; the command gets one ``selection: PluginSelection``."""
+    @functools.wraps(fn)
+    def with_selection(*args: Any, load_plugins: str | None, disable_plugins: str | None, **kwargs: Any) -> Any:
+        return fn(*args, selection=PluginSelection.from_settings(load_plugins, disable_plugins), **kwargs)
+
+    wrapped: Any = click.option(
+        "--load-plugins", default=None, metavar="NAMES",
+        help="Comma list of the only entry points to load; '' loads none (overrides env TGHOST_LOAD_PLUGINS) "
+             "[default: all].")(with_selection)
+    wrapped = click.option(
+        "--disable-plugins", default=None, metavar="NAMES",
+        help="Comma list of entry points never to import (overrides env TGHOST_DISABLE_PLUGINS).")(wrapped)
+    return cast(F, wrapped)
+
+
+def trust_options(fn: F) -> F:
+    """--trusted-key (repeatable; env TGHOST_TRUSTED_KEYS, os.pathsep-separated); the command
+    gets one ``trusted: TrustedKeys | None`` (``None``: open mode, every host is believed)."""
+    @functools.wraps(fn)
+    def with_trust(*args: Any, trusted_keys: tuple[Path, ...], **kwargs: Any) -> Any:
+        try:
+            trusted = TrustedKeys.from_files(trusted_keys) if trusted_keys else None
+        except KeyFileError as exc:
+            raise click.BadParameter(str(exc), param_hint="--trusted-key / TGHOST_TRUSTED_KEYS") from None
+        return fn(*args, trusted=trusted, **kwargs)
+
+    return cast(F, click.option(
+        "--trusted-key", "trusted_keys", multiple=True, type=click.Path(path_type=Path, dir_okay=False),
+        envvar="TGHOST_TRUSTED_KEYS",
+        help="Public key (.pub from 'tghost keygen') whose signed announcements to accept; repeatable "
+             f"(env TGHOST_TRUSTED_KEYS, '{os.pathsep}'-separated). With any, unsigned and other hosts "
+             "are ignored [default: accept every host].")(with_trust))
+
+
+@dataclass(frozen=True)
+class Operations:
+    """What ``tghost run`` exposes for operators: metrics and /health, and the audit log."""
+
+    metrics_host: str
+    metrics_port: int | None
+    audit_log: str | None
+    audit_arguments: bool
+
+    @contextlib.contextmanager
+    def open(self) -> Iterator[tuple[list[CallListener], HostMonitor | None]]:
+        """Bind the metrics port and open the audit log; yields the call listeners and the monitor."""
+        with contextlib.ExitStack() as stack:
+            listeners: list[CallListener] = []
+            monitor = None
+            if self.metrics_port is not None:
+                try:
+                    monitor = stack.enter_context(HostMonitor(self.metrics_host, self.metrics_port))
+                except OSError as exc:
+                    raise click.ClickException(
+                        f"cannot serve metrics on {self.metrics_host}:{self.metrics_port} ({exc}): choose another "
+                        "--metrics-port (env TGHOST_METRICS_PORT) or --metrics-host") from None
+                listeners += monitor.listeners
+            if self.audit_log is not None:
+                try:
+                    listeners.append(stack.enter_context(AuditLog.open(self.audit_log, arguments=self.audit_arguments)))
+                except OSError as exc:
+                    raise click.ClickException(f"cannot open the audit log ({exc}): check --audit-log "
+                                               "(env TGHOST_AUDIT_LOG), or give '-' for stderr") from None
+            yield listeners, monitor
+
+
+def operations_options(fn: F) -> F:
+    """--metrics-port/--metrics-host and --audit-log/--audit-arguments; the command gets one
+    ``operations: Operations``."""
+    @functools.wraps(fn)
+    def with_operations(*args: Any, metrics_host: str, metrics_port: int | None, audit_log: str | None,
+                        audit_arguments: bool, **kwargs: Any) -> Any:
+        return fn(*args, operations=Operations(metrics_host, metrics_port, audit_log, audit_arguments), **kwargs)
+
+    options = [
+        click.option("--metrics-port", type=click.IntRange(0, 65535), envvar="TGHOST_METRICS_PORT", default=None,
+                     help="Serve Prometheus metrics on /metrics and health on /health at this port "
+                          "(env TGHOST_METRICS_PORT) [default: off]."),
+        click.option("--metrics-host", envvar="TGHOST_METRICS_HOST", default="127.0.0.1", show_default=True,
+                     help="Address the metrics port binds (env TGHOST_METRICS_HOST); 0.0.0.0 for every interface."),
+        click.option("--audit-log", envvar="TGHOST_AUDIT_LOG", default=None, metavar="PATH",
+                     help="Append one JSON line per call to PATH, or '-' for stderr (env TGHOST_AUDIT_LOG) "
+                          "[default: off]. Argument names only, never config values."),
+        click.option("--audit-arguments", is_flag=True, envvar="TGHOST_AUDIT_ARGUMENTS",
+                     help="Also log argument values in the audit log (env TGHOST_AUDIT_ARGUMENTS)."),
+    ]
+    wrapped: Any = with_operations
+    for option in reversed(options):
+        wrapped = option(wrapped)
+    return cast(F, wrapped)
+
+
+def filter_options(fn: F) -> F:
+    """Seed 001 request groups and state."""
+    fn = click.option("--state", default=None, help="The agent's current state [default: undefined].")(fn)
+    return click.option("--group", "groups", multiple=True,
+                        help="A group the request may use; repeatable; '*' for all [default: default].")(fn)
+
+
+def parse_pairs(pairs: tuple[str, ...], what: str) -> dict[str, Any]:
+    """``k=v`` gives the string ``v``; ``k:=v`` parses ``v`` as JSON (as httpie does)."""
+    values: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or key in ("", ":"):
+            raise click.BadParameter(f"{pair!r} is not KEY=VALUE (or KEY:=JSON)", param_hint=what)
+        if key.endswith(":"):
+            key, raw = key[:-1], json_value(raw, f"{pair!r}: the value after ':='", what)
+        values[key] = raw
+    return values
+
+
+def json_value(text: str, what: str, hint: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise click.BadParameter(f"{what} is not JSON ({exc})", param_hint=hint) from None
+
+
+def require_broker(url: str) -> None:
+    if not is_reachable(url):
+        raise click.ClickException(f"no Pulsar broker answers at {url}: start one with 'tghost run', "
+                                   "or pass --pulsar-url / TGHOST_PULSAR_URL")
+
+
+def open_directory(pulsar: PulsarSettings, topic: str, trusted: TrustedKeys | None) -> ToolDirectory:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    require_broker(pulsar.url)
+    return ToolDirectory(pulsar, topic, trusted=trusted)

@@ -1,0 +1,133 @@
+"""cli.run: ``tghost run``, the host: discover plugins, start the embedded broker if needed,
+serve and announce until a signal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import click
+from pulsar.asyncio import PulsarException
+
+from ..announce import Announcer, HostIdentity
+from ..broker import BrokerError, EmbeddedBroker, PulsarSettings, default_data_dir, ensure_broker
+from ..config import default_config_path, load_config_tools
+from ..discover import Catalog, PluginLoadError, PluginSelection, discover
+from ..host import run_host
+from ..serve import ServeSettings
+from ..trust import KeyFileError, Signer
+from ..watch import WatchSettings
+from .app import cli
+from .options import Operations, operations_options, pulsar_options, selection_options, setup_logging
+
+log = logging.getLogger("tghost")
+
+
+@cli.command()
+@pulsar_options
+@click.option("--data-dir", type=click.Path(path_type=Path), default=None,
+              help=f"Embedded broker data directory [default: {default_data_dir()}].")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=30.0, show_default=True,
+              help="Seconds per call, unless the service descriptor sets its own.")
+@click.option("--max-concurrency", type=click.IntRange(min=1), default=16, show_default=True,
+              help="Calls in flight per service, unless the service descriptor sets its own.")
+@click.option("--max-queue", type=click.IntRange(min=0), default=64, show_default=True,
+              help="Requests per service that may wait for a slot before 'overloaded' replies.")
+@click.option("--grace", type=click.FloatRange(min=0), default=10.0, show_default=True,
+              help="Seconds in-flight calls get to finish on SIGINT/SIGTERM.")
+@click.option("--max-payload", type=click.IntRange(min=1), default=ServeSettings.max_payload, show_default=True,
+              help="Bytes a request may have; a larger one is answered 'bad-request' and never decoded.")
+@click.option("--max-redeliveries", type=click.IntRange(min=0), default=ServeSettings.max_redeliveries,
+              show_default=True, help="Times a request on a persistent topic is invoked again after its host "
+                                      "died mid-call; one more delivery is answered 'redelivery-limit'.")
+@click.option("--stall-threshold", type=click.FloatRange(min=0), default=ServeSettings.stall_threshold,
+              show_default=True, help="Seconds the event loop may be blocked before a warning names the "
+                                      "service blocking it; 0 turns the watchdog off.")
+@click.option("--config", "config_path", type=click.Path(path_type=Path, dir_okay=False), envvar="TGHOST_CONFIG",
+              default=None, help=f"TOML file of extra tools (env TGHOST_CONFIG) [default: {default_config_path()}, "
+                                 "if it exists].")
+@click.option("--lease", type=click.FloatRange(min=0.5, max=86_400), default=30.0, show_default=True,
+              help="Seconds an announcement lives without a heartbeat (heartbeat every lease/3).")
+@click.option("--host-id", envvar="TGHOST_HOST_ID", default=None,
+              help="This host's id in announcements (env TGHOST_HOST_ID) [default: a stable id per host slot].")
+@click.option("--signing-key", type=click.Path(path_type=Path, dir_okay=False), envvar="TGHOST_SIGNING_KEY",
+              default=None, help="Ed25519 private key (.key from 'tghost keygen') to sign announcements with "
+                                 "(env TGHOST_SIGNING_KEY) [default: unsigned].")
+@click.option("--watch-plugins", is_flag=True, envvar="TGHOST_WATCH_PLUGINS",
+              help="Serve plugins pip-installed while running, and withdraw uninstalled ones, with no restart "
+                   "(env TGHOST_WATCH_PLUGINS). An upgraded plugin is logged as 'restart needed'.")
+@click.option("--watch-interval", type=click.FloatRange(min=0, min_open=True), default=2.0, show_default=True,
+              help="With --watch-plugins: seconds between two looks at the installed plugins.")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
+              show_default=True)
+@selection_options
+@operations_options
+def run(pulsar: PulsarSettings, descriptors_topic: str, data_dir: Path | None, timeout: float, max_concurrency: int,
+        max_queue: int, grace: float, max_payload: int, max_redeliveries: int, stall_threshold: float,
+        config_path: Path | None, lease: float, host_id: str | None,
+        signing_key: Path | None, watch_plugins: bool, watch_interval: float, log_level: str,
+        selection: PluginSelection, operations: Operations) -> None:
+    """Serve every installed tool-service plugin on Pulsar.
+
+    If nothing answers at a local --pulsar-url, an embedded pulsar-lite broker is started
+    there. Stops cleanly on Ctrl-C or SIGTERM: no new requests, in-flight calls finish.
+    With --watch-plugins, plugins installed or uninstalled meanwhile are served or withdrawn live.
+    """
+    setup_logging(log_level)
+    signer = _signer(signing_key)
+    try:
+        catalog = discover(selection=selection)
+    except PluginLoadError as exc:
+        raise click.ClickException(str(exc)) from None
+    _add_config_tools(catalog, config_path)
+    for report in catalog.plugins:
+        for error in report.errors:
+            log.error("plugin %s: %s (run 'tghost plugins' for details)", report.name, error)
+    if not catalog.services:
+        log.warning("no tool services to serve: pip install a tghost plugin (see 'tghost plugins')")
+    broker = _start_broker_if_needed(pulsar.url, data_dir)
+    settings = ServeSettings(timeout=timeout, max_concurrency=max_concurrency, max_queue=max_queue, grace=grace,
+                             max_payload=max_payload, max_redeliveries=max_redeliveries,
+                             stall_threshold=stall_threshold)
+    try:
+        with HostIdentity.claim(Path(click.get_app_dir("tghost")), host_id) as identity:
+            announcer = Announcer(catalog, identity, descriptors_topic, lease, signer)
+            with operations.open() as (listeners, monitor):
+                asyncio.run(run_host(catalog, pulsar, settings, announcer, listeners=listeners, monitor=monitor,
+                                     watch=WatchSettings(watch_interval, selection) if watch_plugins else None))
+    except PulsarException as exc:
+        raise click.ClickException(f"Pulsar at {pulsar.url} failed: {exc}; check --pulsar-url "
+                                   "(env TGHOST_PULSAR_URL) and that the broker is up") from None
+    finally:
+        if broker is not None:
+            broker.stop()
+
+
+def _signer(path: Path | None) -> Signer | None:
+    try:
+        return None if path is None else Signer.from_file(path)
+    except KeyFileError as exc:
+        raise click.BadParameter(str(exc), param_hint="--signing-key / TGHOST_SIGNING_KEY") from None
+
+
+def _add_config_tools(catalog: Catalog, path: Path | None) -> None:
+    if path is None:
+        path = default_config_path()
+        if not path.exists():
+            return
+    report = load_config_tools(catalog, path)
+    if report.tools:
+        log.info("config %s: added tools %s", path, ", ".join(report.tools))
+
+
+def _start_broker_if_needed(url: str, data_dir: Path | None) -> EmbeddedBroker | None:
+    try:
+        broker = ensure_broker(url, data_dir)
+    except BrokerError as exc:
+        raise click.ClickException(str(exc)) from None
+    if broker is not None:
+        log.info("nothing answered at %s: started the embedded broker there (data %s, log %s)",
+                 url, broker.data_dir, broker.log_path)
+    return broker
