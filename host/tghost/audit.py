@@ -26,7 +26,7 @@ _INVOKE = ("tool", "groups", "allowed_groups")
 
 
 def audit_entry(record: Any, arguments: bool = False) -> dict[str, Any]:
-    """The audit line of a ``tghost.serve.CallRecord`` or ``tghost.directory.InvokeRecord``,
+    """The audit line of a ``tghost.serve.CallRecord`` or ``tghost.invoke.InvokeRecord``,
     matched on attributes, as a JSON-able dict::
 
         {"time": ISO 8601 UTC, "kind": "call" | "invoke", "request_id", "user", "service",
@@ -59,7 +59,7 @@ def audit_entry(record: Any, arguments: bool = False) -> dict[str, Any]:
 
 class AuditLog:
     """A call listener (host :data:`~tghost.serve.CallListener` or directory
-    :data:`~tghost.directory.InvokeListener`) writing :func:`audit_entry` lines to ``stream``,
+    :data:`~tghost.invoke.InvokeListener`) writing :func:`audit_entry` lines to ``stream``,
     flushed per call. A write that fails is logged once (at ERROR) and the line dropped; the
     call it describes goes on.
     """

@@ -1,7 +1,7 @@
 """directory: the agent's live view of the ``tool-descriptors`` topic. Catches up from the
-earliest message, follows live, expires providers whose lease ran out, filters by seed 001
-group/state, and invokes tools by name. Never imports serve or discover, and never lets a
-bad message on the topic raise or replace a live tool.
+earliest message, follows live, expires providers whose lease ran out and filters by seed 001
+group/state; calls by tool name are :mod:`tghost.invoke`'s. Never imports serve or discover,
+and never lets a bad message on the topic raise or replace a live tool.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import json
 import logging
 import time
 from collections import Counter, defaultdict
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -22,11 +22,19 @@ import pulsar.exceptions
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from . import groups as seed001
-from . import wire
 from .announce import DEFAULT_TOPIC, announcement_key
 from .broker import PulsarSettings
-from .client import ToolCallError, ToolServiceClient
+from .client import ToolServiceClient
 from .descriptors import ToolDescriptor, ToolServiceDescriptor
+from .invoke import (
+    GROUPS_EXCEED_ALLOWED,
+    NOT_AVAILABLE,
+    OK,
+    UNKNOWN_TOOL,
+    InvokeListener,
+    Invoker,
+    InvokeRecord,
+)
 from .trust import TrustedKeys
 
 __all__ = [
@@ -61,13 +69,6 @@ STALE = "stale"
 HIJACK = "hijack"
 """Failed the signature check while naming a tool, tool service or host claimed by a trusted host."""
 
-# Why a call was refused before anything was sent (``ToolDirectory.refusals``).
-UNKNOWN_TOOL = "unknown-tool"
-NOT_AVAILABLE = "not-available"
-GROUPS_EXCEED_ALLOWED = "groups-exceed-allowed"
-
-#: ``InvokeRecord.status`` of a call answered without error.
-OK = "ok"
 #: Announcements larger than this (bytes) are rejected as ``invalid``.
 MAX_ANNOUNCEMENT_BYTES = 1 << 20
 #: Announcements nested deeper than this (JSON objects and arrays) are rejected as ``invalid``.
@@ -150,43 +151,6 @@ class Change:
                 "providers": [p.host["id"] for p in tool.providers] if tool else []}
 
 
-@dataclass(frozen=True)
-class InvokeRecord:
-    """What one :meth:`ToolDirectory.invoke`/:meth:`~ToolDirectory.stream` call came to, handed
-    to every :data:`InvokeListener` once it ends (audit, metrics).
-
-    ``groups`` are the request's groups (``("default",)`` when it gave none), ``allowed_groups``
-    the caller's permitted groups (``None``: not checked). ``state_before``/``state_after`` are
-    seed 001 states; the state moves only on success (:func:`tghost.groups.next_state`).
-    ``status`` is :data:`OK`, ``cancelled`` (the caller stopped reading), the error type of a
-    refusal or error reply (``unknown-tool``, ``not-allowed``, ``timeout``, ...), or the class
-    name of any other exception. ``service`` is ``None`` when the tool is unknown. ``duration``
-    is seconds from the call to its end.
-    """
-
-    tool: str
-    service: str | None
-    user: str | None
-    groups: tuple[str, ...]
-    allowed_groups: tuple[str, ...] | None
-    state_before: str
-    state_after: str
-    status: str
-    duration: float
-
-    def to_json(self) -> dict[str, Any]:
-        """The record as a JSON-able dict (lists for tuples); never holds the arguments."""
-        return {"tool": self.tool, "service": self.service, "user": self.user, "groups": list(self.groups),
-                "allowed_groups": None if self.allowed_groups is None else list(self.allowed_groups),
-                "state_before": self.state_before, "state_after": self.state_after,
-                "status": self.status, "duration": self.duration}
-
-
-#: Called once per invoke/stream with its :class:`InvokeRecord`. Must not block; an exception
-#: is logged and the call goes on.
-InvokeListener = Callable[[InvokeRecord], None]
-
-
 @dataclass
 class _Claim:
     descriptor: ToolDescriptor | ToolServiceDescriptor
@@ -234,9 +198,9 @@ class ToolDirectory:
     cannot tell a dead host from its own outage); once back, each host gets at least a full
     lease plus the outage's length to be heard again (see :meth:`_resume_leases`).
 
-    Calls: ``listeners`` get one :class:`InvokeRecord` per invoke/stream. A call refused
-    before sending is counted in :attr:`refusals` by reason: :data:`UNKNOWN_TOOL`,
-    :data:`NOT_AVAILABLE` (seed 001 group/state filtering) or :data:`GROUPS_EXCEED_ALLOWED`.
+    Calls (:meth:`check`, :meth:`invoke`, :meth:`stream`, :meth:`caller`) are made by an
+    :class:`~tghost.invoke.Invoker` over the live tools: ``listeners`` get one
+    :class:`~tghost.invoke.InvokeRecord` per call, and refusals are counted in :attr:`refusals`.
     """
 
     def __init__(
@@ -253,7 +217,6 @@ class ToolDirectory:
         self.topic = topic
         self.expiry_interval = expiry_interval
         self.trusted = trusted
-        self.listeners = tuple(listeners)
         self.max_clock_skew = max_clock_skew
         self.tools: dict[str, DirectoryTool] = {}
         self.services: dict[str, ServiceEntry] = {}
@@ -261,8 +224,6 @@ class ToolDirectory:
         """Tool name -> the service ids that lost a name conflict (the winner is in ``tools``)."""
         self.rejections: Counter[str] = Counter()
         """Messages on the topic that were not applied, by reason (see the class docstring)."""
-        self.refusals: Counter[str] = Counter()
-        """Calls refused before anything was sent, by reason (see the class docstring)."""
         self._claims: dict[tuple[str, str], dict[str, _Claim]] = defaultdict(dict)
         self._hosts: dict[str, _HostLease] = {}
         self._latest: dict[tuple[str, str, str], float] = {}
@@ -271,8 +232,8 @@ class ToolDirectory:
         self._order = 0
         self._filtered: dict[tuple[tuple[str, ...] | None, str | None], list[ToolDescriptor]] = {}
         self._watchers: list[asyncio.Queue[Change]] = []
-        self._callers: dict[str, ToolServiceClient] = {}
-        self._callers_lock = asyncio.Lock()
+        self.calls = Invoker(self.tools, listeners)
+        """Calls by tool name over :attr:`tools` (:mod:`tghost.invoke`)."""
         self._tasks: list[asyncio.Task[None]] = []
         self._client: pulsar.asyncio.Client | None = None
         self._reader: pulsar.asyncio.Reader | None = None
@@ -290,7 +251,7 @@ class ToolDirectory:
         Raises:
             pulsar.asyncio.PulsarException: the broker did not answer.
         """
-        self._client = await self.pulsar.connect()
+        self._client = self.calls.client = await self.pulsar.connect()
         self._reader = reader = await self._client.create_reader(self.topic, pulsar.MessageId.earliest)
         dirty = await self._catch_up(reader)
         dirty |= self._expire(time.time())  # hosts that died before we came
@@ -327,8 +288,7 @@ class ToolDirectory:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        for caller in self._callers.values():
-            await caller.close()
+        await self.calls.close()
         if self._reader is not None:
             with contextlib.suppress(Exception):
                 await self._reader.close()
@@ -595,134 +555,34 @@ class ToolDirectory:
             while (name in self.tools) != present:
                 await asyncio.sleep(0.02)
 
-    # -- invoking --------------------------------------------------------------------------
+    # -- calls (tghost.invoke) -------------------------------------------------------------
 
-    def check(
-        self,
-        name: str,
-        groups: Sequence[str] | None = None,
-        state: str | None = None,
-        allowed_groups: Sequence[str] | None = None,
-    ) -> DirectoryTool:
-        """The live tool ``name`` if a request with these groups and state may use it.
+    @property
+    def listeners(self) -> tuple[InvokeListener, ...]:
+        """What gets an :class:`~tghost.invoke.InvokeRecord` per call."""
+        return self.calls.listeners
 
-        ``allowed_groups`` are the groups the caller is permitted (seed 001 section 6.1;
-        ``None``: not checked): the request's groups (``["default"]`` when ``None``) must be a
-        subset of them; a requested ``"*"`` needs ``"*"`` allowed, and an allowed ``"*"``
-        permits any group. A refusal is counted in :attr:`refusals`.
+    @property
+    def refusals(self) -> Counter[str]:
+        """Calls refused before anything was sent, by reason (:mod:`tghost.invoke`)."""
+        return self.calls.refusals
 
-        Raises:
-            ToolCallError: ``not-allowed`` if the request's groups exceed the allowed ones or
-                seed 001 filtering excludes the tool, ``unknown-tool`` if it is not live (the
-                message says why).
-        """
-        requested = list(seed001.DEFAULT_GROUPS if groups is None else groups)
-        if allowed_groups is not None and (excess := _excess_groups(requested, allowed_groups)):
-            raise self._refuse(GROUPS_EXCEED_ALLOWED, wire.NOT_ALLOWED, (
-                f"requested groups {requested} exceed allowed {list(allowed_groups)} (not allowed: {excess})"))
-        tool = self.tools.get(name)
-        if tool is None:
-            raise self._refuse(UNKNOWN_TOOL, UNKNOWN_TOOL, f"no live tool named {name!r}; see 'tghost tools'")
-        if not seed001.is_available(tool.descriptor, groups, state):
-            d = tool.descriptor
-            raise self._refuse(NOT_AVAILABLE, wire.NOT_ALLOWED, (
-                f"tool {name!r} is in groups {list(d.group)} and available in states "
-                f"{list(d.available_in_states or ['*'])}; the request has groups {requested} "
-                f"and state {state or seed001.DEFAULT_STATE!r}"))
-        return tool
-
-    def _refuse(self, reason: str, error_type: str, message: str) -> ToolCallError:
-        self.refusals[reason] += 1
-        return ToolCallError(error_type, message)
+    def check(self, name: str, groups: Sequence[str] | None = None, state: str | None = None,
+              allowed_groups: Sequence[str] | None = None) -> DirectoryTool:
+        """:meth:`tghost.invoke.Invoker.check`: the live tool ``name`` if this request may use it."""
+        return self.calls.check(name, groups, state, allowed_groups)
 
     async def caller(self, descriptor: ToolServiceDescriptor) -> ToolServiceClient:
-        """A started client for a service's queues, cached per service id (for ``--service`` calls)."""
-        async with self._callers_lock:
-            caller = self._callers.get(descriptor.id)
-            if caller is None or (caller.request_queue, caller.response_queue) != (
-                    descriptor.request_queue, descriptor.response_queue):
-                assert self._client is not None, "start the directory first"
-                caller = await ToolServiceClient(self._client, descriptor.request_queue,
-                                                 descriptor.response_queue).start()
-                self._callers[descriptor.id] = caller
-            return caller
+        """:meth:`tghost.invoke.Invoker.caller`: a started client for a service's queues."""
+        return await self.calls.caller(descriptor)
 
-    async def stream(
-        self,
-        name: str,
-        arguments: dict[str, Any],
-        *,
-        user: str | None = None,
-        groups: Sequence[str] | None = None,
-        state: str | None = None,
-        allowed_groups: Sequence[str] | None = None,
-        timeout: float = 60.0,
-    ) -> AsyncIterator[str]:
-        """Invoke tool ``name`` and yield its observation chunks. The tool's config values go
-        into the request's ``config``; ``groups``/``state``/``allowed_groups`` are checked as
-        in :meth:`check`. Every listener gets one :class:`InvokeRecord` when the call ends.
+    def stream(self, name: str, arguments: dict[str, Any], **options: Any) -> AsyncIterator[str]:
+        """:meth:`tghost.invoke.Invoker.stream`: invoke tool ``name``, yield observation chunks."""
+        return self.calls.stream(name, arguments, **options)
 
-        Raises:
-            ToolCallError: not allowed, unknown, an error reply, or a timeout (seconds).
-        """
-        started = time.perf_counter()
-        known = self.tools.get(name)
-        tool: DirectoryTool | None = None  # once allowed
-        status = OK
-        try:
-            tool = self.check(name, groups, state, allowed_groups)
-            caller = await self.caller(tool.service.descriptor)
-            async for chunk in caller.stream(tool.descriptor.config, arguments, user=user, timeout=timeout):
-                yield chunk
-        except ToolCallError as exc:
-            status = exc.error_type
-            raise
-        except (asyncio.CancelledError, GeneratorExit):
-            status = "cancelled"
-            raise
-        except Exception as exc:
-            status = type(exc).__name__
-            raise
-        finally:
-            before = state or seed001.DEFAULT_STATE
-            self._notify(InvokeRecord(
-                tool=name, service=known.descriptor.service if known else None, user=user,
-                groups=tuple(seed001.DEFAULT_GROUPS if groups is None else groups),
-                allowed_groups=None if allowed_groups is None else tuple(allowed_groups),
-                state_before=before,
-                state_after=seed001.next_state(tool.descriptor, before, status == OK) if tool else before,
-                status=status, duration=time.perf_counter() - started))
-
-    def _notify(self, record: InvokeRecord) -> None:
-        for listener in self.listeners:
-            try:
-                listener(record)
-            except Exception:
-                log.exception("invoke listener %r failed on a call of %r", listener, record.tool)
-
-    async def invoke(
-        self,
-        name: str,
-        arguments: dict[str, Any],
-        *,
-        user: str | None = None,
-        groups: Sequence[str] | None = None,
-        state: str | None = None,
-        allowed_groups: Sequence[str] | None = None,
-        timeout: float = 60.0,
-    ) -> str:
-        """Invoke tool ``name`` and return the observation string; as :meth:`stream`."""
-        chunks = self.stream(name, arguments, user=user, groups=groups, state=state,
-                             allowed_groups=allowed_groups, timeout=timeout)
-        return "".join([chunk async for chunk in chunks])
-
-
-def _excess_groups(requested: Sequence[str], allowed: Sequence[str]) -> list[str]:
-    """The requested groups that ``allowed`` does not permit (seed 001 section 6.1)."""
-    if seed001.WILDCARD in allowed:
-        return []
-    return [group for group in requested if group not in allowed]
-
+    async def invoke(self, name: str, arguments: dict[str, Any], **options: Any) -> str:
+        """:meth:`tghost.invoke.Invoker.invoke`: invoke tool ``name``, return the observation."""
+        return await self.calls.invoke(name, arguments, **options)
 
 def _decode(data: bytes) -> dict[str, Any]:
     """The JSON object in ``data``; raises :class:`_Rejected` (``invalid``) for anything else."""
