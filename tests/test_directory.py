@@ -13,6 +13,7 @@ import pytest
 
 import tghost
 from tghost.announce import announcement_key
+from tghost.announcement import current_topic
 from tghost.broker import EmbeddedBroker, PulsarSettings
 from tghost.client import ToolCallError
 from tghost.directory import Change, InvokeRecord, ToolDirectory
@@ -209,7 +210,7 @@ async def test_garbage_and_wrong_shapes_on_the_topic_are_counted_and_never_repla
 ) -> None:
     async with LocalHost(pulsar_broker.url, kb_catalog(), announce_as="h", topic=topic) as host:
         assert host.client is not None
-        producer = await host.client.create_producer(topic, batching_enabled=False)
+        producer = await host.client.create_producer(current_topic(topic), batching_enabled=False)
         good = {"kind": "tool", "name": "count", "status": "available", "host": {"id": "h"},
                 "lease": {"seconds": 30, "sent_at": 0}}
         for payload in [b"\xff not json", b"[]", json.dumps({**good, "descriptor": {"name": "count"}}).encode(),
@@ -285,15 +286,15 @@ def test_a_lease_runs_from_publish_time_but_never_from_later_than_sent_at_plus_t
     now = time.time()
     feed(found, announced(kind="tool-service", host="slow", lease=30), publish_time=now)
     feed(found, announced(host="slow", sent_at=now - 50, lease=30), publish_time=now)  # 50 s behind: full lease
-    assert found._hosts["slow"].expires_at == pytest.approx(now + 30)
+    assert found.hosts["slow"].expires_at == pytest.approx(now + 30)
     found._expire(now + 29)
     found._resolve(found._expire(now + 29), "expired")
     assert "count" in found.tools
     late = offline()
     feed(late, announced(kind="tool-service", host="stale", sent_at=now - 1000, lease=30), publish_time=now)
-    assert late._hosts["stale"].expires_at == pytest.approx(now - 1000 + 60 + 30)
+    assert late.hosts["stale"].expires_at == pytest.approx(now - 1000 + 60 + 30)
     late._resolve(late._expire(now), "expired")
-    assert late.services == {} and late._hosts == {}
+    assert late.services == {} and late.hosts == {}
 
 
 def test_after_its_own_outage_a_directory_gives_every_host_a_fresh_lease() -> None:
@@ -321,7 +322,7 @@ async def test_a_replayed_message_on_the_topic_never_resurrects_a_withdrawn_tool
         await found.wait_for("count", present=False)
         client = await PulsarSettings(pulsar_broker.url).connect()
         try:
-            producer = await client.create_producer(topic, batching_enabled=False)
+            producer = await client.create_producer(current_topic(topic), batching_enabled=False)
             stale = [(key, {**v, "lease": {**v["lease"], "sent_at": v["lease"]["sent_at"] - 60}})
                      for key, v in recorded]
             for key, value in stale:

@@ -19,7 +19,8 @@ import pulsar.asyncio
 import pytest
 
 from . import wire
-from .announce import DEFAULT_TOPIC, Announcer, HostIdentity
+from .announce import Announcer, HostIdentity
+from .announcement import DEFAULT_TOPIC, EPOCH_SECONDS
 from .broker import EmbeddedBroker, PulsarSettings, free_port
 from .client import ToolServiceClient
 from .descriptors import ToolServiceDescriptor
@@ -45,9 +46,9 @@ class LocalHost:
     ``async with LocalHost(url, [my_service]) as host: await host.call("my-service", {...})``.
     ``services`` is an iterable of :class:`tghost.ToolService` or a discovered ``Catalog``.
     With ``announce_as`` (a host id) it also announces them on ``topic`` with a ``lease``
-    (seconds), signed by ``signer`` if given (:class:`tghost.trust.Signer`), and withdraws
-    them on exit, as ``tghost run`` does. ``authorize`` is a function with the contract of the
-    ``tghost_authorize`` hook (a ``Catalog`` brings its own).
+    (seconds), signed by ``signer`` if given (:class:`tghost.trust.Signer`), on epochs of
+    ``epoch_seconds``, and withdraws them on exit, as ``tghost run`` does. ``authorize`` is a
+    function with the contract of the ``tghost_authorize`` hook (a ``Catalog`` brings its own).
     """
 
     def __init__(
@@ -61,13 +62,15 @@ class LocalHost:
         topic: str = DEFAULT_TOPIC,
         signer: Signer | None = None,
         authorize: Callable[..., Any] | None = None,
+        epoch_seconds: float = EPOCH_SECONDS,
     ) -> None:
         self.catalog = services if isinstance(services, Catalog) else catalog_of(services, authorize=authorize)
         self.services, self.descriptors = self.catalog.services, self.catalog.descriptors
         self.pulsar = PulsarSettings(url)
         self.server = Server(self.services, self.descriptors, settings, authorize=self.catalog.authorize)
         self.announcer = None if announce_as is None else Announcer(
-            self.catalog, HostIdentity(announce_as, "localhost", os.getpid()), topic, lease, signer)
+            self.catalog, HostIdentity(announce_as, "localhost", os.getpid()), topic, lease, signer,
+            epoch_seconds=epoch_seconds)
         self._clients: dict[str, ToolServiceClient] = {}
         self._lock = asyncio.Lock()
         self.client: pulsar.asyncio.Client | None = None
