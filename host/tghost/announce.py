@@ -165,31 +165,35 @@ class Announcer:
             return None
         return descriptor.to_json_dict(), origins[name].origin_json()
 
-    def _entry_message(self, key: EntryKey, status: str) -> tuple[str, dict[str, Any]] | None:
+    def _entry_message(self, key: EntryKey, status: str, now: float | None = None) -> tuple[str, dict[str, Any]] | None:
         found = self._descriptor(key)
         if found is None:
             return None
         descriptor, plugin = found
-        return self._message(key[0], key[1], descriptor if status == "available" else None, plugin, status)
+        return self._message(key[0], key[1], descriptor if status == "available" else None, plugin, status, now)
 
-    def _messages(self, status: str, keys: Iterable[EntryKey] | None = None) -> Iterator[tuple[str, dict[str, Any]]]:
-        """Everything (or just ``keys``) as ``status``; built as it is sent. An ``available``
-        restatement starts with the host message, a withdrawal ends with it (docs/protocol.md §4.4)."""
+    def _messages(
+        self, status: str, keys: Iterable[EntryKey] | None = None, now: float | None = None
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
+        """Everything (or just ``keys``) as ``status``; built as it is sent (or as at unix time
+        ``now``). An ``available`` restatement starts with the host message, a withdrawal ends
+        with it (docs/protocol.md §4.4)."""
         entries = list(self._since) if keys is None else list(keys)
         if keys is None and status == "available":
-            yield self._message("host", self.identity.id, None, None, status)
+            yield self._message("host", self.identity.id, None, None, status, now)
         for key in entries:
-            message = self._entry_message(key, status)
+            message = self._entry_message(key, status, now)
             if message is not None:
                 yield message
         if keys is None and status == "withdrawn":
-            yield self._message("host", self.identity.id, None, None, status)
+            yield self._message("host", self.identity.id, None, None, status, now)
 
     def _message(
-        self, kind: str, name: str, descriptor: dict[str, Any] | None, plugin: dict[str, Any] | None, status: str
+        self, kind: str, name: str, descriptor: dict[str, Any] | None, plugin: dict[str, Any] | None, status: str,
+        now: float | None = None,
     ) -> tuple[str, dict[str, Any]]:
-        """One announcement (key, value), sent now (docs/protocol.md §4.3)."""
-        now = time.time()
+        """One announcement (key, value) sent at unix time ``now`` (default: now; docs/protocol.md §4.3)."""
+        now = time.time() if now is None else now
         value: dict[str, Any] = {
             "kind": kind,
             "name": name,
