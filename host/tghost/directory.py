@@ -195,6 +195,9 @@ class ToolDirectory:
         self._client: pulsar.asyncio.Client | None = None
         self._window: TopicWindow | None = None
         self._outage_since: float | None = None
+        self.caught_up = 0
+        """How many messages :meth:`start` read to catch up: bounded by the live hosts and one epoch
+        of their heartbeats, never by the topic's history (docs/protocol.md §4.6)."""
         """Since when (unix seconds) a reader is disconnected: nothing expires meanwhile."""
 
     @property
@@ -239,7 +242,7 @@ class ToolDirectory:
     async def _catch_up(self, window: TopicWindow) -> set[Key]:
         """Apply every message now on the window's topics; returns what changed."""
         dirty: set[Key] = set()
-        await window.catch_up(lambda message: dirty.update(self._apply_message(message)))
+        self.caught_up = await window.catch_up(lambda message: dirty.update(self._apply_message(message)))
         return dirty
 
     async def close(self) -> None:
