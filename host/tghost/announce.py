@@ -163,7 +163,10 @@ class Announcer:
             descriptor, origins = catalog.tools.get(name), catalog.tool_origin
         if descriptor is None or name not in origins:
             return None
-        return descriptor.to_json_dict(), origins[name].origin_json()
+        announced = descriptor.to_json_dict()
+        if isinstance(descriptor, ToolDescriptor):
+            announced = {"type": descriptor.type, **announced}  # REQUIRED by seed 000, so sent even when defaulted
+        return announced, origins[name].origin_json()
 
     def _entry_message(self, key: EntryKey, status: str, now: float | None = None) -> tuple[str, dict[str, Any]] | None:
         found = self._descriptor(key)
