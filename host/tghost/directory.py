@@ -231,10 +231,11 @@ class ToolDirectory:
         """
         self._client = self.calls.client = await self.pulsar.connect()
         self._window = window = TopicWindow(self._client, self.topic, self.max_clock_skew, self.epoch_seconds)
+        self.ledger.quiet = True
         dirty = await self._catch_up(window)
         dirty |= self._expire(time.time())  # hosts that died before we came
         self._resolve(dirty, "removed")  # nothing is live yet: all changes are "added"
-        self.ledger.flush_rejections(time.time(), force=True)
+        self.ledger.caught_up(time.time())
         window.follow(self._follow)
         self._tasks = [asyncio.create_task(self._expire_loop(), name="directory expiry")]
         return self

@@ -192,6 +192,9 @@ class Ledger:
         self._instances: dict[Ref, _Instance] = {}
         self._host_instances: dict[str, list[str]] = defaultdict(list)
         self._clashing: dict[str, frozenset[str]] = {}
+        self._logged_clashes: dict[str, frozenset[str]] = {}
+        self.quiet = False
+        """While true (a directory catching up on history), clashes are recorded, not logged."""
         self._skewed_hosts: set[str] = set()
 
     @property
@@ -390,14 +393,31 @@ class Ledger:
         return dirty
 
     def _report_clash(self, host_id: str) -> None:
-        live = frozenset(i for i in self._host_instances[host_id] if self._instances[(host_id, i)].fresh
-                         and not self._instances[(host_id, i)].expired)
-        if self._clashing.get(host_id) != live:
-            who = ", ".join(f"instance {i} (pid {self._instances[(host_id, i)].host.get('pid')} on "
-                            f"{self._instances[(host_id, i)].host.get('hostname') or '?'})" for i in sorted(live))
-            log.warning("host id %r is announced by %d live processes at once: %s; both are kept as providers: "
-                        "give each process its own --host-id (env TGHOST_HOST_ID)", host_id, len(live), who)
-        self._clashing[host_id] = live
+        self._clashing[host_id] = frozenset(i for i in self._host_instances[host_id]
+                                            if self._instances[(host_id, i)].fresh
+                                            and not self._instances[(host_id, i)].expired)
+        if not self.quiet:
+            self._log_clash(host_id)
+
+    def _log_clash(self, host_id: str) -> None:
+        """Warn once per set of clashing instances."""
+        live = self._clashing[host_id]
+        if self._logged_clashes.get(host_id) == live:
+            return
+        self._logged_clashes[host_id] = live
+        who = ", ".join(f"instance {i} (pid {self._instances[(host_id, i)].host.get('pid')} on "
+                        f"{self._instances[(host_id, i)].host.get('hostname') or '?'})" for i in sorted(live))
+        log.warning("host id %r is announced by %d live processes at once: %s; both are kept as providers: "
+                    "give each process its own --host-id (env TGHOST_HOST_ID)", host_id, len(live), who)
+
+    def caught_up(self, now: float) -> None:
+        """End of a catch-up (unix time ``now``): from here on, report as things happen. Logs the
+        rejection summary and the clashes that are still live, not those the history holds."""
+        self.quiet = False
+        self._settle_clashes()
+        for host_id in self._clashing:
+            self._log_clash(host_id)
+        self.flush_rejections(now, force=True)
 
     def _sync(self, ref: Ref, state: _Instance, keys: set[Key]) -> set[Key]:
         """Bring the live claims of ``keys`` in line with the instance's state; returns ``keys``."""
@@ -421,7 +441,8 @@ class Ledger:
         for host_id in [h for h, instances in self._clashing.items()
                         if sum(self._instances[(h, i)].active for i in instances if (h, i) in self._instances) < 2]:
             del self._clashing[host_id]
-            log.info("host id %r: one live process again", host_id)
+            if self._logged_clashes.pop(host_id, None) is not None:
+                log.info("host id %r: one live process again", host_id)
 
 
 def _decode(data: bytes) -> dict[str, Any]:
