@@ -107,8 +107,6 @@ class Change:
                 "providers": [p.host["id"] for p in tool.providers] if tool else []}
 
 
-
-
 class ToolDirectory:
     """The live tool set announced on the epoch topics of ``topic`` (docs/protocol.md §4).
 
