@@ -44,8 +44,9 @@ class RawWire:
     ``async with RawWire(url, descriptor) as raw:`` subscribes to the response queue (before
     any request: a non-persistent topic keeps nothing), then :meth:`send` publishes any bytes
     with any message properties, and :meth:`replies` collects the decoded JSON replies that
-    carry one ``id`` property, up to ``end_of_stream``. Every reply is kept by its ``id``, so
-    several requests may be in flight at once.
+    carry one ``id`` property, up to ``end_of_stream``. From the first :meth:`replies` (or
+    :meth:`raw_replies`) on, every reply is kept by its ``id``, so several requests may be in
+    flight at once; until then :attr:`consumer` is free to read directly.
     """
 
     def __init__(self, url: str, descriptor: ToolServiceDescriptor) -> None:
@@ -58,11 +59,12 @@ class RawWire:
         self.client = await self.pulsar.connect()
         self.consumer = await self.client.subscribe(self.descriptor.response_queue, f"raw-{uuid.uuid4().hex}")
         self.producer = await self.client.create_producer(self.descriptor.request_queue, batching_enabled=False)
-        self._collect = asyncio.create_task(self._receive(), name="raw wire replies")
+        self._collect: asyncio.Task[None] | None = None
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        self._collect.cancel()
+        if self._collect is not None:
+            self._collect.cancel()
         await self.client.close()
 
     async def _receive(self) -> None:
@@ -93,6 +95,8 @@ class RawWire:
         Raises:
             TimeoutError: no reply came within ``timeout`` seconds of the previous one.
         """
+        if self._collect is None:
+            self._collect = asyncio.create_task(self._receive(), name="raw wire replies")
         async with self._arrived:
             got = self._by_id[request_id]
             while not any(_ends(reply) for reply in got):
