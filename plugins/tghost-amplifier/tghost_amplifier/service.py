@@ -91,16 +91,30 @@ class AmplifierToolService(ToolService):
 
     async def _execute(self, arguments: dict[str, Any]) -> str:
         """One call, as Amplifier's orchestrators make it, with their event payloads."""
-        hooks = self.coordinator.hooks
-        verdict = await hooks.emit(TOOL_PRE, {"tool_name": self.id, "tool_input": arguments})
+        verdict = await self._emit(TOOL_PRE, {"tool_name": self.id, "tool_input": arguments})
         if getattr(verdict, "action", None) == "deny":
             raise ToolError(getattr(verdict, "reason", None) or f"a tool:pre hook denied {self.id!r}", wire.NOT_ALLOWED)
         try:
             result = await self.tool_object.execute(arguments)
         except Exception as exc:
-            await hooks.emit(TOOL_ERROR, {"tool_name": self.id, "error": {"type": type(exc).__name__, "msg": str(exc)}})
+            await self._emit(TOOL_ERROR, {"tool_name": self.id, "error": {"type": type(exc).__name__, "msg": str(exc)}})
             raise
-        dump = getattr(result, "model_dump", None)
-        await hooks.emit(TOOL_POST, {"tool_name": self.id, "tool_input": arguments,
-                                     "result": dump() if callable(dump) else to_jsonable_python(result, fallback=str)})
+        if self._heard(TOOL_POST):  # the payload's result costs a dump: only when someone listens
+            await self._emit(TOOL_POST, {"tool_name": self.id, "tool_input": arguments, "result": _dump(result)})
         return observation(self.id, result)
+
+    def _heard(self, event: str) -> bool:
+        """Whether a handler is registered for ``event`` on the module's hooks."""
+        return bool(self.coordinator.hooks.list_handlers(event).get(event))
+
+    async def _emit(self, event: str, data: dict[str, Any]) -> Any:
+        """Emit ``event`` if a handler is registered for it: amplifier-core 2.0.2's ``emit()`` took
+        about 3 ms even with none (measured on the development machine), and an emit no handler
+        hears changes nothing. Returns the ``HookResult``, or ``None``."""
+        return await self.coordinator.hooks.emit(event, data) if self._heard(event) else None
+
+
+def _dump(result: Any) -> Any:
+    """A ``ToolResult`` as the ``tool:post`` payload's ``result`` (JSON-able)."""
+    dump = getattr(result, "model_dump", None)
+    return dump() if callable(dump) else to_jsonable_python(result, fallback=str)
