@@ -28,7 +28,11 @@ __all__ = ["SessionSettings", "TghostTool", "ToolMounter", "mount"]
 log = logging.getLogger(__name__)
 
 
-def _env(name: str, default: str | None = None) -> Callable[[], str | None]:
+def _env(name: str) -> Callable[[], str | None]:
+    return lambda: os.environ.get(name) or None
+
+
+def _env_or(name: str, default: str) -> Callable[[], str]:
     return lambda: os.environ.get(name) or default
 
 
@@ -49,10 +53,10 @@ class SessionSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    pulsar_url: str = Field(default_factory=_env("TGHOST_PULSAR_URL", DEFAULT_URL))
+    pulsar_url: str = Field(default_factory=_env_or("TGHOST_PULSAR_URL", DEFAULT_URL))
     pulsar_token: str | None = Field(default_factory=_env("TGHOST_PULSAR_TOKEN"), repr=False)
     tls_trust_certs: str | None = Field(default_factory=_env("TGHOST_TLS_TRUST_CERTS"))
-    topic: str = Field(default_factory=_env("TGHOST_DESCRIPTORS_TOPIC", DEFAULT_TOPIC))
+    topic: str = Field(default_factory=_env_or("TGHOST_DESCRIPTORS_TOPIC", DEFAULT_TOPIC))
     groups: list[str] | None = None
     state: str | None = None
     trusted_keys: list[Path] = Field(default_factory=list)
