@@ -26,14 +26,24 @@ class ModuleDir:
     def add(self, name: str, source: str, version: str = "1.0") -> str:
         """Write module ``name`` (an entry point name such as ``tool-notes``); returns ``name``."""
         module = "amplifier_test_" + re.sub(r"\W", "_", name)
+        self._write(module, source, f"amplifier-module-{name}", version,
+                    f"[{ENTRY_POINT_GROUP}]\n{name} = {module}:mount\n")
+        return name
+
+    def add_tghost_plugin(self, name: str, source: str) -> EntryPoint:
+        """Write a tghost plugin ``name`` (a ``tghost.plugins`` entry point); returns its entry point."""
+        module = "tghost_test_" + re.sub(r"\W", "_", name)
+        self._write(module, source, f"tghost-test-{name}", "1.0", f"[{TGHOST_GROUP}]\n{name} = {module}\n")
+        return next(ep for ep in entry_points(group=TGHOST_GROUP) if ep.name == name)
+
+    def _write(self, module: str, source: str, distribution: str, version: str, entry_points_txt: str) -> None:
         sys.modules.pop(module, None)
         (self.root / f"{module}.py").write_text(textwrap.dedent(source))
         info = self.root / f"{module}-{version}.dist-info"
         info.mkdir()
-        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: amplifier-module-{name}\nVersion: {version}\n")
-        (info / "entry_points.txt").write_text(f"[{ENTRY_POINT_GROUP}]\n{name} = {module}:mount\n")
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {distribution}\nVersion: {version}\n")
+        (info / "entry_points.txt").write_text(entry_points_txt)
         importlib.invalidate_caches()
-        return name
 
     def module(self, name: str) -> Any:
         """The imported module of ``name`` (after the host loaded it)."""

@@ -299,3 +299,30 @@ async def test_a_tool_that_blocks_its_thread_stalls_only_its_own_module(
     finally:
         release.set()
         catalog.shutdown()
+
+
+GUARD = """
+import tghost
+
+@tghost.hookimpl
+def tghost_authorize(user, service):
+    if service == "shout" and user != "alice":
+        return f"{user} may not shout"
+"""
+
+
+async def test_tghost_authorize_checks_calls_to_amplifier_tools_as_to_any_service(
+    modules: ModuleDir, pulsar_broker: EmbeddedBroker,
+) -> None:
+    modules.add("tool-notes", NOTES)
+    guard = modules.add_tghost_plugin("guard", GUARD)
+    catalog = discover([*amplifier_plugin(), guard], selection=PluginSelection())
+    try:
+        async with LocalHost(pulsar_broker.url, catalog) as host:
+            assert await host.call("shout", {"text": "hi"}, user="alice") == "HI"
+            with pytest.raises(ToolCallError) as denied:
+                await host.call("shout", {"text": "hi"}, user="bob")
+            assert (denied.value.error_type, denied.value.message) == ("not-allowed", "bob may not shout")
+        assert modules.module("tool-notes").EVENTS == [("tool:pre", "shout"), ("tool:post", "shout")]  # bob's: never
+    finally:
+        catalog.shutdown()
