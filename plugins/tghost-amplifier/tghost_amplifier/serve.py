@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import gc
 import logging
+from collections.abc import Callable
 from importlib.metadata import EntryPoint
 from types import SimpleNamespace
 from typing import Any
@@ -39,7 +40,9 @@ def tghost_register_plugins(register: Any, config: dict[str, Any]) -> None:
                  distribution=dist.name if dist else None, version=dist.version if dist else None)
 
 
-def _loader(ep: EntryPoint, config: dict[str, Any]) -> Any:
+def _loader(ep: EntryPoint, config: dict[str, Any]) -> Callable[[], AmplifierModule]:
+    """The ``load()`` the host calls unless the module is blocked: read its settings, import it, mount it."""
+
     def load() -> AmplifierModule:
         settings = ModuleSettings.of(ep.name, config)
         return AmplifierModule(ep.name, ep.load(), settings).mount()
