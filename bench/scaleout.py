@@ -1,5 +1,5 @@
 """Scale-out: one versus two ``tghost run`` processes serving the same echo service, which
-share its requests on one Shared subscription (DESIGN.md, "Subscriptions").
+share its requests on one Shared subscription (docs/protocol.md §2.4).
 
 Throughput at concurrency 64 with one host, then again once a second host has announced
 itself as a provider; the hosts' CPU time per call and each host's share of it (does the

@@ -4,19 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+import pulsar
 import pytest
+from prometheus_client import generate_latest
 
 import tghost
 from tghost.announce import announcement_key
+from tghost.announcement import current_topic
 from tghost.broker import EmbeddedBroker, PulsarSettings
 from tghost.client import ToolCallError
 from tghost.directory import Change, InvokeRecord, ToolDirectory
 from tghost.discover import catalog_of
+from tghost.metrics import HostMetrics
 from tghost.testing import LocalHost
 
 
@@ -209,7 +214,7 @@ async def test_garbage_and_wrong_shapes_on_the_topic_are_counted_and_never_repla
 ) -> None:
     async with LocalHost(pulsar_broker.url, kb_catalog(), announce_as="h", topic=topic) as host:
         assert host.client is not None
-        producer = await host.client.create_producer(topic, batching_enabled=False)
+        producer = await host.client.create_producer(current_topic(topic), batching_enabled=False)
         good = {"kind": "tool", "name": "count", "status": "available", "host": {"id": "h"},
                 "lease": {"seconds": 30, "sent_at": 0}}
         for payload in [b"\xff not json", b"[]", json.dumps({**good, "descriptor": {"name": "count"}}).encode(),
@@ -285,15 +290,15 @@ def test_a_lease_runs_from_publish_time_but_never_from_later_than_sent_at_plus_t
     now = time.time()
     feed(found, announced(kind="tool-service", host="slow", lease=30), publish_time=now)
     feed(found, announced(host="slow", sent_at=now - 50, lease=30), publish_time=now)  # 50 s behind: full lease
-    assert found._hosts["slow"].expires_at == pytest.approx(now + 30)
+    assert found.hosts["slow"].expires_at == pytest.approx(now + 30)
     found._expire(now + 29)
     found._resolve(found._expire(now + 29), "expired")
     assert "count" in found.tools
     late = offline()
     feed(late, announced(kind="tool-service", host="stale", sent_at=now - 1000, lease=30), publish_time=now)
-    assert late._hosts["stale"].expires_at == pytest.approx(now - 1000 + 60 + 30)
+    assert late.hosts["stale"].expires_at == pytest.approx(now - 1000 + 60 + 30)
     late._resolve(late._expire(now), "expired")
-    assert late.services == {} and late._hosts == {}
+    assert late.services == {} and late.hosts == {}
 
 
 def test_after_its_own_outage_a_directory_gives_every_host_a_fresh_lease() -> None:
@@ -321,7 +326,7 @@ async def test_a_replayed_message_on_the_topic_never_resurrects_a_withdrawn_tool
         await found.wait_for("count", present=False)
         client = await PulsarSettings(pulsar_broker.url).connect()
         try:
-            producer = await client.create_producer(topic, batching_enabled=False)
+            producer = await client.create_producer(current_topic(topic), batching_enabled=False)
             stale = [(key, {**v, "lease": {**v["lease"], "sent_at": v["lease"]["sent_at"] - 60}})
                      for key, v in recorded]
             for key, value in stale:
@@ -414,3 +419,166 @@ async def test_every_invoke_and_stream_is_recorded_with_its_state_transition(
     assert all(r.duration >= 0 for r in records)
     assert sum("invoke listener" in r.message and "failed" in r.message for r in caplog.records) == 5
     assert records[0].to_json()["groups"] == ["math"] and "arguments" not in records[0].to_json()
+
+
+# -- the protocol for the long run: conflicts, forgeries, host instances, duplicates, expiry ----
+
+
+async def test_a_service_id_announced_with_other_queues_is_a_conflict_and_never_a_redirect(
+    pulsar_broker: EmbeddedBroker, topic: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    @tghost.tool(service="count", name="count", topic="evil")
+    async def impostor(text: str) -> str:
+        """Count characters."""
+        return "hijacked"
+
+    found = await directory(pulsar_broker, topic)
+    try:
+        async with LocalHost(pulsar_broker.url, kb_catalog(), announce_as="real", topic=topic):
+            await found.wait_for("count")
+            async with LocalHost(pulsar_broker.url, [impostor], announce_as="evil", topic=topic):
+                async with asyncio.timeout(10):
+                    while "tool-service/count" not in found.conflicts:
+                        await asyncio.sleep(0.02)
+                assert found.services["count"].descriptor.request_queue == "non-persistent://tg/request/count"
+                assert [p.host["id"] for p in found.services["count"].providers] == ["real"]
+                assert [p.host["id"] for p in found.tools["count"].providers] == ["real"]  # not the impostor's
+                assert found.conflicts == {"tool-service/count": ["evil"]}
+                assert await found.invoke("count", {"text": "abc"}, groups=["math"]) == "3"
+                late = await directory(pulsar_broker, topic)  # one that catches up agrees
+                try:
+                    assert late.conflicts == found.conflicts
+                    assert late.services["count"].descriptor == found.services["count"].descriptor
+                finally:
+                    await late.close()
+            await asyncio.sleep(0.2)
+            assert found.conflicts == {} and [p.host["id"] for p in found.services["count"].providers] == ["real"]
+    finally:
+        await found.close()
+    warned = [r for r in caplog.records if "announced with other queues or config params" in r.getMessage()]
+    assert len(warned) == 2 and "['evil']" in warned[0].getMessage()  # once by each directory, naming the loser
+
+
+async def test_identical_service_descriptors_from_two_hosts_are_providers_not_a_conflict(
+    pulsar_broker: EmbeddedBroker, topic: str
+) -> None:
+    async with (LocalHost(pulsar_broker.url, kb_catalog(), announce_as="one", topic=topic),
+                LocalHost(pulsar_broker.url, kb_catalog(), announce_as="two", topic=topic)):
+        found = await directory(pulsar_broker, topic)
+        try:
+            assert found.conflicts == {}
+            assert sorted(p.host["id"] for p in found.services["kb"].providers) == ["one", "two"]
+        finally:
+            await found.close()
+
+
+async def forge(client: Any, topic: str, key: str, value: dict[str, Any]) -> None:
+    producer = await client.create_producer(current_topic(topic), batching_enabled=False)
+    await producer.send(json.dumps(value).encode(), partition_key=key)
+    await producer.close()
+
+
+async def test_a_forged_withdrawal_cannot_hide_a_live_host_past_its_next_heartbeat(
+    pulsar_broker: EmbeddedBroker, topic: str
+) -> None:
+    found = await directory(pulsar_broker, topic)
+    try:
+        async with LocalHost(pulsar_broker.url, kb_catalog(), announce_as="h", lease=1.5, topic=topic) as host:
+            await found.wait_for("count")
+            instance = found.tools["count"].providers[0].host["instance"]  # anyone reading the topic sees it
+            assert host.client is not None
+            for kind, name in [("tool", "count"), ("host", "h")]:
+                forged = {"kind": kind, "name": name, "status": "withdrawn", "descriptor": None, "plugin": None,
+                          "host": {"id": "h", "instance": instance}, "lease": {"seconds": 1.5, "sent_at": time.time()}}
+                await forge(host.client, topic, announcement_key(kind, name, "h"), forged)
+                await found.wait_for("count", present=False)
+                await found.wait_for("count", timeout=5)  # back with the host's next heartbeat (every 0.5 s)
+            late = await directory(pulsar_broker, topic)  # reads the forgeries and the heartbeats after them
+            try:
+                assert sorted(late.tools) == ["count", "query-customers", "query-products"]
+            finally:
+                await late.close()
+    finally:
+        await found.close()
+
+
+async def test_two_live_processes_on_one_host_id_are_reported_and_one_leaving_hides_nothing(
+    pulsar_broker: EmbeddedBroker, topic: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    found = await directory(pulsar_broker, topic)
+    first = LocalHost(pulsar_broker.url, kb_catalog(), announce_as="same", lease=0.9, topic=topic)
+    second = LocalHost(pulsar_broker.url, kb_catalog(), announce_as="same", lease=0.9, topic=topic)
+    try:
+        async with first:
+            await found.wait_for("count")
+            async with second:
+                async with asyncio.timeout(10):
+                    while not found.clashes:
+                        await asyncio.sleep(0.02)
+                assert first.announcer is not None and second.announcer is not None
+                instances = sorted([first.announcer.identity.instance, second.announcer.identity.instance])
+                assert found.clashes == {"same": tuple(instances)}
+                assert sorted(p.host["instance"] for p in found.tools["count"].providers) == instances
+                metrics = HostMetrics()
+                metrics.watch_directory(found)
+                assert "tghost_directory_host_id_clashes 1.0" in generate_latest(metrics.registry).decode()
+            await asyncio.sleep(2.0)  # more than two leases after the second one withdrew
+            assert found.clashes == {}
+            assert [p.host["instance"] for p in found.tools["count"].providers] == [first.announcer.identity.instance]
+            late = await directory(pulsar_broker, topic)  # its catch-up reads the clash, over by now
+            try:
+                assert late.clashes == {} and len(late.tools["count"].providers) == 1
+            finally:
+                await late.close()
+    finally:
+        await found.close()
+    assert sum("announced by 2 live processes" in r.getMessage() for r in caplog.records) == 1  # not by late
+
+
+async def test_byte_identical_duplicates_are_counted_and_never_logged(
+    pulsar_broker: EmbeddedBroker, topic: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    found = await directory(pulsar_broker, topic)
+    try:
+        async with LocalHost(pulsar_broker.url, kb_catalog(), announce_as="h", topic=topic) as host:
+            await found.wait_for("count")
+            assert host.client is not None
+            reader = await host.client.create_reader(current_topic(topic), pulsar.MessageId.earliest)
+            sent = [await reader.read_next() for _ in range(host.announcer.sent if host.announcer else 0)]
+            await reader.close()
+            with caplog.at_level(logging.DEBUG, logger="tghost"):
+                for message in sent[-3:]:  # the latest message of three keys, again, byte for byte
+                    await forge(host.client, topic, message.partition_key(), json.loads(message.data()))
+                async with asyncio.timeout(10):
+                    while found.rejections["duplicate"] < 3:
+                        await asyncio.sleep(0.02)
+                found.ledger.flush_rejections(time.time(), force=True)
+            assert found.rejections == {"duplicate": 3}
+            assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    finally:
+        await found.close()
+
+
+async def test_a_directory_started_after_a_host_died_expires_it_within_its_lease(
+    pulsar_broker: EmbeddedBroker, topic: str
+) -> None:
+    host = LocalHost(pulsar_broker.url, kb_catalog(), announce_as="dying", lease=2.0, topic=topic)
+    await host.__aenter__()
+    assert host.announcer is not None and host.announcer._heartbeat is not None
+    host.announcer._heartbeat.cancel()  # the host "dies": no heartbeat, no withdrawal
+    died = time.time()
+    try:
+        late = await directory(pulsar_broker, topic)  # started after the death, within the lease
+        try:
+            assert "count" in late.tools
+            await late.wait_for("count", present=False, timeout=2.0 + 1.0 - (time.time() - died))
+        finally:
+            await late.close()
+        later = await directory(pulsar_broker, topic)  # started after the lease ran out
+        try:
+            assert later.tools == {} and later.hosts == {}
+        finally:
+            await later.close()
+    finally:
+        host.announcer = None
+        await host.__aexit__(None, None, None)

@@ -27,6 +27,7 @@ from pydantic import ValidationError
 
 import tghost
 from tghost.announce import Announcer, HostIdentity, announcement_key
+from tghost.announcement import current_topic
 from tghost.broker import EmbeddedBroker, PulsarSettings
 from tghost.descriptors import ToolDescriptor
 from tghost.directory import ToolDirectory
@@ -208,13 +209,13 @@ def test_bad_messages_are_counted_and_never_touch_the_live_tool(mode: str, bad: 
     sent = SENT[mode]
     found = live_directory(mode == "trusted", sent)
     tool, service = found.tools["count"], found.services["count"]
-    lease = found._hosts["h"].expires_at
+    lease = found.hosts["h"].expires_at
     for n, message in enumerate(bad, start=1):
         dirty = found._apply(message.make(sent), time.time(), message.key(sent))
         found._resolve(dirty, "removed")
         assert found.rejected == n, message.what
     assert found.tools == {"count": tool} and found.services == {"count": service}
-    assert found._hosts["h"].expires_at == lease  # no replay renewed the lease
+    assert found.hosts["h"].expires_at == lease  # no replay renewed the lease
 
 
 # -- through a real topic ------------------------------------------------------------------
@@ -234,14 +235,14 @@ async def live(pulsar_broker: EmbeddedBroker) -> AsyncIterator[Live]:
     topic = f"persistent://tg/config/fuzz-{uuid.uuid4().hex[:8]}"
     async with LocalHost(pulsar_broker.url, [count], announce_as="h", topic=topic) as host:
         assert host.client is not None
-        reader = await host.client.create_reader(topic, pulsar.MessageId.earliest)
+        reader = await host.client.create_reader(current_topic(topic), pulsar.MessageId.earliest)
         sent = []
         while await reader.has_message_available():
             message = await reader.read_next()
             sent.append((message.partition_key(), json.loads(message.data())))
         await reader.close()
         found = await ToolDirectory(PulsarSettings(pulsar_broker.url), topic).start()
-        producer = await host.client.create_producer(topic, batching_enabled=False)
+        producer = await host.client.create_producer(current_topic(topic), batching_enabled=False)
         try:
             yield Live(found, producer, sent)
         finally:

@@ -20,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import tghost
 from tghost.announce import Announcer, HostIdentity
+from tghost.announcement import current_topic
 from tghost.broker import EmbeddedBroker, PulsarSettings, free_port
 from tghost.client import ToolCallError, ToolServiceClient
 from tghost.directory import ToolDirectory
@@ -220,7 +221,7 @@ async def test_directory_metrics_count_tools_by_group_and_rejections(pulsar_brok
                                  trusted=TrustedKeys([Ed25519PrivateKey.generate().public_key()]))
         async with ToolDirectory(PulsarSettings(pulsar_broker.url), topic) as open_directory, trusting:
             client = await PulsarSettings(pulsar_broker.url).connect()
-            producer = await client.create_producer(topic, batching_enabled=False)
+            producer = await client.create_producer(current_topic(topic), batching_enabled=False)
             await producer.send(b"not json", partition_key="garbage")
             await client.close()
             async with asyncio.timeout(10):

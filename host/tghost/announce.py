@@ -1,8 +1,9 @@
-"""announce: publish what this host serves on the ``tool-descriptors`` topic, renew its lease
-by heartbeat, announce again after a reconnect, and withdraw it before shutdown (DESIGN.md,
-"Announcement protocol"); with a signing key every value is signed (:mod:`tghost.trust`).
+"""announce: publish what this host serves on the announcement topics: everything on start, on
+every new epoch's topic and after a reconnect; a heartbeat with the manifest every lease/3;
+withdrawals before shutdown (docs/protocol.md §4.4). With a signing key every value is signed
+(:mod:`tghost.trust`).
 
-Never serves requests and never reads the topic: the directory does that.
+Never serves requests and never reads the topics: the directory does that.
 """
 
 from __future__ import annotations
@@ -16,36 +17,49 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 import pulsar.asyncio
 
 from . import __version__
+from .announcement import DEFAULT_TOPIC, EPOCH_SECONDS, announcement_key, epoch_of, epoch_topic
+from .descriptors import ToolDescriptor, ToolServiceDescriptor
 from .discover import Catalog
 from .trust import Signer
 
 __all__ = ["DEFAULT_TOPIC", "Announcer", "HostIdentity", "announcement_key"]
 
-DEFAULT_TOPIC = "persistent://tg/config/tool-descriptors"
-#: Seconds between checks of the producer's connection (a reconnect triggers a re-announce).
+#: Seconds between checks of the producer's connection and of the epoch (a reconnect or a new
+#: epoch triggers a restatement).
 CONNECTION_CHECK = 0.2
 log = logging.getLogger(__name__)
+
+#: (kind, name) of an announced tool service or tool.
+EntryKey = tuple[str, str]
+
+
+def _new_instance() -> str:
+    return uuid.uuid4().hex[:16]
 
 
 @dataclass(frozen=True)
 class HostIdentity:
-    """Who serves: ``id`` is stable across restarts of the same host slot on this machine."""
+    """Who serves: ``id`` is stable across restarts of the same host slot on this machine;
+    ``instance`` is new for every process (docs/protocol.md §4.3), so a directory can tell a
+    restart, and two processes wrongly sharing one id, from one host."""
 
     id: str
     hostname: str
     pid: int
     version: str = __version__
+    instance: str = field(default_factory=_new_instance)
 
     def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, "hostname": self.hostname, "pid": self.pid, "version": self.version}
+        return {"id": self.id, "hostname": self.hostname, "pid": self.pid, "version": self.version,
+                "instance": self.instance}
 
     @classmethod
     @contextlib.contextmanager
@@ -87,20 +101,24 @@ def _lock_free_slot(slots: Path) -> tuple[IO[str], str]:
     raise RuntimeError(f"no free host slot in {slots}")
 
 
-def announcement_key(kind: str, name: str, host_id: str) -> str:
-    """The message key: ``<kind>/<name>@<host-id>``, one per provider, so compaction keeps each
-    provider's latest state. ``kind`` is ``tool-service``, ``tool`` or ``host`` (name = host id)."""
-    return f"{kind}/{name}@{host_id}"
+def _catalog_keys(catalog: Catalog) -> list[EntryKey]:
+    """The catalog's entries, services first; read from a snapshot, since a live plugin install
+    (:mod:`tghost.watch`) may change the catalog meanwhile."""
+    return ([("tool-service", sid) for sid in list(catalog.descriptors)]
+            + [("tool", name) for name in list(catalog.tools)])
 
 
 class Announcer:
     """Publishes a catalog's descriptors with this host's identity, plugin origin and lease.
 
-    ``lease`` is seconds; a heartbeat every ``lease / 3`` seconds renews it. The producer's
-    connection is checked every :data:`CONNECTION_CHECK` seconds (or lease/3 if shorter):
-    once it is back after any disconnect, everything is announced again, since a directory
-    may have expired this host meanwhile. With a ``signer`` every value is signed
-    (:mod:`tghost.trust` gives the format); ``sent`` counts the messages published.
+    ``lease`` is seconds; a heartbeat (the host message, with the manifest) every ``lease / 3``
+    seconds renews it. Messages go to the topic of the current epoch of ``topic``
+    (``epoch_seconds`` long; :func:`tghost.announcement.epoch_topic`); the first message on a
+    new epoch's topic starts a restatement of everything. The producer's connection is checked
+    every :data:`CONNECTION_CHECK` seconds (or lease/3 if shorter): once it is back after any
+    disconnect, everything is announced again, since a directory may have expired this host
+    meanwhile. With a ``signer`` every value is signed (:mod:`tghost.trust` gives the format);
+    ``sent`` counts the messages published.
     """
 
     def __init__(
@@ -110,80 +128,162 @@ class Announcer:
         topic: str = DEFAULT_TOPIC,
         lease: float = 30.0,
         signer: Signer | None = None,
+        *,
+        epoch_seconds: float = EPOCH_SECONDS,
     ) -> None:
         self.catalog = catalog
         self.identity = identity
         self.topic = topic
         self.lease = lease
         self.signer = signer
+        self.epoch_seconds = epoch_seconds
         self.sent = 0
+        self._started_at = time.time()
+        #: What this instance announces now, and since when (unix seconds): the manifest.
+        self._since: dict[EntryKey, float] = dict.fromkeys(_catalog_keys(catalog), self._started_at)
+        self._client: pulsar.asyncio.Client | None = None
         self._producer: pulsar.asyncio.Producer | None = None
+        self._epoch: int | None = None
         self._heartbeat: asyncio.Task[None] | None = None
         self._sending = asyncio.Lock()
 
-    def _messages(self, status: str) -> Iterator[tuple[str, dict[str, Any]]]:
-        yield self._message("host", self.identity.id, None, None, status)
-        yield from self._entries(self.catalog, status)
+    # -- messages --------------------------------------------------------------------------
 
-    def _entries(self, catalog: Catalog, status: str) -> Iterator[tuple[str, dict[str, Any]]]:
-        """The messages of ``catalog``'s services and tools; read from a snapshot, since a live
-        plugin install (:mod:`tghost.watch`) may change the catalog between two sends."""
-        for sid, descriptor in list(catalog.descriptors.items()):
-            origin = catalog.service_origin[sid]
-            yield self._message("tool-service", sid, descriptor.to_json_dict(), origin.origin_json(), status)
-        for name, tool in list(catalog.tools.items()):
-            origin = catalog.tool_origin[name]
-            yield self._message("tool", name, tool.to_json_dict(), origin.origin_json(), status)
+    def _manifest(self) -> dict[str, list[str]]:
+        return {kind: sorted(name for k, name in self._since if k == kind) for kind in ("tool-service", "tool")}
+
+    def _descriptor(self, key: EntryKey) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        """The descriptor and plugin origin (JSON) of an entry, or ``None`` if the catalog no longer has it."""
+        kind, name = key
+        catalog = self.catalog
+        descriptor: ToolServiceDescriptor | ToolDescriptor | None
+        if kind == "tool-service":
+            descriptor, origins = catalog.descriptors.get(name), catalog.service_origin
+        else:
+            descriptor, origins = catalog.tools.get(name), catalog.tool_origin
+        if descriptor is None or name not in origins:
+            return None
+        announced = descriptor.to_json_dict()
+        if isinstance(descriptor, ToolDescriptor):
+            announced = {"type": descriptor.type, **announced}  # REQUIRED by seed 000, so sent even when defaulted
+        return announced, origins[name].origin_json()
+
+    def _entry_message(self, key: EntryKey, status: str, now: float | None = None) -> tuple[str, dict[str, Any]] | None:
+        found = self._descriptor(key)
+        if found is None:
+            return None
+        descriptor, plugin = found
+        return self._message(key[0], key[1], descriptor if status == "available" else None, plugin, status, now)
+
+    def _messages(
+        self, status: str, keys: Iterable[EntryKey] | None = None, now: float | None = None
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
+        """Everything (or just ``keys``) as ``status``; built as it is sent (or as at unix time
+        ``now``). An ``available`` restatement starts with the host message, a withdrawal ends
+        with it (docs/protocol.md §4.4)."""
+        entries = list(self._since) if keys is None else list(keys)
+        if keys is None and status == "available":
+            yield self._message("host", self.identity.id, None, None, status, now)
+        for key in entries:
+            message = self._entry_message(key, status, now)
+            if message is not None:
+                yield message
+        if keys is None and status == "withdrawn":
+            yield self._message("host", self.identity.id, None, None, status, now)
 
     def _message(
-        self, kind: str, name: str, descriptor: dict[str, Any] | None, plugin: dict[str, Any] | None, status: str
+        self, kind: str, name: str, descriptor: dict[str, Any] | None, plugin: dict[str, Any] | None, status: str,
+        now: float | None = None,
     ) -> tuple[str, dict[str, Any]]:
-        value = {
+        """One announcement (key, value) sent at unix time ``now`` (default: now; docs/protocol.md §4.3)."""
+        now = time.time() if now is None else now
+        value: dict[str, Any] = {
             "kind": kind,
             "name": name,
             "status": status,
             "descriptor": descriptor,
             "host": self.identity.to_json(),
             "plugin": plugin,
-            "lease": {"seconds": self.lease, "sent_at": time.time()},
+            "lease": {"seconds": self.lease, "sent_at": now},
+            "since": min(now, self._started_at if kind == "host" else self._since.get((kind, name), now)),
         }
+        if kind == "host" and status == "available":
+            value["entries"] = self._manifest()
         if self.signer is not None:
             value = self.signer.sign(value)
         return announcement_key(kind, name, self.identity.id), value
 
+    # -- sending ---------------------------------------------------------------------------
+
     async def _send(self, key: str, value: dict[str, Any]) -> None:
+        """Send one message on the current epoch's topic (hold ``_sending``)."""
         assert self._producer is not None
-        async with self._sending:  # the heartbeat and a live plugin install may send at once
-            await self._producer.send(json.dumps(value).encode(), partition_key=key)
+        await self._producer.send(json.dumps(value).encode(), partition_key=key)
         self.sent += 1
 
-    async def _publish(self, status: str) -> None:
+    async def _send_all(self, messages: Iterable[tuple[str, dict[str, Any]]]) -> None:
         # One send at a time: with sends pipelined, pulsar-lite 0.2.0 delivered some messages
         # up to nine times to a reader tailing the topic (seen here; Apache Pulsar does not).
-        for key, value in self._messages(status):
+        for key, value in messages:
             await self._send(key, value)
+
+    async def _roll(self) -> bool:
+        """Move to the current epoch's topic if the epoch changed (or none is open yet), and
+        restate everything there. Returns whether it restated. Hold ``_sending``.
+
+        Raises:
+            pulsar.asyncio.PulsarException: the producer could not be created or a send failed.
+        """
+        epoch = epoch_of(time.time(), self.epoch_seconds)
+        if epoch == self._epoch and self._producer is not None:
+            return False
+        assert self._client is not None
+        producer = await self._client.create_producer(epoch_topic(self.topic, epoch), batching_enabled=False)
+        old, self._producer = self._producer, producer
+        if old is not None:
+            with contextlib.suppress(Exception):
+                await old.close()
+        await self._send_all(self._messages("available"))
+        self._epoch = epoch  # only now: a restatement cut short by a failed send is sent again
+        return True
+
+    async def _emit(self, messages: Iterable[tuple[str, dict[str, Any]]], *, restatement: bool = False) -> None:
+        """Send ``messages`` (built lazily, under the send lock, so each carries the send time and
+        the manifest of that moment) on the current epoch's topic. A ``restatement`` that a new
+        epoch already caused is not sent twice."""
+        async with self._sending:  # the heartbeat and a live plugin install may send at once
+            if await self._roll() and restatement:
+                return
+            await self._send_all(messages)
 
     def is_connected(self) -> bool:
         """Whether the announcement producer is connected to the broker now (False before start)."""
         return self._producer is not None and bool(self._producer.is_connected())
 
+    # -- lifecycle -------------------------------------------------------------------------
+
     async def start(self, client: pulsar.asyncio.Client) -> None:
-        """Announce everything as ``available`` and start the heartbeat.
+        """Announce everything as ``available`` on the current epoch's topic and start the heartbeat.
 
         Raises:
             pulsar.asyncio.PulsarException: the producer could not be created or a send failed.
         """
-        self._producer = await client.create_producer(self.topic, batching_enabled=False)
-        await self._publish("available")
-        log.info("announced %d service(s), %d tool(s) on %s as host %s (lease %ss%s)",
-                 len(self.catalog.descriptors), len(self.catalog.tools), self.topic, self.identity.id, self.lease,
+        self._client = client
+        self._started_at = time.time()
+        self._since = dict.fromkeys(self._since, self._started_at)
+        async with self._sending:
+            await self._roll()
+        log.info("announced %d service(s), %d tool(s) on %s as host %s, instance %s (lease %ss%s)",
+                 len(self.catalog.descriptors), len(self.catalog.tools), epoch_topic(self.topic, self._epoch or 0),
+                 self.identity.id, self.identity.instance, self.lease,
                  f", signed by key {self.signer.key_id}" if self.signer else ", unsigned")
         self._heartbeat = asyncio.create_task(self._beat(), name="announce heartbeat")
 
     async def publish(self, part: Catalog, status: str) -> None:
         """Announce (``status`` ``available``) or withdraw (``withdrawn``) only the services and
         tools of ``part``, a sub-catalog: a plugin installed or uninstalled while the host runs
-        (:mod:`tghost.watch`). Keep :attr:`catalog` in step, since a reconnect announces it again.
+        (:mod:`tghost.watch`). Merge ``part`` into :attr:`catalog` before announcing it, and drop
+        it after withdrawing it. The manifest changes before the first message is sent.
 
         Raises:
             RuntimeError: before :meth:`start`.
@@ -191,8 +291,14 @@ class Announcer:
         """
         if self._producer is None:
             raise RuntimeError("Announcer.publish() before Announcer.start()")
-        for key, value in self._entries(part, status):
-            await self._send(key, value)
+        keys = _catalog_keys(part)
+        if status == "available":
+            now = time.time()
+            self._since.update((key, self._since.get(key, now)) for key in keys)
+        else:
+            for key in keys:
+                self._since.pop(key, None)
+        await self._emit(self._messages(status, keys))
         log.info("%s %d service(s), %d tool(s) on %s", "announced" if status == "available" else "withdrew",
                  len(part.descriptors), len(part.tools), self.topic)
 
@@ -204,15 +310,18 @@ class Announcer:
         was_connected = True
         while True:
             await asyncio.sleep(min(interval, CONNECTION_CHECK))
-            connected = self._producer.is_connected()
+            connected = self.is_connected()
             try:
                 if connected and not was_connected:
                     log.info("broker connection is back: announcing again")
-                    await self._publish("available")
+                    await self._emit(self._messages("available"), restatement=True)
                     due = loop.time() + interval
                 elif connected and loop.time() >= due:
-                    await self._send(*self._message("host", self.identity.id, None, None, "available"))
+                    await self._emit([self._message("host", self.identity.id, None, None, "available")])
                     due = loop.time() + interval
+                elif connected and epoch_of(time.time(), self.epoch_seconds) != self._epoch:
+                    async with self._sending:
+                        await self._roll()
             except pulsar.asyncio.PulsarException as exc:
                 log.warning("heartbeat failed (%s); will announce again when connected", exc)
                 connected = False
@@ -221,7 +330,7 @@ class Announcer:
             was_connected = connected
 
     async def withdraw(self) -> None:
-        """Stop the heartbeat and announce every entry as ``withdrawn``. Errors are logged."""
+        """Stop the heartbeat, then withdraw every entry and last the host itself. Errors are logged."""
         if self._heartbeat is not None:
             self._heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -229,7 +338,8 @@ class Announcer:
         if self._producer is None:
             return
         try:
-            await self._publish("withdrawn")
+            async with self._sending:
+                await self._send_all(self._messages("withdrawn"))
             log.info("withdrew everything this host announced")
         except pulsar.asyncio.PulsarException as exc:
             log.warning("could not withdraw (%s); entries expire after the %ss lease", exc, self.lease)

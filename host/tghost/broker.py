@@ -1,5 +1,5 @@
 """broker: reach Pulsar. Clients for the cluster named by ``--pulsar-url``, or an embedded
-pulsar-lite broker for local use and tests (DESIGN.md, "The broker").
+pulsar-lite broker for local use and tests (its limits: docs/protocol.md §4.10).
 
 Never knows about plugins, services or tools.
 """

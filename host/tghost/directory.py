@@ -1,7 +1,9 @@
-"""directory: the agent's live view of the ``tool-descriptors`` topic. Catches up from the
-earliest message, follows live, expires providers whose lease ran out and filters by seed 001
-group/state; calls by tool name are :mod:`tghost.invoke`'s. Never imports serve or discover,
-and never lets a bad message on the topic raise or replace a live tool.
+"""directory: the agent's live view of the announcements (docs/protocol.md §4.6-4.8). Resolves
+the live claims of its :class:`~tghost.ledger.Ledger` into tools and services (conflicts
+included), emits change events, expires instances whose lease ran out and filters by seed 001
+group/state. Reading the epoch topics is :mod:`tghost.window`'s, applying each message the
+ledger's, calls by tool name :mod:`tghost.invoke`'s. Never imports serve or discover, and never
+lets a bad message on the topic raise or replace a live tool.
 """
 
 from __future__ import annotations
@@ -13,16 +15,14 @@ import logging
 import time
 from collections import Counter, defaultdict
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import pulsar
 import pulsar.asyncio
-import pulsar.exceptions
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from . import groups as seed001
-from .announce import DEFAULT_TOPIC, announcement_key
+from .announcement import DEFAULT_TOPIC, EPOCH_SECONDS
 from .broker import PulsarSettings
 from .client import ToolServiceClient
 from .descriptors import ToolDescriptor, ToolServiceDescriptor
@@ -35,9 +35,25 @@ from .invoke import (
     Invoker,
     InvokeRecord,
 )
+from .ledger import (
+    DUPLICATE,
+    HIJACK,
+    INVALID,
+    MAX_ANNOUNCEMENT_BYTES,
+    MAX_DEPTH,
+    STALE,
+    Claim,
+    HostLease,
+    Key,
+    Ledger,
+    Provider,
+    Ref,
+)
 from .trust import TrustedKeys
+from .window import TopicWindow
 
 __all__ = [
+    "DUPLICATE",
     "GROUPS_EXCEED_ALLOWED",
     "HIJACK",
     "INVALID",
@@ -49,6 +65,7 @@ __all__ = [
     "UNKNOWN_TOOL",
     "Change",
     "DirectoryTool",
+    "HostLease",
     "InvokeListener",
     "InvokeRecord",
     "Provider",
@@ -57,67 +74,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-# Why a message on the topic was not applied (``ToolDirectory.rejections``); with trusted keys
-# also tghost.trust's ``unsigned``, ``bad-signature`` and ``unknown-key``.
-INVALID = "invalid"
-"""Not an announcement: undecodable, wrong shape, invalid descriptor, too large, too deep, a
-message key that does not match the value, or sent (by the host's clock) more than
-``max_clock_skew`` after the broker published it."""
-STALE = "stale"
-"""Not newer (``lease.sent_at``) than one already applied for the same kind, name and host."""
-HIJACK = "hijack"
-"""Failed the signature check while naming a tool, tool service or host claimed by a trusted host."""
-
-#: Announcements larger than this (bytes) are rejected as ``invalid``.
-MAX_ANNOUNCEMENT_BYTES = 1 << 20
-#: Announcements nested deeper than this (JSON objects and arrays) are rejected as ``invalid``.
-MAX_DEPTH = 32
-
-
-class _Lease(BaseModel):
-    model_config = ConfigDict(strict=True)
-    seconds: float = Field(gt=0, le=86_400, allow_inf_nan=False)
-    sent_at: float = Field(ge=0, allow_inf_nan=False)
-
-
-class _Host(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    id: str = Field(min_length=1)
-    hostname: str = ""
-    pid: int = 0
-    version: str = ""
-
-
-class _Announcement(BaseModel):
-    """One message on the topic (the announcement protocol in DESIGN.md; ``signature`` is
-    checked before this model, see :mod:`tghost.trust`)."""
-
-    kind: Literal["host", "tool-service", "tool"]
-    name: str = Field(min_length=1)
-    status: Literal["available", "withdrawn"]
-    descriptor: dict[str, Any] | None = None
-    host: _Host
-    plugin: dict[str, Any] | None = None
-    lease: _Lease
-
-
-class _Rejected(Exception):
-    """A message that is not applied: ``reason`` is the counter key, ``detail`` the log text."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(detail)
-        self.reason = reason
-        self.detail = detail
-
-
-@dataclass(frozen=True)
-class Provider:
-    """A host that announced an entry: its identity and the plugin the entry came from."""
-
-    host: dict[str, Any]
-    plugin: dict[str, Any] | None
-
 
 @dataclass(frozen=True)
 class ServiceEntry:
@@ -151,50 +107,46 @@ class Change:
                 "providers": [p.host["id"] for p in tool.providers] if tool else []}
 
 
-@dataclass
-class _Claim:
-    descriptor: ToolDescriptor | ToolServiceDescriptor
-    provider: Provider
-    order: int
-
-
-@dataclass
-class _HostLease:
-    expires_at: float
-    seconds: float
-    names: set[tuple[str, str]] = field(default_factory=set)
-
-
 class ToolDirectory:
-    """The live tool set announced on ``topic``.
+    """The live tool set announced on the epoch topics of ``topic`` (docs/protocol.md §4).
 
     ``async with ToolDirectory(PulsarSettings(url)) as directory:`` catches up, then follows.
-    ``expiry_interval`` is how often (seconds) leases are checked.
+    ``expiry_interval`` is how often (seconds) leases are checked; ``epoch_seconds`` must be
+    the hosts' (:data:`tghost.announcement.EPOCH_SECONDS`).
 
     Trust: with ``trusted`` keys only announcements signed by one of them are applied
     (format in :mod:`tghost.trust`); without, every well-formed one is (open mode). Every
-    message that is not applied is logged and counted in :attr:`rejections` by reason:
-    :data:`INVALID`, :data:`STALE`, ``unsigned``, ``bad-signature``, ``unknown-key``, or
-    :data:`HIJACK` when a message failing the signature check names a tool, tool service
-    or host that a trusted announcement claims now (one reason per message; the log names
-    the signature reason too).
-    Signatures protect the values, not the topic's key space: restrict who may publish on
-    the topic (Pulsar authorization) so that compaction cannot drop a host's entries.
+    message that is not applied is counted in :attr:`rejections` by reason: :data:`INVALID`,
+    :data:`STALE`, :data:`DUPLICATE`, ``unsigned``, ``bad-signature``, ``unknown-key``, or
+    :data:`HIJACK` when a message failing the signature check names a tool, tool service or
+    host that a trusted announcement claims now (one reason per message). The log gets a
+    summary, one line per reason, at most every ``report_interval`` seconds (duplicates are
+    never logged). Signatures protect the values, not the topic's key space: restrict who may
+    publish on the topics (Pulsar authorization) so that compaction cannot drop a host's entries.
+
+    Host instances (docs/protocol.md §4.7): each process announcing under a host id is an
+    instance; a new one replaces the older ones of its id. If a replaced one speaks again, two
+    live processes share the id: both stay providers, :attr:`clashes` lists them and the log
+    says so once. A host message's manifest (``entries``) is the instance's word on what it
+    announces: it restores an entry a withdrawal hid and hides one it no longer lists.
+
+    Conflicts (docs/protocol.md §4.8): a tool service announced with other queues or config
+    params than the claim announced first (lowest ``since``), or a tool announced over another
+    service or with other config values, loses; it is listed in :attr:`conflicts` and logged.
 
     Ordering and clocks: ``lease.sent_at`` (the host's clock) orders the messages of one
-    (kind, name, host); one not newer than the newest applied is :data:`STALE`, so a replayed
-    ``available`` never undoes a later ``withdrawn``. A lease runs from the broker's publish
-    time (one clock for every host, capped at this directory's now), but never from later
-    than ``sent_at + max_clock_skew``. The trade-off: hosts whose clocks are behind the
-    broker's by up to ``max_clock_skew`` seconds keep their full lease; a host further
-    behind gets a shorter one (logged once per host), and in exchange a verbatim replay of
-    an old message can keep a dead host's entries alive for at most ``max_clock_skew`` plus
-    its lease after the host sent it. A message sent more than ``max_clock_skew`` after its
-    publish time is :data:`INVALID` (a clock far ahead would otherwise make every later
-    message of that key stale). A host whose clock steps back across a restart is ignored
-    as stale until its clock passes the last message it sent.
+    (kind, name, host instance); one not newer than the newest applied is :data:`STALE`, so a
+    replayed ``available`` never undoes a later ``withdrawn``. A lease runs from the broker's
+    publish time (one clock for every host, capped at this directory's now), but never from
+    later than ``sent_at + max_clock_skew``. The trade-off: hosts whose clocks are behind the
+    broker's by up to ``max_clock_skew`` seconds keep their full lease; a host further behind
+    gets a shorter one (logged once per host), and in exchange a verbatim replay of an old
+    message can keep a dead host's entries alive for at most ``max_clock_skew`` plus its lease
+    after the host sent it. A message sent more than ``max_clock_skew`` after its publish time
+    is :data:`INVALID` (a clock far ahead would otherwise make every later message of that key
+    stale). ``max_clock_skew`` also widens the window of epochs read.
 
-    While this directory's reader is disconnected from the broker it expires nothing (it
+    While this directory's readers are disconnected from the broker it expires nothing (it
     cannot tell a dead host from its own outage); once back, each host gets at least a full
     lease plus the outage's length to be heard again (see :meth:`_resume_leases`).
 
@@ -212,74 +164,84 @@ class ToolDirectory:
         trusted: TrustedKeys | None = None,
         listeners: Sequence[InvokeListener] = (),
         max_clock_skew: float = 60.0,
+        epoch_seconds: float = EPOCH_SECONDS,
+        report_interval: float = 60.0,
     ) -> None:
         self.pulsar = pulsar_settings
         self.topic = topic
         self.expiry_interval = expiry_interval
         self.trusted = trusted
         self.max_clock_skew = max_clock_skew
+        self.epoch_seconds = epoch_seconds
         self.tools: dict[str, DirectoryTool] = {}
         self.services: dict[str, ServiceEntry] = {}
         self.conflicts: dict[str, list[str]] = {}
-        """Tool name -> the service ids that lost a name conflict (the winner is in ``tools``)."""
-        self.rejections: Counter[str] = Counter()
+        """Tool name -> the service ids whose claims lost a conflict over it; ``tool-service/<id>``
+        -> the host ids whose descriptor of that service lost (the winners are in :attr:`tools`
+        and :attr:`services`)."""
+        self.ledger = Ledger(topic, trusted, max_clock_skew, report_interval)
+        """What every host instance announced, and the live claims (:mod:`tghost.ledger`)."""
+        self.rejections: Counter[str] = self.ledger.rejections
         """Messages on the topic that were not applied, by reason (see the class docstring)."""
-        self._claims: dict[tuple[str, str], dict[str, _Claim]] = defaultdict(dict)
-        self._hosts: dict[str, _HostLease] = {}
-        self._latest: dict[tuple[str, str, str], float] = {}
-        self._skewed_hosts: set[str] = set()
+        self._losers: dict[str, set[Ref]] = {}
         self._tools_of_service: dict[str, set[str]] = defaultdict(set)
-        self._order = 0
         self._filtered: dict[tuple[tuple[str, ...] | None, str | None], list[ToolDescriptor]] = {}
         self._watchers: list[asyncio.Queue[Change]] = []
         self.calls = Invoker(self.tools, listeners)
         """Calls by tool name over :attr:`tools` (:mod:`tghost.invoke`)."""
         self._tasks: list[asyncio.Task[None]] = []
         self._client: pulsar.asyncio.Client | None = None
-        self._reader: pulsar.asyncio.Reader | None = None
+        self._window: TopicWindow | None = None
+        self._outage_since: float | None = None
+        self.caught_up = 0
+        """How many messages :meth:`start` read to catch up: bounded by the live hosts and one epoch
+        of their heartbeats, never by the topic's history (docs/protocol.md §4.6)."""
+        """Since when (unix seconds) a reader is disconnected: nothing expires meanwhile."""
 
     @property
     def rejected(self) -> int:
         """How many messages on the topic were not applied (the sum of :attr:`rejections`)."""
         return self.rejections.total()
 
+    @property
+    def hosts(self) -> dict[str, HostLease]:
+        """Host id -> its lease, for every host with a live instance now."""
+        return self.ledger.hosts
+
+    @property
+    def clashes(self) -> dict[str, tuple[str, ...]]:
+        """Host id -> its live instances, for every host id that two live processes announce
+        under at once (a misconfiguration: each process needs its own ``--host-id``)."""
+        return self.ledger.clashes
+
+    def is_connected(self) -> bool:
+        """Whether every reader of the announcement topics is connected now (False before start)."""
+        return self._window is not None and self._window.is_connected()
+
     # -- lifecycle -------------------------------------------------------------------------
 
     async def start(self) -> ToolDirectory:
-        """Read the topic from the earliest message up to now, then follow it in the background.
+        """Read the epoch topics of the read window from their first message up to now, then
+        follow them in the background (docs/protocol.md §4.6).
 
         Raises:
             pulsar.asyncio.PulsarException: the broker did not answer.
         """
         self._client = self.calls.client = await self.pulsar.connect()
-        self._reader = reader = await self._client.create_reader(self.topic, pulsar.MessageId.earliest)
-        dirty = await self._catch_up(reader)
+        self._window = window = TopicWindow(self._client, self.topic, self.max_clock_skew, self.epoch_seconds)
+        self.ledger.quiet = True
+        dirty = await self._catch_up(window)
         dirty |= self._expire(time.time())  # hosts that died before we came
         self._resolve(dirty, "removed")  # nothing is live yet: all changes are "added"
-        self._tasks = [asyncio.create_task(self._follow(reader), name="directory follow"),
-                       asyncio.create_task(self._expire_loop(), name="directory expiry")]
+        self.ledger.caught_up(time.time())
+        window.follow(self._follow)
+        self._tasks = [asyncio.create_task(self._expire_loop(), name="directory expiry")]
         return self
 
-    async def _catch_up(self, reader: pulsar.asyncio.Reader) -> set[tuple[str, str]]:
-        """Apply every message already on the topic; returns what changed.
-
-        The blocking C++ reader behind ``reader`` reads batches in a worker thread while the
-        loop applies the previous batch: one thread hop per batch, where ``read_next`` costs
-        two event-loop wake-ups per message (10,000 announcements: see docs/benchmarks.md).
-        Falls back to the async reader if pulsar-client no longer exposes the blocking one.
-        """
-        dirty: set[tuple[str, str]] = set()
-        blocking = getattr(reader, "_reader", None)
-        if blocking is None:
-            while await _has_message_available(reader):
-                dirty |= self._apply_message(await reader.read_next())
-            return dirty
-        batch = await asyncio.to_thread(_read_batch, blocking)
-        while batch:
-            following = asyncio.ensure_future(asyncio.to_thread(_read_batch, blocking))
-            for message in batch:
-                dirty |= self._apply_message(message)
-            batch = await following
+    async def _catch_up(self, window: TopicWindow) -> set[Key]:
+        """Apply every message now on the window's topics; returns what changed."""
+        dirty: set[Key] = set()
+        self.caught_up = await window.catch_up(lambda message: dirty.update(self._apply_message(message)))
         return dirty
 
     async def close(self) -> None:
@@ -289,9 +251,8 @@ class ToolDirectory:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self.calls.close()
-        if self._reader is not None:
-            with contextlib.suppress(Exception):
-                await self._reader.close()
+        if self._window is not None:
+            await self._window.close()
         if self._client is not None:
             await self._client.close()
 
@@ -301,170 +262,53 @@ class ToolDirectory:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def _follow(self, reader: pulsar.asyncio.Reader) -> None:
-        while True:
-            try:
-                message = await reader.read_next()
-            except pulsar.asyncio.PulsarException as exc:
-                if exc.error() == pulsar.Result.AlreadyClosed:
-                    return
-                log.warning("reading %s failed (%s); retrying", self.topic, exc)
-                await asyncio.sleep(0.5)
-                continue
-            self._resolve(self._apply_message(message), "removed")
+    def _follow(self, message: pulsar.Message) -> None:
+        dirty = self._apply_message(message)
+        if self._outage_since is None:  # e.g. a replay whose lease had ended: never shown
+            self._resolve(self._expire(time.time()), "expired")
+        self._resolve(dirty, "removed")
 
     async def _expire_loop(self) -> None:
-        outage_since: float | None = None
+        assert self._window is not None
         while True:
             await asyncio.sleep(self.expiry_interval)
             now = time.time()
-            if self._reader is not None and not self._reader.is_connected():
-                if outage_since is None:
+            if not self._window.is_connected():
+                if self._outage_since is None:
                     log.warning("lost the broker connection: expiring nothing until it is back")
-                    outage_since = now
+                    self._outage_since = now
                 continue
-            if outage_since is not None:
-                log.info("broker connection is back after %.1fs: every host gets a lease from now", now - outage_since)
-                self._resume_leases(now, now - outage_since)
-                outage_since = None
+            if self._outage_since is not None:
+                outage, self._outage_since = now - self._outage_since, None
+                log.info("broker connection is back after %.1fs: every host gets a lease from now", outage)
+                self._resume_leases(now, outage)
+            try:
+                await self._window.move(now)
+            except pulsar.asyncio.PulsarException as exc:
+                log.warning("could not open the next epoch's topic (%s); trying again", exc)
             self._resolve(self._expire(now), "expired")
+            self.ledger.flush_rejections(now)
 
-    def _resume_leases(self, now: float, outage: float) -> None:
-        """After an ``outage`` (seconds) of this directory's connection ending at ``now`` (unix
-        seconds), give every host a full lease plus the outage's length from ``now`` to be heard
-        again: a host's client backs off exponentially while the broker is away, so it may
-        reconnect up to about an outage later than this directory's client."""
-        for lease in self._hosts.values():
-            lease.expires_at = max(lease.expires_at, now + lease.seconds + outage)
-
-    def _expire(self, now: float) -> set[tuple[str, str]]:
-        """Drop every host whose lease ended before ``now`` (unix seconds); returns what changed."""
-        dirty: set[tuple[str, str]] = set()
-        for host_id in [h for h, lease in self._hosts.items() if lease.expires_at < now]:
-            log.info("host %s: lease expired", host_id)
-            dirty |= self._drop_host(host_id)
-        return dirty
-
-    # -- applying messages -----------------------------------------------------------------
-
-    def _apply_message(self, message: pulsar.Message) -> set[tuple[str, str]]:
-        """:meth:`_apply` a message read from the topic."""
+    def _apply_message(self, message: pulsar.Message) -> set[Key]:
+        """Apply a message read from the topic (:meth:`tghost.ledger.Ledger.apply`)."""
         return self._apply(message.data(), message.publish_timestamp() / 1000, message.partition_key())
 
-    def _apply(self, data: bytes, publish_time: float, key: str) -> set[tuple[str, str]]:
-        """Apply one message: its payload ``data``, the broker's ``publish_time`` (unix seconds;
-        0 if unknown) and its message ``key``. Returns the (kind, name) pairs to re-resolve.
+    def _apply(self, data: bytes, publish_time: float, key: str) -> set[Key]:
+        """:meth:`tghost.ledger.Ledger.apply`: one message's bytes, the broker's publish time (unix
+        seconds) and the message key; returns the (kind, name) pairs to re-resolve."""
+        return self.ledger.apply(data, publish_time, key)
 
-        Touches no Pulsar object, and never raises for any ``data``: a message that is not
-        applied is logged and counted in :attr:`rejections`.
-        """
-        self._order += 1
-        try:
-            announcement, descriptor = self._accept(data, publish_time, key)
-        except _Rejected as rejected:
-            self.rejections[rejected.reason] += 1
-            log.warning("ignored an announcement (key %r): %s: %s", key, rejected.reason, rejected.detail)
-            return set()
-        return self._record(announcement, descriptor, publish_time)
+    def _expire(self, now: float) -> set[Key]:
+        """:meth:`tghost.ledger.Ledger.expire` at unix time ``now``; returns what to re-resolve."""
+        return self.ledger.expire(now)
 
-    def _accept(
-        self, data: bytes, publish_time: float, key: str
-    ) -> tuple[_Announcement, ToolDescriptor | ToolServiceDescriptor | None]:
-        """Decode, check the signature, validate, check the key, the clock and the order; the
-        announcement and its parsed descriptor.
-
-        Raises:
-            _Rejected: the message must not be applied (the reason says why).
-        """
-        value = _decode(data)
-        if self.trusted is not None:
-            reason = self.trusted.verify(value)
-            if reason is not None:
-                target = _target(value)
-                if target is not None and self._is_live(*target):
-                    raise _Rejected(HIJACK, f"{reason}, naming the live {target[0]} {target[1]!r}")
-                raise _Rejected(reason, "not signed by a trusted key")
-        try:
-            announcement = _Announcement.model_validate(value)
-            descriptor = _parse_descriptor(announcement)
-        except (ValidationError, ValueError) as exc:
-            raise _Rejected(INVALID, str(exc).splitlines()[0]) from None
-        expected = announcement_key(announcement.kind, announcement.name, announcement.host.id)
-        if key != expected:
-            raise _Rejected(INVALID, f"the message key should be {expected!r}")
-        sent_at = announcement.lease.sent_at
-        if publish_time and sent_at > publish_time + self.max_clock_skew:
-            raise _Rejected(INVALID, f"sent {sent_at - publish_time:.1f}s after the broker published it: the "
-                                     f"host's clock is ahead by more than max_clock_skew ({self.max_clock_skew}s)")
-        latest = self._latest.get(_order_key(announcement))
-        if latest is not None and sent_at <= latest:
-            raise _Rejected(STALE, f"sent at {sent_at}, not after {latest} (a replay?)")
-        return announcement, descriptor
-
-    def _is_live(self, kind: str, name: str) -> bool:
-        """Whether an applied announcement claims this tool or tool service (by ``kind``), or
-        this host, now; so it holds during catch-up too, before the live view is resolved."""
-        if kind == "host":
-            return name in self._hosts
-        return bool(self._claims.get((kind, name)))
-
-    def _lease_end(self, announcement: _Announcement, publish_time: float) -> float:
-        """When (unix seconds) the lease this announcement grants ends: see the class docstring."""
-        sent_at = announcement.lease.sent_at
-        start = min(publish_time or sent_at, time.time())
-        if start > sent_at + self.max_clock_skew:
-            host_id = announcement.host.id
-            if host_id not in self._skewed_hosts:
-                self._skewed_hosts.add(host_id)
-                log.warning("host %s: a message sent at %.3f was published %.1fs later, more than the %ss "
-                            "max clock skew (a replay, or the host's clock is behind): its lease is shortened",
-                            host_id, sent_at, start - sent_at, self.max_clock_skew)
-            start = sent_at + self.max_clock_skew
-        return start + announcement.lease.seconds
-
-    def _record(
-        self, announcement: _Announcement, descriptor: ToolDescriptor | ToolServiceDescriptor | None,
-        publish_time: float,
-    ) -> set[tuple[str, str]]:
-        """Apply an accepted announcement to the claims and leases."""
-        self._latest[_order_key(announcement)] = announcement.lease.sent_at
-        host_id = announcement.host.id
-        expires_at = self._lease_end(announcement, publish_time)
-        if announcement.kind == "host":
-            if announcement.status == "withdrawn":
-                return self._drop_host(host_id)
-            self._renew(host_id, expires_at, announcement.lease.seconds)
-            return set()
-        key = (announcement.kind, announcement.name)
-        if announcement.status == "withdrawn":
-            self._claims[key].pop(host_id, None)
-            if host_id in self._hosts:
-                self._hosts[host_id].names.discard(key)
-            return {key}
-        assert descriptor is not None
-        provider = Provider(announcement.host.model_dump(), announcement.plugin)
-        previous = self._claims[key].get(host_id)
-        self._claims[key][host_id] = _Claim(descriptor, provider, previous.order if previous else self._order)
-        self._renew(host_id, expires_at, announcement.lease.seconds).names.add(key)
-        return {key}
-
-    def _renew(self, host_id: str, expires_at: float, seconds: float) -> _HostLease:
-        lease = self._hosts.setdefault(host_id, _HostLease(expires_at, seconds))
-        lease.expires_at = max(lease.expires_at, expires_at)
-        lease.seconds = seconds
-        return lease
-
-    def _drop_host(self, host_id: str) -> set[tuple[str, str]]:
-        lease = self._hosts.pop(host_id, None)
-        if lease is None:
-            return set()
-        for key in lease.names:
-            self._claims[key].pop(host_id, None)
-        return lease.names
+    def _resume_leases(self, now: float, outage: float) -> None:
+        """:meth:`tghost.ledger.Ledger.resume` after an ``outage`` (seconds) ending at ``now``."""
+        self.ledger.resume(now, outage)
 
     # -- resolving the live view -----------------------------------------------------------
 
-    def _resolve(self, dirty: set[tuple[str, str]], gone: Literal["removed", "expired"]) -> None:
+    def _resolve(self, dirty: set[Key], gone: Literal["removed", "expired"]) -> None:
         """Recompute the entries named in ``dirty`` (and tools of changed services); emit changes."""
         tool_names = {name for kind, name in dirty if kind == "tool"}
         for kind, service_id in dirty:
@@ -475,13 +319,27 @@ class ToolDirectory:
             self._resolve_tool(name, gone)
 
     def _resolve_service(self, service_id: str) -> None:
-        claims = self._claims.get(("tool-service", service_id), {})
+        claims = self.ledger.claims.get(("tool-service", service_id), {})
+        conflict = f"tool-service/{service_id}"
         if not claims:
             self.services.pop(service_id, None)
+            self._losers.pop(service_id, None)
+            self.conflicts.pop(conflict, None)
             return
-        newest = max(claims.values(), key=lambda c: c.order)
+        groups: dict[Any, list[Claim]] = defaultdict(list)
+        for claim in claims.values():
+            assert isinstance(claim.descriptor, ToolServiceDescriptor)
+            groups[_wire_identity(claim.descriptor)].append(claim)
+        winners, losers = _rank(groups.values())
+        self._losers[service_id] = {c.ref for c in losers}
+        newest = max(winners, key=lambda c: c.rank)
         assert isinstance(newest.descriptor, ToolServiceDescriptor)
-        self.services[service_id] = ServiceEntry(newest.descriptor, tuple(c.provider for c in claims.values()))
+        self.services[service_id] = ServiceEntry(newest.descriptor, tuple(c.provider for c in winners))
+        losing_hosts = sorted({c.provider.host["id"] for c in losers})
+        if losing_hosts and self.conflicts.get(conflict) != losing_hosts:
+            log.warning("tool service %r is announced with other queues or config params by host(s) %s; host %r "
+                        "announced it first and keeps it", service_id, losing_hosts, winners[0].provider.host["id"])
+        _set_or_drop(self.conflicts, conflict, losing_hosts)
 
     def _resolve_tool(self, name: str, gone: Literal["removed", "expired"]) -> None:
         before = self.tools.get(name)
@@ -499,27 +357,29 @@ class ToolDirectory:
             queue.put_nowait(Change(change, name, after or before))
 
     def _winning_tool(self, name: str) -> DirectoryTool | None:
-        """Live claims grouped by service; the service claimed first (topic order) wins."""
-        by_service: dict[str, list[_Claim]] = defaultdict(list)
-        for claim in self._claims.get(("tool", name), {}).values():
-            assert isinstance(claim.descriptor, ToolDescriptor)
-            self._tools_of_service[claim.descriptor.service].add(name)
-            if claim.descriptor.service in self.services:
-                by_service[claim.descriptor.service].append(claim)
-        if not by_service:
+        """Live claims grouped by service and config values; the group announced first wins.
+        Claims of hosts whose descriptor of the service lost a conflict do not count."""
+        groups: dict[tuple[str, str], list[Claim]] = defaultdict(list)
+        for claim in self.ledger.claims.get(("tool", name), {}).values():
+            descriptor = claim.descriptor
+            assert isinstance(descriptor, ToolDescriptor)
+            self._tools_of_service[descriptor.service].add(name)
+            if descriptor.service in self.services and claim.ref not in self._losers.get(descriptor.service, ()):
+                groups[(descriptor.service, _config_identity(descriptor))].append(claim)
+        if not groups:
             self.conflicts.pop(name, None)
             return None
-        ranked = sorted(by_service, key=lambda sid: min(c.order for c in by_service[sid]))
-        if len(ranked) > 1:
-            if self.conflicts.get(name) != ranked[1:]:
-                log.warning("tool %r is claimed by services %s; %r wins (announced first)", name, ranked, ranked[0])
-            self.conflicts[name] = ranked[1:]
-        else:
-            self.conflicts.pop(name, None)
-        claims = by_service[ranked[0]]
-        newest = max(claims, key=lambda c: c.order)
+        winners, losers = _rank(groups.values())
+        newest = max(winners, key=lambda c: c.rank)
         assert isinstance(newest.descriptor, ToolDescriptor)
-        return DirectoryTool(newest.descriptor, self.services[ranked[0]], tuple(c.provider for c in claims))
+        service = newest.descriptor.service
+        losing = list(dict.fromkeys(c.descriptor.service for c in sorted(losers, key=lambda c: c.rank)
+                                    if isinstance(c.descriptor, ToolDescriptor)))
+        if losing and self.conflicts.get(name) != losing:
+            log.warning("tool %r is claimed by services %s; %r wins (announced first), claims with other services "
+                        "or config values are ignored", name, [service, *losing], service)
+        _set_or_drop(self.conflicts, name, losing)
+        return DirectoryTool(newest.descriptor, self.services[service], tuple(c.provider for c in winners))
 
     # -- queries ---------------------------------------------------------------------------
 
@@ -584,98 +444,31 @@ class ToolDirectory:
         """:meth:`tghost.invoke.Invoker.invoke`: invoke tool ``name``, return the observation."""
         return await self.calls.invoke(name, arguments, **options)
 
-def _decode(data: bytes) -> dict[str, Any]:
-    """The JSON object in ``data``; raises :class:`_Rejected` (``invalid``) for anything else."""
-    if len(data) > MAX_ANNOUNCEMENT_BYTES:
-        raise _Rejected(INVALID, f"{len(data)} bytes, more than {MAX_ANNOUNCEMENT_BYTES}")
-    try:
-        value = json.loads(data)
-    except RecursionError:
-        raise _Rejected(INVALID, "JSON nested too deeply") from None
-    except ValueError as exc:
-        raise _Rejected(INVALID, f"not JSON ({exc})") from None
-    if not isinstance(value, dict):
-        raise _Rejected(INVALID, f"a JSON {type(value).__name__}, not an object")
-    if data.count(b"{") + data.count(b"[") > MAX_DEPTH and _depth_exceeds(value, MAX_DEPTH):
-        raise _Rejected(INVALID, f"JSON nested deeper than {MAX_DEPTH} levels")
-    return value
+
+def _wire_identity(descriptor: ToolServiceDescriptor) -> tuple[Any, ...]:
+    """What makes two descriptors of one service the same service on the wire: its queues and
+    config params. Hosts that agree on these are providers of it; others conflict."""
+    return descriptor.request_queue, descriptor.response_queue, descriptor.config_params
 
 
-def _depth_exceeds(value: Any, limit: int) -> bool:
-    """Whether objects/arrays in ``value`` nest deeper than ``limit`` (iterative: no recursion)."""
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if depth > limit:
-            return True
-        children = node.values() if isinstance(node, dict) else node
-        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
-    return False
+def _config_identity(descriptor: ToolDescriptor) -> str:
+    """A tool's config values, canonically: two claims over one service with other values conflict."""
+    return json.dumps(descriptor.config, sort_keys=True, default=str)
 
 
-def _target(value: dict[str, Any]) -> tuple[str, str] | None:
-    """The (kind, name) an unverified value claims, if it names one."""
-    kind, name = value.get("kind"), value.get("name")
-    return (kind, name) if isinstance(kind, str) and isinstance(name, str) else None
+def _rank(groups: Any) -> tuple[list[Claim], list[Claim]]:
+    """The claims of the group announced first (lowest rank), in rank order, and all the others."""
+    ranked = sorted((sorted(group, key=lambda c: c.rank) for group in groups), key=lambda group: group[0].rank)
+    return ranked[0], [claim for group in ranked[1:] for claim in group]
 
 
-def _order_key(announcement: _Announcement) -> tuple[str, str, str]:
-    """What ``lease.sent_at`` orders: one (kind, name, host id)."""
-    return announcement.kind, announcement.name, announcement.host.id
+def _set_or_drop(conflicts: dict[str, list[str]], key: str, losers: list[str]) -> None:
+    if losers:
+        conflicts[key] = losers
+    else:
+        conflicts.pop(key, None)
 
 
 def _shape(tool: DirectoryTool | None) -> tuple[Any, ...] | None:
     """What a change event is about: the tool, its providers and its service's descriptor."""
     return None if tool is None else (tool.descriptor, tool.providers, tool.service.descriptor)
-
-
-#: Messages :func:`_read_batch` reads per worker-thread hop during catch-up.
-CATCH_UP_BATCH = 500
-#: Milliseconds :func:`_read_batch` waits for the next message before it asks whether the
-#: topic has more (a message may still be on its way from the broker).
-CATCH_UP_POLL_MS = 5
-
-
-def _read_batch(reader: Any) -> list[Any]:
-    """Up to :data:`CATCH_UP_BATCH` messages from a blocking ``_pulsar.Reader``; an empty list
-    once the topic has no more. Runs in a worker thread: every call here blocks.
-
-    Raises:
-        pulsar.exceptions.PulsarException: the broker failed (not merely "no more messages").
-    """
-    batch: list[Any] = []
-    while len(batch) < CATCH_UP_BATCH:
-        try:
-            batch.append(reader.read_next(CATCH_UP_POLL_MS))
-        except pulsar.exceptions.Timeout:
-            try:
-                if not reader.has_message_available():
-                    break
-            except pulsar.exceptions.UnknownError:  # pulsar-lite 0.2.0 on an empty topic
-                break
-    return batch
-
-
-async def _has_message_available(reader: pulsar.asyncio.Reader) -> bool:
-    """``reader.has_message_available()``, except that pulsar-lite 0.2.0 answers an empty topic
-    with UnknownError ("Topic has no messages") where Apache Pulsar answers False."""
-    try:
-        return bool(await reader.has_message_available())
-    except pulsar.asyncio.PulsarException as exc:
-        if exc.error() == pulsar.Result.UnknownError:
-            return False
-        raise
-
-
-def _parse_descriptor(announcement: _Announcement) -> ToolDescriptor | ToolServiceDescriptor | None:
-    """Validate the descriptor an ``available`` announcement carries; raises ValueError if invalid."""
-    if announcement.kind == "host" or announcement.status == "withdrawn":
-        return None
-    if announcement.descriptor is None:
-        raise ValueError(f"{announcement.kind} {announcement.name!r} is announced without a descriptor")
-    model = ToolDescriptor if announcement.kind == "tool" else ToolServiceDescriptor
-    descriptor = model.model_validate(announcement.descriptor)
-    identity = descriptor.name if isinstance(descriptor, ToolDescriptor) else descriptor.id
-    if identity != announcement.name:
-        raise ValueError(f"announcement for {announcement.name!r} carries a descriptor for {identity!r}")
-    return descriptor

@@ -129,6 +129,10 @@ def _directory_metrics(directory: ToolDirectory) -> Iterator[Metric]:
                       "reason", {r: n for r, n in rejections.items() if r in SIGNATURE_REASONS})
     yield _counter_by("tghost_directory_refusals", "Calls refused before sending, by reason.", "reason",
                       dict(directory.refusals))
+    yield GaugeMetricFamily("tghost_directory_conflicts", "Tools and tool services announced in conflicting ways "
+                            "(docs/protocol.md §4.8).", value=len(directory.conflicts))
+    yield GaugeMetricFamily("tghost_directory_host_id_clashes", "Host ids that more than one live process "
+                            "announces under (each needs its own --host-id).", value=len(directory.clashes))
 
 
 def _counter_by(name: str, documentation: str, label: str, counts: dict[str, int]) -> CounterMetricFamily:
@@ -165,7 +169,8 @@ class HostMetrics:
 
     def watch_directory(self, directory: ToolDirectory) -> None:
         """Export ``tghost_directory_tools{group}``, ``tghost_directory_rejections_total{reason}``,
-        ``tghost_signature_rejections_total{reason}`` and ``tghost_directory_refusals_total{reason}``."""
+        ``tghost_signature_rejections_total{reason}``, ``tghost_directory_refusals_total{reason}``,
+        ``tghost_directory_conflicts`` and ``tghost_directory_host_id_clashes``."""
         self._watch(lambda: _directory_metrics(directory))
 
 

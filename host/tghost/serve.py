@@ -1,4 +1,4 @@
-"""serve: answer tool-service requests on Pulsar, per the wire contract in DESIGN.md.
+"""serve: answer tool-service requests on Pulsar, per the wire contract (docs/protocol.md §2).
 
 One :class:`ServiceWorker` per service: a Shared subscription ``<id>-request`` on its request
 topic, a non-batching producer on its response topic and its own worker threads. Never
@@ -159,7 +159,7 @@ class ServiceWorker:
 
     @property
     def subscription(self) -> str:
-        """The Shared subscription name, ``<service-id>-request`` (DESIGN.md)."""
+        """The Shared subscription name, ``<service-id>-request`` (docs/protocol.md §2.4)."""
         return f"{self.descriptor.id}-request"
 
     def is_connected(self) -> bool:

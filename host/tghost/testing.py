@@ -1,16 +1,18 @@
 """testing: a pytest plugin for tool-service authors (loaded through the ``pytest11`` entry point).
 
 Gives a session-wide real broker (the ``pulsar_broker`` fixture: embedded pulsar-lite on a
-free port, temporary data) and :class:`LocalHost`, which serves services in-process and
-calls them over the real wire. Never mocks Pulsar.
+free port, temporary data), :class:`LocalHost`, which serves services in-process and calls
+them over the real wire, :func:`check_conformance` for any service's wire behaviour, and
+:func:`simulated_history` for the announcements of a long-running deployment. Never mocks Pulsar.
 """
 
 from __future__ import annotations
 
 import asyncio
+import heapq
 import json
 import os
-import uuid
+import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from types import TracebackType
 from typing import Any
@@ -18,17 +20,26 @@ from typing import Any
 import pulsar.asyncio
 import pytest
 
-from . import wire
-from .announce import DEFAULT_TOPIC, Announcer, HostIdentity
+from .announce import Announcer, HostIdentity
+from .announcement import DEFAULT_TOPIC, EPOCH_SECONDS, epoch_of, epoch_topic
 from .broker import EmbeddedBroker, PulsarSettings, free_port
 from .client import ToolServiceClient
-from .descriptors import ToolServiceDescriptor
+from .conformance import Conformance, Finding, RawWire, check_conformance
 from .discover import Catalog, catalog_of
 from .serve import Server, ServeSettings
 from .service import ToolService
 from .trust import Signer
 
-__all__ = ["LocalHost", "RawWire", "pulsar_broker"]
+__all__ = [
+    "Conformance",
+    "Finding",
+    "LocalHost",
+    "RawWire",
+    "check_conformance",
+    "publish_history",
+    "pulsar_broker",
+    "simulated_history",
+]
 
 
 @pytest.fixture(scope="session")
@@ -45,9 +56,9 @@ class LocalHost:
     ``async with LocalHost(url, [my_service]) as host: await host.call("my-service", {...})``.
     ``services`` is an iterable of :class:`tghost.ToolService` or a discovered ``Catalog``.
     With ``announce_as`` (a host id) it also announces them on ``topic`` with a ``lease``
-    (seconds), signed by ``signer`` if given (:class:`tghost.trust.Signer`), and withdraws
-    them on exit, as ``tghost run`` does. ``authorize`` is a function with the contract of the
-    ``tghost_authorize`` hook (a ``Catalog`` brings its own).
+    (seconds), signed by ``signer`` if given (:class:`tghost.trust.Signer`), on epochs of
+    ``epoch_seconds``, and withdraws them on exit, as ``tghost run`` does. ``authorize`` is a
+    function with the contract of the ``tghost_authorize`` hook (a ``Catalog`` brings its own).
     """
 
     def __init__(
@@ -61,13 +72,15 @@ class LocalHost:
         topic: str = DEFAULT_TOPIC,
         signer: Signer | None = None,
         authorize: Callable[..., Any] | None = None,
+        epoch_seconds: float = EPOCH_SECONDS,
     ) -> None:
         self.catalog = services if isinstance(services, Catalog) else catalog_of(services, authorize=authorize)
         self.services, self.descriptors = self.catalog.services, self.catalog.descriptors
         self.pulsar = PulsarSettings(url)
         self.server = Server(self.services, self.descriptors, settings, authorize=self.catalog.authorize)
         self.announcer = None if announce_as is None else Announcer(
-            self.catalog, HostIdentity(announce_as, "localhost", os.getpid()), topic, lease, signer)
+            self.catalog, HostIdentity(announce_as, "localhost", os.getpid()), topic, lease, signer,
+            epoch_seconds=epoch_seconds)
         self._clients: dict[str, ToolServiceClient] = {}
         self._lock = asyncio.Lock()
         self.client: pulsar.asyncio.Client | None = None
@@ -135,50 +148,90 @@ class LocalHost:
             yield chunk
 
 
-class RawWire:
-    """Speaks the wire by hand, to check a service against the seed 000 contract itself.
+#: One message of a simulated history: (unix time sent, epoch topic, message key, value bytes).
+Sent = tuple[float, str, str, bytes]
 
-    ``async with RawWire(url, descriptor) as raw:`` subscribes to the response queue, then
-    :meth:`send` publishes any bytes with any message properties, and :meth:`replies`
-    collects the decoded JSON replies that carry one ``id`` property, up to ``end_of_stream``.
+
+def simulated_history(
+    catalog: Catalog,
+    hosts: int,
+    seconds: float,
+    *,
+    lease: float = 30.0,
+    restarts_per_day: float = 10.0,
+    topic: str = DEFAULT_TOPIC,
+    epoch_seconds: float = EPOCH_SECONDS,
+    now: float | None = None,
+) -> Iterator[Sent]:
+    """Every announcement ``hosts`` hosts serving ``catalog`` sent in the ``seconds`` before
+    unix time ``now`` (default: now), in send order, built by a real :class:`Announcer` with a
+    simulated clock: a start, a heartbeat every ``lease / 3`` seconds, a restatement on every
+    new epoch, and ``restarts_per_day`` restarts each (withdraw everything, then a new instance
+    announces). Every host is alive at ``now``. Publish them with :func:`publish_history` to
+    test or measure a catch-up after a long history without waiting for it.
     """
+    end = time.time() if now is None else now
+    runs = (_host_history(catalog, f"simulated-{h}", end - seconds + h * 0.01, end, lease,
+                          86_400 / restarts_per_day if restarts_per_day else seconds + 1, topic, epoch_seconds)
+            for h in range(hosts))
+    return heapq.merge(*runs, key=lambda sent: sent[0])
 
-    def __init__(self, url: str, descriptor: ToolServiceDescriptor) -> None:
-        self.pulsar = PulsarSettings(url)
-        self.descriptor = descriptor
 
-    async def __aenter__(self) -> RawWire:
-        self.client = await self.pulsar.connect()
-        self.consumer = await self.client.subscribe(self.descriptor.response_queue, f"raw-{uuid.uuid4().hex}")
-        self.producer = await self.client.create_producer(self.descriptor.request_queue, batching_enabled=False)
-        return self
+def _host_history(catalog: Catalog, host_id: str, t: float, end: float, lease: float, restart_every: float,
+                  topic: str, epoch_seconds: float) -> Iterator[Sent]:
+    """One simulated host's messages from ``t`` to ``end`` (unix seconds), instance after instance."""
+    while True:
+        announcer = Announcer(catalog, HostIdentity(host_id, "simulated", 0), topic, lease, epoch_seconds=epoch_seconds)
+        announcer._started_at, announcer._since = t, dict.fromkeys(announcer._since, t)
+        yield from _sent(announcer, "available", t, everything=True)
+        epoch, stop = epoch_of(t, epoch_seconds), min(t + restart_every, end)
+        while (t := t + lease / 3) < stop:
+            restate = epoch_of(t, epoch_seconds) != epoch
+            epoch = epoch_of(t, epoch_seconds)
+            yield from _sent(announcer, "available", t, everything=restate)
+        if stop >= end:
+            yield from _sent(announcer, "available", end, everything=epoch_of(end, epoch_seconds) != epoch)
+            return
+        yield from _sent(announcer, "withdrawn", stop, everything=True)
+        t = stop + 1.0  # the restart
 
-    async def __aexit__(self, *exc: object) -> None:
-        await self.client.close()
 
-    async def send(self, payload: bytes, properties: dict[str, str]) -> None:
-        """Publish ``payload`` (bytes, sent as they are) on the request queue."""
-        await self.producer.send(payload, properties=properties)
+def _sent(announcer: Announcer, status: str, at: float, everything: bool) -> Iterator[Sent]:
+    """What ``announcer`` sends at ``at``: everything (a start, restatement or withdrawal) or a heartbeat."""
+    messages = (announcer._messages(status, None, at) if everything
+                else [announcer._message("host", announcer.identity.id, None, None, status, at)])
+    where = epoch_topic(announcer.topic, epoch_of(at, announcer.epoch_seconds))
+    return ((at, where, key, json.dumps(value).encode()) for key, value in messages)
 
-    async def request(
-        self, arguments: dict[str, Any], config: dict[str, Any] | None = None, user: str | None = "test"
-    ) -> list[tuple[dict[str, str], dict[str, Any]]]:
-        """Send one well-formed request envelope with a fresh ``id``; return :meth:`replies` for it."""
-        request_id = uuid.uuid4().hex
-        await self.send(wire.encode_request(user, config or {}, arguments), {"id": request_id})
-        return await self.replies(request_id)
 
-    async def replies(self, request_id: str, timeout: float = 10.0) -> list[tuple[dict[str, str], dict[str, Any]]]:
-        """The replies carrying ``id == request_id``, as (properties, JSON body) pairs, up to the first
-        with ``end_of_stream`` true.
+async def publish_history(url: str, history: Iterable[Sent], window: int = 500) -> int:
+    """Publish simulated messages (see :func:`simulated_history`) on their topics, up to
+    ``window`` sends in flight; returns how many were sent.
 
-        Raises:
-            TimeoutError: no reply came within ``timeout`` seconds of the previous one.
-        """
-        got: list[tuple[dict[str, str], dict[str, Any]]] = []
-        while not got or not got[-1][1]["end_of_stream"]:
-            message = await asyncio.wait_for(self.consumer.receive(), timeout)
-            await self.consumer.acknowledge(message)
-            if message.properties().get("id") == request_id:
-                got.append((message.properties(), json.loads(message.data())))
-        return got
+    Raises:
+        pulsar.asyncio.PulsarException: the broker refused a producer or a send.
+    """
+    client = await PulsarSettings(url).connect()
+    producer: pulsar.asyncio.Producer | None = None
+    current = ""
+    pending: list[asyncio.Future[Any]] = []
+    sent = 0
+    try:
+        for _, topic, key, value in history:
+            if topic != current:  # the history is in time order: an old epoch's topic is done with
+                await asyncio.gather(*pending)
+                pending.clear()
+                if producer is not None:
+                    await producer.close()
+                producer = await client.create_producer(topic, batching_enabled=False, block_if_queue_full=True)
+                current = topic
+            assert producer is not None
+            pending.append(asyncio.ensure_future(producer.send(value, partition_key=key)))
+            sent += 1
+            if len(pending) >= window:
+                await asyncio.gather(*pending)
+                pending.clear()
+        await asyncio.gather(*pending)
+    finally:
+        await client.close()
+    return sent

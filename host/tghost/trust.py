@@ -2,8 +2,8 @@
 
 Pure crypto and key files: never talks to Pulsar, never reads or publishes announcements.
 
-Signature format (part of the announcement protocol in DESIGN.md)
-------------------------------------------------------------------
+Signature format (docs/protocol.md §4.5, with a test vector)
+-------------------------------------------------------------
 A signed announcement value is the unsigned JSON object plus one field::
 
     "signature": {"key": "<key id>", "value": "<base64 of the 64-byte Ed25519 signature>"}

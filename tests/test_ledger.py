@@ -1,0 +1,135 @@
+"""ledger: applying announcements to host instances without a broker: manifests undo forged
+withdrawals, a new instance replaces an old one, two live ones are a reported clash, duplicates
+are dropped silently and rejections are summarised. Messages are built by a real Announcer."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from typing import Any
+
+import pytest
+
+import tghost
+from tghost.announce import Announcer, HostIdentity
+from tghost.discover import catalog_of
+from tghost.ledger import DUPLICATE, STALE, Ledger
+
+
+@tghost.tool(group=["math"])
+async def count(text: str) -> int:
+    """Count characters."""
+    return len(text)
+
+
+@tghost.tool
+async def shout(text: str) -> str:
+    """Shout the text."""
+    return text.upper()
+
+
+def announcer(host: str = "h", instance: str | None = None) -> Announcer:
+    identity = HostIdentity(host, "localhost", os.getpid(), **({"instance": instance} if instance else {}))
+    return Announcer(catalog_of([count, shout]), identity, lease=30.0)
+
+
+def feed(ledger: Ledger, *messages: tuple[str, dict[str, Any]]) -> None:
+    for key, value in messages:
+        ledger.apply(json.dumps(value).encode(), time.time(), key)
+
+
+def live(ledger: Ledger) -> dict[tuple[str, str], list[str]]:
+    """(kind, name) -> the instances claiming it now."""
+    return {key: sorted(instance for _, instance in claims) for key, claims in ledger.claims.items()}
+
+
+def heartbeat(host: Announcer) -> tuple[str, dict[str, Any]]:
+    time.sleep(0.001)  # every message of one key is sent later than the last
+    return host._message("host", host.identity.id, None, None, "available")
+
+
+def test_a_forged_withdrawal_is_undone_by_the_hosts_next_heartbeat() -> None:
+    ledger, host = Ledger("t"), announcer(instance="i1")
+    feed(ledger, *host._messages("available"))
+    assert live(ledger)[("tool", "count")] == ["i1"]
+    time.sleep(0.001)
+    forged = host._message("tool", "count", None, None, "withdrawn")  # the same host and instance, forged
+    feed(ledger, forged)
+    assert ("tool", "count") not in live(ledger)
+    feed(ledger, heartbeat(host))  # the manifest still lists "count"
+    assert live(ledger)[("tool", "count")] == ["i1"]
+    time.sleep(0.001)
+    feed(ledger, host._message("host", "h", None, None, "withdrawn"))  # forged too
+    assert live(ledger) == {} and ledger.hosts == {}
+    feed(ledger, heartbeat(host))
+    assert sorted(live(ledger)) == [("tool", "count"), ("tool", "shout"), ("tool-service", "count"),
+                                    ("tool-service", "shout")]
+
+
+def test_a_genuine_withdrawal_stays_withdrawn_through_later_heartbeats() -> None:
+    ledger, host = Ledger("t"), announcer()
+    feed(ledger, *host._messages("available"))
+    part = catalog_of([shout])
+    for key in [("tool-service", "shout"), ("tool", "shout")]:
+        host._since.pop(key)  # what Announcer.publish(part, "withdrawn") does before it sends
+    feed(ledger, *host._messages("withdrawn", [("tool-service", "shout"), ("tool", "shout")]))
+    feed(ledger, heartbeat(host), heartbeat(host))
+    assert sorted(live(ledger)) == [("tool", "count"), ("tool-service", "count")]
+    assert part.tools["shout"].name == "shout"
+
+
+def test_a_new_instance_replaces_the_old_one_and_an_old_one_speaking_again_is_a_clash(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    ledger = Ledger("t")
+    old, new = announcer(instance="old"), announcer(instance="new")
+    feed(ledger, *old._messages("available"))
+    feed(ledger, *new._messages("available"))  # a restart after a crash: the old one never withdrew
+    assert live(ledger)[("tool", "count")] == ["new"] and ledger.clashes == {}
+    assert ledger.hosts["h"].instances == ("new",)
+    with caplog.at_level(logging.WARNING, logger="tghost"):
+        feed(ledger, heartbeat(old), heartbeat(new), heartbeat(old), heartbeat(new))
+    assert ledger.clashes == {"h": ("new", "old")}
+    assert live(ledger)[("tool", "count")] == ["new", "old"]  # both kept, never merged
+    clash_lines = [r for r in caplog.records if "announced by 2 live processes" in r.getMessage()]
+    assert len(clash_lines) == 1 and "--host-id" in clash_lines[0].getMessage()
+    feed(ledger, *old._messages("withdrawn"))
+    assert ledger.clashes == {} and live(ledger)[("tool", "count")] == ["new"]
+
+
+def test_a_byte_identical_duplicate_is_counted_silently_and_an_older_copy_is_stale(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    ledger, host = Ledger("t", report_interval=0), announcer()
+    first = list(host._messages("available"))
+    beat = heartbeat(host)
+    feed(ledger, *first, beat)
+    with caplog.at_level(logging.WARNING, logger="tghost"):
+        feed(ledger, beat, beat, first[0])
+        ledger.flush_rejections(time.time())
+    assert ledger.rejections == {DUPLICATE: 2, STALE: 1}
+    assert [r.getMessage() for r in caplog.records] == [
+        f"ignored 1 announcement(s) on t: stale (e.g. key 'host/h@h': sent at {first[0][1]['lease']['sent_at']}, "
+        f"not after {beat[1]['lease']['sent_at']} (a replay?))"]
+
+
+def test_rejections_are_summarised_one_line_per_reason_at_most_once_per_interval(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    ledger = Ledger("t", report_interval=3600)
+    with caplog.at_level(logging.DEBUG, logger="tghost"):
+        for _ in range(433):
+            ledger.apply(b"not json", time.time(), "k")
+        ledger.apply(b"[]", time.time(), "k")
+        ledger.flush_rejections(time.time())  # the first summary is due at once
+        ledger.apply(b"{}", time.time(), "k")
+        ledger.flush_rejections(time.time())  # not again within the interval
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == ["ignored 434 announcement(s) on t: invalid (e.g. key 'k': not JSON (Expecting value: "
+                        "line 1 column 1 (char 0)))"]
+    assert sum(r.levelno == logging.DEBUG for r in caplog.records) == 435  # each one, for --log-level debug
+    assert ledger.rejections == {"invalid": 435}
+    ledger.flush_rejections(time.time(), force=True)
+    assert caplog.records[-1].getMessage().startswith("ignored 1 announcement(s) on t: invalid")

@@ -1,0 +1,76 @@
+"""window (with announce and directory): announcements move to a new topic every epoch, a
+following directory moves with them without a blip, and a directory that starts after a long
+history reads only the epochs a live host can be on."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections import Counter
+
+import tghost
+from tghost.announcement import epoch_topic, read_window
+from tghost.broker import EmbeddedBroker, PulsarSettings
+from tghost.directory import Change, ToolDirectory
+from tghost.discover import catalog_of
+from tghost.testing import LocalHost, publish_history, simulated_history
+
+
+@tghost.tool
+async def ping() -> str:
+    """Answer pong."""
+    return "pong"
+
+
+def topic() -> str:
+    return f"persistent://tg/config/window-{uuid.uuid4().hex[:8]}"
+
+
+async def test_a_following_directory_moves_to_each_new_epoch_without_a_blip(pulsar_broker: EmbeddedBroker) -> None:
+    base, epoch = topic(), 1.0
+    found = await ToolDirectory(PulsarSettings(pulsar_broker.url), base, expiry_interval=0.05, max_clock_skew=0.2,
+                                epoch_seconds=epoch).start()
+    seen: list[Change] = []
+
+    async def collect() -> None:
+        async for change in found.changes():
+            seen.append(change)
+
+    watcher = asyncio.create_task(collect())
+    try:
+        async with LocalHost(pulsar_broker.url, [ping], announce_as="h", topic=base, epoch_seconds=epoch) as host:
+            await found.wait_for("ping")
+            first = host.announcer._epoch if host.announcer else None
+            await asyncio.sleep(3.5 * epoch)
+            assert host.announcer is not None and first is not None
+            assert host.announcer._epoch is not None and host.announcer._epoch >= first + 3  # it moved on
+            assert [c.kind for c in seen] == ["added"]  # and the directory never lost the tool meanwhile
+            assert found._window is not None
+            assert set(found._window.readers) <= set(read_window(time.time() + 0.1, 0.2, epoch)) | set(
+                read_window(time.time() - 0.2, 0.2, epoch))  # old epochs' readers were closed
+            assert await found.invoke("ping", {}) == "pong"
+    finally:
+        watcher.cancel()
+        await found.close()
+
+
+async def test_a_directory_after_a_long_history_reads_only_the_live_window(pulsar_broker: EmbeddedBroker) -> None:
+    base, epoch, hosts = topic(), 60.0, 3
+    catalog = catalog_of([ping], [ping.tool(f"ping-{i}") for i in range(3)])
+    history = list(simulated_history(catalog, hosts, 3 * 3600, lease=30.0, restarts_per_day=48, topic=base,
+                                     epoch_seconds=epoch))
+    assert await publish_history(pulsar_broker.url, history) == len(history)
+    per_topic = Counter(sent_topic for _, sent_topic, _, _ in history)
+    started = time.time()
+    found = await ToolDirectory(PulsarSettings(pulsar_broker.url), base, epoch_seconds=epoch).start()
+    try:
+        windows = [read_window(at, found.max_clock_skew, epoch) for at in (started, time.time())]
+        expected = {sum(per_topic[epoch_topic(base, e)] for e in window) for window in windows}
+        assert found.caught_up in expected  # every message of the window's epochs, and no other
+        assert found.caught_up < len(history) / 30
+        assert sorted(found.tools) == ["ping", "ping-0", "ping-1", "ping-2"]
+        assert sorted(p.host["id"] for p in found.tools["ping"].providers) == [f"simulated-{h}" for h in range(hosts)]
+        assert sorted(found.hosts) == [f"simulated-{h}" for h in range(hosts)] and found.clashes == {}
+    finally:
+        await found.close()
