@@ -131,14 +131,19 @@ class Announcer:
         for sid, descriptor in list(catalog.descriptors.items()):
             origin = catalog.service_origin[sid]
             yield self._message("tool-service", sid, descriptor.to_json_dict(), origin.origin_json(), status)
+        for sid, descriptor in list(catalog.external.items()):
+            origin = catalog.service_origin[sid]
+            yield self._message("tool-service", sid, descriptor.to_json_dict(), origin.origin_json(), status,
+                                external=True)
         for name, tool in list(catalog.tools.items()):
             origin = catalog.tool_origin[name]
             yield self._message("tool", name, tool.to_json_dict(), origin.origin_json(), status)
 
     def _message(
-        self, kind: str, name: str, descriptor: dict[str, Any] | None, plugin: dict[str, Any] | None, status: str
+        self, kind: str, name: str, descriptor: dict[str, Any] | None, plugin: dict[str, Any] | None, status: str,
+        *, external: bool = False,
     ) -> tuple[str, dict[str, Any]]:
-        value = {
+        value: dict[str, Any] = {
             "kind": kind,
             "name": name,
             "status": status,
@@ -147,6 +152,8 @@ class Announcer:
             "plugin": plugin,
             "lease": {"seconds": self.lease, "sent_at": time.time()},
         }
+        if external:  # a tool service this host announces but does not serve (config.py)
+            value["external"] = True
         if self.signer is not None:
             value = self.signer.sign(value)
         return announcement_key(kind, name, self.identity.id), value
@@ -176,7 +183,8 @@ class Announcer:
         self._producer = await client.create_producer(self.topic, batching_enabled=False)
         await self._publish("available")
         log.info("announced %d service(s), %d tool(s) on %s as host %s (lease %ss%s)",
-                 len(self.catalog.descriptors), len(self.catalog.tools), self.topic, self.identity.id, self.lease,
+                 len(self.catalog.descriptors) + len(self.catalog.external), len(self.catalog.tools), self.topic,
+                 self.identity.id, self.lease,
                  f", signed by key {self.signer.key_id}" if self.signer else ", unsigned")
         self._heartbeat = asyncio.create_task(self._beat(), name="announce heartbeat")
 

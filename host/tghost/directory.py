@@ -100,6 +100,7 @@ class _Announcement(BaseModel):
     host: _Host
     plugin: dict[str, Any] | None = None
     lease: _Lease
+    external: bool = False
 
 
 class _Rejected(Exception):
@@ -113,10 +114,13 @@ class _Rejected(Exception):
 
 @dataclass(frozen=True)
 class Provider:
-    """A host that announced an entry: its identity and the plugin the entry came from."""
+    """A host that announced an entry: its identity and the plugin the entry came from.
+    ``external``: the host announces a tool service that it does not serve (it is served
+    elsewhere, e.g. by a TrustGraph ``DynamicToolService``; callers reach it all the same)."""
 
     host: dict[str, Any]
     plugin: dict[str, Any] | None
+    external: bool = False
 
 
 @dataclass(frozen=True)
@@ -442,7 +446,7 @@ class ToolDirectory:
                 self._hosts[host_id].names.discard(key)
             return {key}
         assert descriptor is not None
-        provider = Provider(announcement.host.model_dump(), announcement.plugin)
+        provider = Provider(announcement.host.model_dump(), announcement.plugin, announcement.external)
         previous = self._claims[key].get(host_id)
         self._claims[key][host_id] = _Claim(descriptor, provider, previous.order if previous else self._order)
         self._renew(host_id, expires_at, announcement.lease.seconds).names.add(key)

@@ -46,8 +46,8 @@ log = logging.getLogger("tghost")
               show_default=True, help="Seconds the event loop may be blocked before a warning names the "
                                       "service blocking it; 0 turns the watchdog off.")
 @click.option("--config", "config_path", type=click.Path(path_type=Path, dir_okay=False), envvar="TGHOST_CONFIG",
-              default=None, help=f"TOML file of extra tools (env TGHOST_CONFIG) [default: {default_config_path()}, "
-                                 "if it exists].")
+              default=None, help="TOML file of extra tools and external tool services (env TGHOST_CONFIG) "
+                                 f"[default: {default_config_path()}, if it exists].")
 @click.option("--lease", type=click.FloatRange(min=0.5, max=86_400), default=30.0, show_default=True,
               help="Seconds an announcement lives without a heartbeat (heartbeat every lease/3).")
 @click.option("--host-id", envvar="TGHOST_HOST_ID", default=None,
@@ -118,6 +118,8 @@ def _add_config_tools(catalog: Catalog, path: Path | None) -> None:
         if not path.exists():
             return
     report = load_config_tools(catalog, path)
+    if report.services:
+        log.info("config %s: added external services %s", path, ", ".join(report.services))
     if report.tools:
         log.info("config %s: added tools %s", path, ", ".join(report.tools))
 
