@@ -29,6 +29,9 @@ config_service = pytest.importorskip("trustgraph.config.service.service", reason
 config_module = pytest.importorskip("trustgraph.config.service.config", reason=SKIP_REASON)
 react = pytest.importorskip("trustgraph.agent.react.service", reason=SKIP_REASON)
 
+from trustgraph.base.request_response_client import RequestResponseClient  # noqa: E402
+from trustgraph.schema import ToolServiceRequest, ToolServiceResponse  # noqa: E402
+
 WORKSPACE = "default"
 
 #: Config the deployment had before tghost came: a tool service and its tool, and an agent item.
@@ -126,7 +129,26 @@ class TrustGraph(LoopThread):
         return self.run(tools())
 
     def invoke(self, name: str, **arguments: Any) -> str:
-        """Call a tool as the agent does when the LLM picks it: its implementation's ``invoke``."""
+        """Call a loaded tool as the agent's ``ToolServiceImpl`` means to: a ``ToolServiceRequest``
+        with the tool's config values and ``arguments`` on the queues the agent loaded, sent by
+        trustgraph-base's own ``RequestResponseClient`` on the agent's Pulsar backend."""
+        async def invoke() -> str:
+            loaded = self.agent.agents[WORKSPACE].tools[name].implementation.keywords
+            client = await RequestResponseClient.create(
+                backend=self.agent.pubsub, request_topic=loaded["request_queue"],
+                response_topic=loaded["response_queue"], request_schema=ToolServiceRequest,
+                response_schema=ToolServiceResponse)
+            try:
+                response = await client.request(ToolServiceRequest(
+                    config=json.dumps(loaded["config_values"]), arguments=json.dumps(arguments)), timeout=30)
+            finally:
+                await client.close()
+            assert response.error is None, response.error
+            return str(response.response)
+        return self.run(invoke())
+
+    def invoke_as_the_agent(self, name: str, **arguments: Any) -> str:
+        """Call a loaded tool through the agent's own ``ToolServiceImpl``, as its ReAct loop does."""
         async def invoke() -> str:
             implementation = self.agent.agents[WORKSPACE].tools[name].implementation(None)
             return str(await implementation.invoke(**arguments))
@@ -262,3 +284,25 @@ def test_sync_survives_restarts_of_the_config_service_and_of_the_broker(
     finally:
         trustgraph.close()
         broker.stop()
+
+
+@pytest.mark.xfail(raises=TypeError, strict=False, reason=(
+    "trustgraph-flow 2.11.1: the agents' ToolServiceImpl builds trustgraph-base's ToolServiceClient with "
+    "keyword arguments, but in trustgraph-base 2.11 that class is a mixin without a constructor, so every "
+    "tool-service call from a TrustGraph agent fails with 'ToolServiceClient() takes no arguments'"))
+def test_trustgraphs_agent_calls_a_synced_tool_itself(
+    trustgraph: TrustGraph, pulsar_broker: EmbeddedBroker, plugin_dir: PluginDir, tmp_path: Path,
+    host_process: Callable[..., HostProcess],
+) -> None:
+    plugin_dir.add("first", FIRST)
+    env = plugin_dir.user_env(pulsar_broker.url, tmp_path / "config", "tgagent")
+    host = host_process(env=env)
+    host.wait_for("announced")
+    assert tghost("trustgraph", "sync", "--once", env=env).returncode == 0
+    trustgraph.start_agent()
+    assert "first-echo" in trustgraph.agent_tools()
+    try:
+        assert trustgraph.invoke_as_the_agent("first-echo", text="agent") == "agent"
+    finally:
+        host.process.send_signal(signal.SIGINT)
+        assert host.finish() == 0
