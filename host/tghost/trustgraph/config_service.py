@@ -26,6 +26,7 @@ __all__ = [
     "REQUEST_QUEUE",
     "RESPONSE_QUEUE",
     "ConfigPush",
+    "ConfigResponse",
     "ConfigServiceClient",
     "ConfigServiceError",
     "encode_request",
@@ -106,7 +107,7 @@ class _Value(BaseModel):
     workspace: str = ""
 
 
-class _Response(BaseModel):
+class ConfigResponse(BaseModel):
     """trustgraph-base 2.11 ``ConfigResponse``: unknown fields are ignored, missing ones default."""
 
     version: int = 0
@@ -153,7 +154,7 @@ class ConfigServiceClient:
         self.response_topic = pulsar_topic(response_queue)
         self.push_topic = None if push_queue is None else pulsar_topic(push_queue)
         self.timeout = timeout
-        self._pending: dict[str, asyncio.Future[_Response]] = {}
+        self._pending: dict[str, asyncio.Future[ConfigResponse]] = {}
         self._producer: pulsar.asyncio.Producer | None = None
         self._responses: pulsar.asyncio.Consumer | None = None
         self._pushes: pulsar.asyncio.Consumer | None = None
@@ -198,11 +199,11 @@ class ConfigServiceClient:
             if future is None or future.done():
                 continue  # another client's response: the topic is shared
             try:
-                future.set_result(_Response.model_validate_json(message.data()))
+                future.set_result(ConfigResponse.model_validate_json(message.data()))
             except ValidationError as exc:
                 future.set_exception(ConfigServiceError("bad-response", str(exc).splitlines()[0]))
 
-    async def request(self, payload: bytes) -> _Response:
+    async def request(self, payload: bytes) -> ConfigResponse:
         """Send one encoded request (:func:`encode_request`) and wait for its response.
 
         Raises:
@@ -215,7 +216,7 @@ class ConfigServiceClient:
         if self._producer is None:
             raise RuntimeError("ConfigServiceClient.request() before start()")
         request_id = str(uuid.uuid4())
-        future: asyncio.Future[_Response] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[ConfigResponse] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
         try:
             async with asyncio.timeout(self.timeout):
