@@ -5,8 +5,8 @@ nobody but itself) and called by tool name through ``ToolDirectory`` and through
 from __future__ import annotations
 
 import json
+import re
 import signal
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -26,19 +26,11 @@ from .test_cli import tghost as run_cli
 dynamic_tool_service = pytest.importorskip(
     "trustgraph.base.dynamic_tool_service", reason="trustgraph-base 2.11 is not installed here")
 
-CONFIG = """
-[external-services.tgpeer]
-request-queue = "non-persistent://tg/request/{topic}"
-response-queue = "non-persistent://tg/response/{topic}"
-config-params = [{{name = "style", required = true}}]
-description = "TrustGraph's shouting service"
-
-[tools.peer-shout]
-service = "tgpeer"
-description = "Shout the text, in a style."
-arguments = [{{name = "text", type = "string", description = "What to shout."}}]
-style = "loudly"
-"""
+README = Path(__file__).resolve().parent.parent / "README.md"
+#: The README's example config file (section "With TrustGraph"), run as written.
+CONFIG = next(block for block in re.findall(r"```toml\n(.*?)```", README.read_text(), re.DOTALL)
+              if "[external-services.tgpeer]" in block)
+TOPIC = "tgpeer"  # the README's DynamicToolService topic
 
 
 @tghost.tool(service="kb")
@@ -58,30 +50,29 @@ class Shouter(dynamic_tool_service.DynamicToolService):  # type: ignore[misc,nam
 
 
 @pytest.fixture
-def shouter(pulsar_broker: EmbeddedBroker) -> Iterator[str]:
-    """A ``Shouter`` serving on a fresh topic of this broker, in its own loop; yields the topic."""
-    topic = f"tgpeer-{uuid.uuid4().hex[:8]}"
+def shouter(pulsar_broker: EmbeddedBroker) -> Iterator[None]:
+    """A ``Shouter`` serving the README's topic on this broker, in its own event loop."""
     thread = LoopThread("trustgraph")
 
     async def start() -> Any:
-        service = Shouter(id="tgpeer", topic=topic, pulsar_host=pulsar_broker.url)
+        service = Shouter(id="tgpeer", topic=TOPIC, pulsar_host=pulsar_broker.url)
         await service.start()
         return service
 
     service = thread.run(start())
     Shouter.calls = 0
     try:
-        yield topic
+        yield
     finally:
         thread.run(service.stop())
         thread.close()
 
 
 @pytest.fixture
-def env(pulsar_broker: EmbeddedBroker, plugin_dir: PluginDir, tmp_path: Path, shouter: str) -> dict[str, str]:
-    """No plugin at all, and a config file declaring the Shouter and a tool over it."""
+def env(pulsar_broker: EmbeddedBroker, plugin_dir: PluginDir, tmp_path: Path, shouter: None) -> dict[str, str]:
+    """No plugin at all, and the README's config file declaring the Shouter and a tool over it."""
     config = tmp_path / "tools.toml"
-    config.write_text(CONFIG.format(topic=shouter))
+    config.write_text(CONFIG)
     return {**plugin_dir.user_env(pulsar_broker.url, tmp_path / "config", "external"), "TGHOST_CONFIG": str(config)}
 
 
@@ -96,7 +87,7 @@ async def test_a_dynamic_tool_service_declared_in_the_config_is_called_by_tool_n
     env: dict[str, str], host_process: Callable[..., HostProcess],
 ) -> None:
     host = host_process(env=env)
-    host.wait_for(r"announcing external service tgpeer \(served elsewhere, on non-persistent://tg/request/tgpeer-")
+    host.wait_for(r"announcing external service tgpeer \(served elsewhere, on non-persistent://tg/request/tgpeer;")
     host.wait_for("announced")
     assert "serving tgpeer" not in host.log
 
@@ -109,9 +100,12 @@ async def test_a_dynamic_tool_service_declared_in_the_config_is_called_by_tool_n
     assert listed["peer-shout"].input_schema["required"] == ["text"]
     assert (shouted.is_error, text(shouted)) == (False, "OVER MCP (loudly)")
 
+    called = run_cli("call", "peer-shout", "text=hi", env=env)
+    assert (called.returncode, called.stdout.strip()) == (0, "HI (loudly)")
     (row,) = json.loads(run_cli("tools", "--json", env=env).stdout)
     assert row["name"] == "peer-shout" and row["external"] is True and row["config"] == {"style": "loudly"}
-    assert Shouter.calls == 2  # every call went to TrustGraph's service: the host serves none of it
+    assert "tgpeer (external)" in run_cli("tools", env=env).stdout
+    assert Shouter.calls == 3  # every call went to TrustGraph's service: the host serves none of it
 
     host.process.send_signal(signal.SIGINT)
     assert host.finish() == 0
@@ -143,11 +137,11 @@ description = "Over a service that was skipped"
 
 def test_a_config_file_adds_external_services_and_tools_over_them_but_serves_nothing(tmp_path: Path) -> None:
     config = tmp_path / "tools.toml"
-    config.write_text(CONFIG.format(topic="t"))
+    config.write_text(CONFIG)
     catalog = Catalog()
     report = load_config_tools(catalog, config)
     assert report.services == ["tgpeer"] and report.tools == ["peer-shout"] and not report.errors
-    assert catalog.external["tgpeer"].request_queue == "non-persistent://tg/request/t"
+    assert catalog.external["tgpeer"].request_queue == "non-persistent://tg/request/tgpeer"
     assert catalog.external["tgpeer"].required_config == ("style",)
     assert catalog.services == {} and catalog.descriptors == {}  # nothing for the host to serve
     assert catalog.tools["peer-shout"].config == {"style": "loudly"}
