@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from tghost.broker import EmbeddedBroker, free_port
+from tghost.broker import EmbeddedBroker, PulsarSettings, free_port
+from tghost.trustgraph.config_service import ConfigServiceClient, ConfigServiceError
 from tghost.trustgraph.sync import MARKER
 
 from .conftest import HostProcess, LoopThread, PluginDir
@@ -191,6 +192,27 @@ def ours(store: MemoryTableStore) -> dict[tuple[str, str], dict[str, Any]]:
     return {key: value for key, value in parsed.items() if isinstance(value, dict) and MARKER in value}
 
 
+async def test_the_client_lists_gets_puts_and_deletes_in_batches_and_reports_errors(
+    trustgraph: TrustGraph, store: MemoryTableStore, pulsar_broker: EmbeddedBroker,
+) -> None:
+    client = await PulsarSettings(pulsar_broker.url).connect()
+    config = await ConfigServiceClient(client, push_queue=None, batch=2).start()
+    try:
+        items = {("tool", f"t{n}"): json.dumps({"n": n}) for n in range(5)}
+        await config.put(WORKSPACE, items)  # three requests
+        assert {key: store.rows[(WORKSPACE, *key)] for key in items} == items
+        assert sorted(await config.list(WORKSPACE, "tool")) == ["legacy-search", "t0", "t1", "t2", "t3", "t4"]
+        got = await config.get(WORKSPACE, [*items, ("tool", "missing")])
+        assert got == {**items, ("tool", "missing"): None}
+        await config.delete(WORKSPACE, list(items))
+        assert await config.list(WORKSPACE, "tool") == ["legacy-search"]
+        with pytest.raises(ConfigServiceError, match="bad-request: Workspace is required"):
+            await config.list("", "tool")
+    finally:
+        await config.close()
+        await client.close()
+
+
 def test_sync_puts_installed_plugins_tools_where_trustgraphs_agent_loads_them_and_removes_uninstalled(
     trustgraph: TrustGraph, store: MemoryTableStore, pulsar_broker: EmbeddedBroker, plugin_dir: PluginDir,
     tmp_path: Path, host_process: Callable[..., HostProcess],
@@ -228,7 +250,7 @@ def test_sync_puts_installed_plugins_tools_where_trustgraphs_agent_loads_them_an
     assert "legacy-search" in trustgraph.agent_tools()
 
     sync.process.send_signal(signal.SIGINT)
-    assert sync.finish() == 0
+    assert sync.finish() == 0, sync.log
     version = store.version
     again = tghost("trustgraph", "sync", "--once", "--json", env=env)
     assert again.returncode == 0, again.stderr
@@ -280,7 +302,7 @@ def test_sync_survives_restarts_of_the_config_service_and_of_the_broker(
                    "second-shout's items deleted after the broker restart", timeout=30)
         for process in (sync, host):
             process.process.send_signal(signal.SIGINT)
-            assert process.finish() == 0
+            assert process.finish() == 0, process.log
     finally:
         trustgraph.close()
         broker.stop()

@@ -14,7 +14,7 @@ import contextlib
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import pulsar
@@ -143,13 +143,19 @@ class ConfigServiceClient:
     ``id`` property and only the response with that ``id`` answers it (as trustgraph-base's
     ``RequestResponseClient`` does). The topics are non-persistent: a request sent while no
     config service is subscribed is lost, and times out.
+
+    :meth:`get`, :meth:`put` and :meth:`delete` send at most ``batch`` items per request, in
+    the order given, so that no message nears Pulsar's 5 MB default limit (a tool item is
+    about 1-2 KB).
     """
 
     def __init__(
         self, client: pulsar.asyncio.Client, request_queue: str = REQUEST_QUEUE,
         response_queue: str = RESPONSE_QUEUE, push_queue: str | None = PUSH_QUEUE, timeout: float = 10.0,
+        batch: int = 200,
     ) -> None:
         self._client = client
+        self.batch = batch
         self.request_topic = pulsar_topic(request_queue)
         self.response_topic = pulsar_topic(response_queue)
         self.push_topic = None if push_queue is None else pulsar_topic(push_queue)
@@ -236,23 +242,23 @@ class ConfigServiceClient:
         return (await self.request(encode_request("list", workspace, type=type))).directory
 
     async def get(self, workspace: str, keys: Sequence[ItemKey]) -> dict[ItemKey, str | None]:
-        """The values of ``keys`` in ``workspace``, ``None`` for a missing item (operation ``get``,
-        one request for every key)."""
-        if not keys:
-            return {}
-        response = await self.request(encode_request("get", workspace, keys=keys))
-        return {(v.type, v.key): v.value for v in response.values}
+        """The values of ``keys`` in ``workspace``, ``None`` for a missing item (operation ``get``)."""
+        values: dict[ItemKey, str | None] = {}
+        for chunk in _chunks(keys, self.batch):
+            response = await self.request(encode_request("get", workspace, keys=chunk))
+            values.update({(v.type, v.key): v.value for v in response.values})
+        return values
 
     async def put(self, workspace: str, values: Mapping[ItemKey, str]) -> None:
-        """Write ``values`` (item -> value string) in ``workspace``: one ``put`` request, so the
-        config service pushes one change for all of them."""
-        if values:
-            await self.request(encode_request("put", workspace, values=values))
+        """Write ``values`` (item -> value string) in ``workspace``, in their order (operation
+        ``put``; the config service pushes one change per request)."""
+        for chunk in _chunks(list(values), self.batch):
+            await self.request(encode_request("put", workspace, values={key: values[key] for key in chunk}))
 
     async def delete(self, workspace: str, keys: Sequence[ItemKey]) -> None:
-        """Delete ``keys`` in ``workspace``: one ``delete`` request."""
-        if keys:
-            await self.request(encode_request("delete", workspace, keys=keys))
+        """Delete ``keys`` in ``workspace``, in their order (operation ``delete``)."""
+        for chunk in _chunks(keys, self.batch):
+            await self.request(encode_request("delete", workspace, keys=chunk))
 
     async def pushes(self) -> AsyncIterator[ConfigPush]:
         """Yield every config push from now on (an undecodable one is logged and skipped).
@@ -267,6 +273,11 @@ class ConfigServiceClient:
                 yield ConfigPush.model_validate_json(message.data())
             except ValidationError as exc:
                 log.warning("ignored a config push that is not a ConfigPush: %s", str(exc).splitlines()[0])
+
+
+def _chunks(items: Sequence[ItemKey], size: int) -> Iterator[Sequence[ItemKey]]:
+    for start in range(0, len(items), size):
+        yield items[start:start + size]
 
 
 async def _receive(consumer: pulsar.asyncio.Consumer, topic: str) -> Any:

@@ -137,9 +137,11 @@ class TrustGraphSync:
     """Keeps ``workspace``'s tool items in TrustGraph's config service in step with ``directory``.
 
     :meth:`sync_once` is one pass: read every ``tool-service`` and ``tool`` item (``list``,
-    then one ``get``), :func:`plan`, then one ``put`` (services and tools together, so the
-    agent reloads a consistent set) and one ``delete``. Items carry ``MARKER: owner``; run one
-    sync per owner name (two syncs with one owner and different directories undo each other).
+    then ``get``), :func:`plan`, then ``put`` services before their tools and ``delete`` tools
+    before their services, so that the agent never sees a tool whose service is missing (up to
+    a few hundred items go in one request, so usually one push and one reload). Items carry
+    ``MARKER: owner``; run one sync per owner name (two syncs with one owner and different
+    directories undo each other).
 
     :meth:`run` passes again whenever the directory changes, a config push says a tool item
     of the workspace may have changed (an item deleted by hand is put back; a config service
