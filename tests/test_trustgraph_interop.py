@@ -22,7 +22,7 @@ from tghost.trustgraph.config_service import ConfigServiceClient, ConfigServiceE
 from tghost.trustgraph.sync import MARKER
 
 from .conftest import HostProcess, LoopThread, PluginDir
-from .test_cli import tghost
+from .test_cli import live_tools, tghost
 from .test_watch_plugins import FIRST, SECOND, eventually
 
 SKIP_REASON = "trustgraph-flow 2.11 is not installed here: run 'tox -e trustgraph'"
@@ -30,6 +30,7 @@ config_service = pytest.importorskip("trustgraph.config.service.service", reason
 config_module = pytest.importorskip("trustgraph.config.service.config", reason=SKIP_REASON)
 react = pytest.importorskip("trustgraph.agent.react.service", reason=SKIP_REASON)
 
+from trustgraph.agent.tool_filter import filter_tools_by_group_and_state, get_next_state  # noqa: E402
 from trustgraph.base.request_response_client import RequestResponseClient  # noqa: E402
 from trustgraph.schema import ToolServiceRequest, ToolServiceResponse  # noqa: E402
 
@@ -43,6 +44,26 @@ FOREIGN = {
                                            "description": "The deployment's own search.", "arguments": []}),
     ("agent", "additional-context"): json.dumps("Be brief."),
 }
+
+
+#: A plugin whose tool has seed 001 group, state and available_in_states.
+GROUPED = """
+import tghost
+
+@tghost.tool
+async def take_notes(text: str) -> str:
+    '''Note the text down.'''
+    return f"noted: {text}"
+
+@tghost.hookimpl
+def tghost_register_services(register):
+    register(take_notes)
+
+@tghost.hookimpl
+def tghost_register_tools(register):
+    register(take_notes.tool("research-notes", group=["research"], state="analysing",
+                             available_in_states=["undefined", "research"]))
+"""
 
 
 class MemoryTableStore:
@@ -220,18 +241,28 @@ def test_sync_puts_installed_plugins_tools_where_trustgraphs_agent_loads_them_an
     trustgraph.start_agent()
     assert set(trustgraph.agent_tools()) == {"legacy-search"}
     plugin_dir.add("first", FIRST)
+    plugin_dir.add("grouped", GROUPED)
     env = plugin_dir.user_env(pulsar_broker.url, tmp_path / "config", "tgsync")
     host = host_process("--watch-plugins", "--watch-interval", "0.5", env=env)
     host.wait_for("watching for plugins")
     sync = sync_process(host_process, env)
     sync.wait_for(r"put tool/first-echo \(added\) in workspace default")
-    eventually(lambda: "first-echo" in trustgraph.agent_tools(), "first-echo loaded by TrustGraph's agent")
+    tools = eventually(lambda: (t := trustgraph.agent_tools()) and "research-notes" in t and t,
+                       "the tools loaded by TrustGraph's agent")
+    # Seed 001 as TrustGraph's agent applies it (its own tool_filter) agrees with tghost's directory.
+    for groups, state in ((["research"], "undefined"), (["default"], None), (["research"], "analysing"),
+                          (["*"], "research")):
+        theirs = set(filter_tools_by_group_and_state(tools, groups, state)) - {"legacy-search"}
+        args = [arg for group in groups for arg in ("--group", group)] + (["--state", state] if state else [])
+        assert theirs == set(live_tools(env, *args)), (groups, state)
+    assert get_next_state(tools["research-notes"], "undefined") == "analysing"
+    assert trustgraph.invoke("research-notes", text="seed 001") == "noted: seed 001"
 
     plugin_dir.add("second", SECOND)
     sync.wait_for(r"put tool/second-shout \(added\)")
     tools = eventually(lambda: (t := trustgraph.agent_tools()) and "second-shout" in t and t,
                        "second-shout loaded by TrustGraph's agent")
-    assert set(tools) == {"legacy-search", "first-echo", "second-shout"}
+    assert set(tools) == {"legacy-search", "first-echo", "take-notes", "research-notes", "second-shout"}
     shout = tools["second-shout"]
     assert shout.implementation.keywords["request_queue"] == "non-persistent://tg/request/second-shout"
     assert [a.name for a in shout.arguments] == ["text"]
@@ -245,7 +276,8 @@ def test_sync_puts_installed_plugins_tools_where_trustgraphs_agent_loads_them_an
     shutil.rmtree(plugin_dir.root / "tghost_test_second-1.0.dist-info")
     sync.wait_for(r"delete tool/second-shout \(withdrawn\)")
     eventually(lambda: "second-shout" not in trustgraph.agent_tools(), "second-shout unloaded by the agent")
-    assert set(ours(store)) == {("tool-service", "first-echo"), ("tool", "first-echo")}
+    assert set(ours(store)) == {("tool-service", "first-echo"), ("tool", "first-echo"), ("tool-service", "take-notes"),
+                                ("tool", "take-notes"), ("tool", "research-notes")}
     assert all(store.rows[(WORKSPACE, *key)] == value for key, value in FOREIGN.items())  # untouched
     assert "legacy-search" in trustgraph.agent_tools()
 
@@ -260,7 +292,9 @@ def test_sync_puts_installed_plugins_tools_where_trustgraphs_agent_loads_them_an
     assert host.finish() == 0
     cron = tghost("trustgraph", "sync", "--once", "--json", env=env)
     assert {(c["action"], c["type"], c["key"], c["reason"]) for c in json.loads(cron.stdout)["changes"]} == {
-        ("delete", "tool", "first-echo", "no longer live"), ("delete", "tool-service", "first-echo", "unused")}
+        ("delete", "tool", "first-echo", "no longer live"), ("delete", "tool-service", "first-echo", "unused"),
+        ("delete", "tool", "take-notes", "no longer live"), ("delete", "tool", "research-notes", "no longer live"),
+        ("delete", "tool-service", "take-notes", "unused")}
     assert ours(store) == {} and all(store.rows[(WORKSPACE, *key)] == value for key, value in FOREIGN.items())
 
 
