@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from tghost.broker import EmbeddedBroker, PulsarSettings, free_port
+from tghost.trust import write_key_pair
 from tghost.trustgraph.config_service import ConfigServiceClient, ConfigServiceError
 from tghost.trustgraph.sync import MARKER
 
@@ -296,6 +297,34 @@ def test_sync_puts_installed_plugins_tools_where_trustgraphs_agent_loads_them_an
         ("delete", "tool", "take-notes", "no longer live"), ("delete", "tool", "research-notes", "no longer live"),
         ("delete", "tool-service", "take-notes", "unused")}
     assert ours(store) == {} and all(store.rows[(WORKSPACE, *key)] == value for key, value in FOREIGN.items())
+
+
+def test_sync_once_writes_only_the_tools_of_the_groups_and_trusted_hosts_asked_for(
+    trustgraph: TrustGraph, store: MemoryTableStore, pulsar_broker: EmbeddedBroker, plugin_dir: PluginDir,
+    tmp_path: Path, host_process: Callable[..., HostProcess],
+) -> None:
+    plugin_dir.add("first", FIRST)
+    plugin_dir.add("grouped", GROUPED)
+    env = plugin_dir.user_env(pulsar_broker.url, tmp_path / "config", "tgfilter")
+    pair = write_key_pair(tmp_path / "host")
+    signed = host_process("--load-plugins", "grouped", "--signing-key", str(pair.private), env=env)
+    unsigned = host_process("--load-plugins", "first", env=env)
+    for host in (signed, unsigned):
+        host.wait_for("announced")
+    result = tghost("trustgraph", "sync", "--once", "--json", "--group", "research", "--state", "undefined",
+                    "--trusted-key", str(pair.public), env=env)
+    assert result.returncode == 0, result.stderr
+    assert {(c["action"], c["type"], c["key"]) for c in json.loads(result.stdout)["changes"]} == {
+        ("put", "tool-service", "take-notes"), ("put", "tool", "research-notes")}
+    assert set(ours(store)) == {("tool-service", "take-notes"), ("tool", "research-notes")}
+    everything = tghost("trustgraph", "sync", "--once", env=env)
+    assert everything.returncode == 0, everything.stderr
+    assert everything.stdout.splitlines() == [  # the rest: the unsigned host's tool and the default group's
+        "put tool-service/first-echo (added)", "put tool/first-echo (added)", "put tool/take-notes (added)",
+        "workspace default: 3 put, 0 deleted, 0 skipped"]
+    for host in (signed, unsigned):
+        host.process.send_signal(signal.SIGINT)
+        assert host.finish() == 0, host.log
 
 
 def test_sync_survives_restarts_of_the_config_service_and_of_the_broker(
