@@ -85,7 +85,7 @@ def run(pulsar: PulsarSettings, descriptors_topic: str, data_dir: Path | None, t
     for report in catalog.plugins:
         for error in report.errors:
             log.error("plugin %s: %s (run 'tghost plugins' for details)", report.name, error)
-    if not catalog.services:
+    if not catalog.services and not catalog.external:
         log.warning("no tool services to serve: pip install a tghost plugin (see 'tghost plugins')")
     broker = _start_broker_if_needed(pulsar.url, data_dir)
     settings = ServeSettings(timeout=timeout, max_concurrency=max_concurrency, max_queue=max_queue, grace=grace,
