@@ -1,6 +1,7 @@
-"""announce: publish what this host serves on the ``tool-descriptors`` topic, renew its lease
-by heartbeat, announce again after a reconnect, and withdraw it before shutdown (DESIGN.md,
-"Announcement protocol"); with a signing key every value is signed (:mod:`tghost.trust`).
+"""announce: publish what this host serves (and the external tool services its config declares,
+marked ``"external": true``) on the ``tool-descriptors`` topic, renew its lease by heartbeat,
+announce again after a reconnect, and withdraw it before shutdown (DESIGN.md, "Announcement
+protocol"); with a signing key every value is signed (:mod:`tghost.trust`).
 
 Never serves requests and never reads the topic: the directory does that.
 """
