@@ -111,3 +111,9 @@ def test_sync_rejects_a_queue_that_is_neither_a_topic_nor_a_queue_id(tmp_path: P
     result = tghost("trustgraph", "sync", "--once", "--config-request-queue", "bogus:tg:config",
                     env={**os.environ, "XDG_CONFIG_HOME": str(tmp_path)})
     assert result.returncode == 2 and "unknown queue class 'bogus'" in result.stderr
+
+
+def test_sync_needs_a_workspace_name(tmp_path: Path) -> None:
+    result = tghost("trustgraph", "sync", "--once", "--workspace", "",
+                    env={**os.environ, "XDG_CONFIG_HOME": str(tmp_path)})
+    assert result.returncode == 2 and "needs a workspace name" in result.stderr

@@ -35,6 +35,12 @@ def trustgraph() -> None:
     """Work with a TrustGraph deployment on the same Pulsar cluster."""
 
 
+def _workspace(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    if not value:
+        raise click.BadParameter("TrustGraph's config service needs a workspace name")
+    return value
+
+
 def _queue(ctx: click.Context, param: click.Parameter, value: str) -> str:
     try:
         return pulsar_topic(value)
@@ -47,6 +53,7 @@ def _queue(ctx: click.Context, param: click.Parameter, value: str) -> str:
 @filter_options
 @trust_options
 @click.option("--workspace", envvar="TGHOST_TRUSTGRAPH_WORKSPACE", default="default", show_default=True,
+              callback=_workspace,
               help="TrustGraph workspace whose config items to keep (env TGHOST_TRUSTGRAPH_WORKSPACE).")
 @click.option("--owner", default="tghost", show_default=True,
               help=f"Name written in the {MARKER!r} key of every item this sync writes; it deletes or changes "
@@ -111,9 +118,11 @@ def sync(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...]
         changes = asyncio.run(main())
     except KeyboardInterrupt:
         return
-    except (TimeoutError, ConfigServiceError) as exc:
+    except TimeoutError as exc:
         raise click.ClickException(f"{exc}: is TrustGraph's config-svc running on {pulsar.url}? Check "
                                    "--config-request-queue/--config-response-queue") from None
+    except ConfigServiceError as exc:
+        raise click.ClickException(f"TrustGraph's config service refused a request: {exc}") from None
     except PulsarException as exc:
         raise click.ClickException(f"Pulsar at {pulsar.url} failed: {exc}") from None
     if once:
