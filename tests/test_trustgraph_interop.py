@@ -186,8 +186,11 @@ class TrustGraph(LoopThread):
 
 @pytest.fixture
 def store() -> MemoryTableStore:
+    """The deployment's config: the FOREIGN items, in workspace ``default``, registered as 2.11's
+    IAM service registers a workspace."""
     store = MemoryTableStore()
     store.rows = {(WORKSPACE, t, k): v for (t, k), v in FOREIGN.items()}
+    store.rows[("__workspaces__", "workspace", WORKSPACE)] = '{"enabled": true}'
     return store
 
 
@@ -317,6 +320,13 @@ def test_sync_once_writes_only_the_tools_of_the_groups_and_trusted_hosts_asked_f
     assert {(c["action"], c["type"], c["key"]) for c in json.loads(result.stdout)["changes"]} == {
         ("put", "tool-service", "take-notes"), ("put", "tool", "research-notes")}
     assert set(ours(store)) == {("tool-service", "take-notes"), ("tool", "research-notes")}
+    assert "is not registered" not in result.stderr
+    elsewhere = tghost("trustgraph", "sync", "--once", "--workspace", "sandbox", env=env)
+    assert elsewhere.returncode == 0, elsewhere.stderr
+    assert "workspace sandbox is not registered in TrustGraph" in elsewhere.stderr
+    assert {(c, k) for (w, c, k) in store.rows if w == "sandbox"} == {
+        ("tool-service", "first-echo"), ("tool", "first-echo"), ("tool-service", "take-notes"),
+        ("tool", "take-notes"), ("tool", "research-notes")}  # written all the same
     everything = tghost("trustgraph", "sync", "--once", env=env)
     assert everything.returncode == 0, everything.stderr
     assert everything.stdout.splitlines() == [  # the rest: the unsigned host's tool and the default group's

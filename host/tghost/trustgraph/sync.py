@@ -31,6 +31,9 @@ log = logging.getLogger(__name__)
 MARKER = "tghost-sync"
 #: The config types the sync manages, tool services first (a put writes them before their tools).
 TYPES = ("tool-service", "tool")
+#: Where TrustGraph 2.11 registers its workspaces: an item ``workspace/<name>`` in this reserved
+#: workspace (written by its IAM service; its API gateway serves only the workspaces listed).
+WORKSPACES = "__workspaces__"
 #: Why a gone tool is deleted, by :class:`tghost.directory.Change` kind.
 _GONE = {"removed": "withdrawn", "expired": "expired"}
 
@@ -178,6 +181,7 @@ class TrustGraphSync:
         """Passes that completed."""
         self._gone: dict[str, str] = {}
         self._skipped: set[ItemChange] = set()
+        self._workspace_checked = False
         self._wake = asyncio.Event()
 
     async def read(self) -> dict[ItemKey, str | None]:
@@ -193,6 +197,8 @@ class TrustGraphSync:
     async def sync_once(self) -> list[ItemChange]:
         """One pass; returns what it put and deleted, and every skip (a skip is logged only the
         first time it is seen). Raises as :meth:`read`."""
+        if not self._workspace_checked:
+            await self._check_workspace()
         desired = desired_items(self.directory, self.owner, self.groups, self.state)
         result = plan(desired, await self.read(), self.owner, self._gone_reason)
         await self.config.put(self.workspace, {key: json.dumps(value) for key, value in result.puts.items()})
@@ -210,6 +216,15 @@ class TrustGraphSync:
                 self._gone.pop(key, None)
         self.passes += 1
         return result.changes
+
+    async def _check_workspace(self) -> None:
+        """Warn (once) when the workspace is not registered in TrustGraph: the items still reach
+        its agents, which load every workspace's tools, but not its API gateway."""
+        if self.workspace not in await self.config.list(WORKSPACES, "workspace"):
+            log.warning("workspace %s is not registered in TrustGraph (no item workspace/%s in %s): its agents "
+                        "load these items, but its API gateway and tg-* tools see registered workspaces only",
+                        self.workspace, self.workspace, WORKSPACES)
+        self._workspace_checked = True
 
     def _gone_reason(self, key: ItemKey) -> str:
         if key[1] in self.directory.tools:
