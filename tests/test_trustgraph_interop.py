@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import shutil
 import signal
+import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -206,7 +207,8 @@ def trustgraph(pulsar_broker: EmbeddedBroker, store: MemoryTableStore,
 
 
 def sync_process(host_process: Callable[..., HostProcess], env: dict[str, str], *args: str) -> HostProcess:
-    sync = host_process(*args, env=env, command=("trustgraph", "sync"))
+    """A running ``tghost trustgraph sync ARGS``; its stdout is a pipe (read it once it ended)."""
+    sync = host_process(*args, env=env, command=("trustgraph", "sync"), stdout=subprocess.PIPE)
     sync.wait_for("keeping workspace default")
     return sync
 
@@ -249,7 +251,7 @@ def test_sync_puts_installed_plugins_tools_where_trustgraphs_agent_loads_them_an
     env = plugin_dir.user_env(pulsar_broker.url, tmp_path / "config", "tgsync")
     host = host_process("--watch-plugins", "--watch-interval", "0.5", env=env)
     host.wait_for("watching for plugins")
-    sync = sync_process(host_process, env)
+    sync = sync_process(host_process, env, "--json")
     sync.wait_for(r"put tool/first-echo \(added\) in workspace default")
     tools = eventually(lambda: (t := trustgraph.agent_tools()) and "research-notes" in t and t,
                        "the tools loaded by TrustGraph's agent")
@@ -287,6 +289,14 @@ def test_sync_puts_installed_plugins_tools_where_trustgraphs_agent_loads_them_an
 
     sync.process.send_signal(signal.SIGINT)
     assert sync.finish() == 0, sync.log
+    assert sync.process.stdout is not None
+    printed = [json.loads(line) for line in sync.process.stdout]  # --json: one object per change
+    assert {"workspace": "default", "action": "put", "type": "tool", "key": "second-shout", "reason": "added"} \
+        in printed
+    assert printed[-2:] == [
+        {"workspace": "default", "action": "delete", "type": "tool", "key": "second-shout", "reason": "withdrawn"},
+        {"workspace": "default", "action": "delete", "type": "tool-service", "key": "second-shout",
+         "reason": "unused"}]
     version = store.version
     again = tghost("trustgraph", "sync", "--once", "--json", env=env)
     assert again.returncode == 0, again.stderr
