@@ -87,11 +87,11 @@ class HostProcess:
     deadline even when the host goes quiet.
     """
 
-    def __init__(self, args: list[str], env: dict[str, str], command: tuple[str, ...] = ("run",),
-                 stdout: int = subprocess.DEVNULL) -> None:
+    def __init__(self, args: list[str], env: dict[str, str], cwd: Path | None = None,
+                 command: tuple[str, ...] = ("run",), stdout: int = subprocess.DEVNULL) -> None:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "tghost", *command, *args],
-            env=env, stderr=subprocess.PIPE, stdout=stdout, text=True,
+            env=env, cwd=cwd, stderr=subprocess.PIPE, stdout=stdout, text=True,
         )
         self.log = ""
         self._lines: queue.Queue[str | None] = queue.Queue()
@@ -137,9 +137,9 @@ def host_process() -> Iterator[Callable[..., HostProcess]]:
     """Start ``tghost run`` (or ``command``) subprocesses; any still running at the end are killed."""
     started: list[HostProcess] = []
 
-    def start(*args: str, env: dict[str, str] | None = None, command: tuple[str, ...] = ("run",),
-              stdout: int = subprocess.DEVNULL) -> HostProcess:
-        host = HostProcess(list(args), env or dict(os.environ), command, stdout)
+    def start(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
+              command: tuple[str, ...] = ("run",), stdout: int = subprocess.DEVNULL) -> HostProcess:
+        host = HostProcess(list(args), env or dict(os.environ), cwd, command, stdout)
         started.append(host)
         return host
 
