@@ -135,7 +135,7 @@ class ConfigServiceClient:
     """Requests to TrustGraph's config service, and its pushes.
 
     ``await ConfigServiceClient(client).start()``, then :meth:`list`, :meth:`get`, :meth:`put`
-    and :meth:`delete` (each one request, answered within ``timeout`` seconds), and
+    and :meth:`delete` (every request answered within ``timeout`` seconds), and
     :meth:`pushes`. Queues are topics or TrustGraph queue ids (:func:`pulsar_topic`); the
     defaults are trustgraph-base 2.11's. ``push_queue=None`` follows no pushes.
 
