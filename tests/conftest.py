@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import os
 import queue
@@ -12,13 +13,16 @@ import textwrap
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
 
 from tghost.discover import ENTRY_POINT_GROUP
+
+T = TypeVar("T")
 
 
 class PluginDir:
@@ -76,16 +80,18 @@ def plugin_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> PluginDir:
 
 
 class HostProcess:
-    """A ``tghost run`` subprocess; its stderr log is collected in ``self.log``.
+    """A ``tghost run`` subprocess (or another long-running ``command``, e.g. ``("trustgraph",
+    "sync")``); its stderr log is collected in ``self.log``.
 
     A daemon thread reads stderr line by line into a queue, so :meth:`wait_for` keeps its
     deadline even when the host goes quiet.
     """
 
-    def __init__(self, args: list[str], env: dict[str, str], cwd: Path | None = None) -> None:
+    def __init__(self, args: list[str], env: dict[str, str], cwd: Path | None = None,
+                 command: tuple[str, ...] = ("run",), stdout: int = subprocess.DEVNULL) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "tghost", "run", *args],
-            env=env, cwd=cwd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+            [sys.executable, "-m", "tghost", *command, *args],
+            env=env, cwd=cwd, stderr=subprocess.PIPE, stdout=stdout, text=True,
         )
         self.log = ""
         self._lines: queue.Queue[str | None] = queue.Queue()
@@ -128,11 +134,12 @@ class HostProcess:
 
 @pytest.fixture
 def host_process() -> Iterator[Callable[..., HostProcess]]:
-    """Start ``tghost run`` subprocesses; any still running at the end are killed."""
+    """Start ``tghost run`` (or ``command``) subprocesses; any still running at the end are killed."""
     started: list[HostProcess] = []
 
-    def start(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> HostProcess:
-        host = HostProcess(list(args), env or dict(os.environ), cwd)
+    def start(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
+              command: tuple[str, ...] = ("run",), stdout: int = subprocess.DEVNULL) -> HostProcess:
+        host = HostProcess(list(args), env or dict(os.environ), cwd, command, stdout)
         started.append(host)
         return host
 
@@ -141,3 +148,21 @@ def host_process() -> Iterator[Callable[..., HostProcess]]:
         if host.process.poll() is None:
             host.process.kill()
             host.process.wait()
+
+
+class LoopThread:
+    """An event loop in a daemon thread, for a peer's async code (TrustGraph's processors) that
+    must keep running while the test blocks, e.g. on a subprocess's log."""
+
+    def __init__(self, name: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self.thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 60) -> T:
+        """Run ``coro`` on the thread's loop; returns its result (raises what it raises)."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)

@@ -86,8 +86,8 @@ def env(pulsar_broker: EmbeddedBroker, plugin_dir: PluginDir, tmp_path: Path) ->
     return plugin_dir.user_env(pulsar_broker.url, tmp_path / "config", "cli")
 
 
-def live_tools(env: dict[str, str]) -> dict[str, dict[str, object]]:
-    result = tghost("tools", "--json", env=env)
+def live_tools(env: dict[str, str], *args: str) -> dict[str, dict[str, object]]:
+    result = tghost("tools", "--json", *args, env=env)
     assert result.returncode == 0, result.stderr
     return {row["name"]: row for row in json.loads(result.stdout)}
 

@@ -13,7 +13,7 @@ import pytest
 
 from tghost import ToolDescriptor, ToolServiceDescriptor
 from tghost.broker import EmbeddedBroker
-from tghost.export import input_schema, mcp_tool
+from tghost.export import input_schema, mcp_tool, trustgraph_tool
 
 from .conftest import HostProcess, PluginDir
 from .test_cli import tghost
@@ -50,7 +50,8 @@ def tghost_register_services(register):
 
 @tghost.hookimpl
 def tghost_register_tools(register):
-    register(Weather().tool("forecast", "Forecast the weather in a city.", units="celsius", group=["outdoor"]))
+    register(Weather().tool("forecast", "Forecast the weather in a city.", units="celsius", group=["outdoor"],
+                            state="forecasted", available_in_states=["undefined", "planning"]))
 """
 
 
@@ -84,8 +85,9 @@ def test_trustgraph_export_round_trips_through_the_descriptor_models(live: dict[
     assert set(config["tool-service"]) == {"weather", "greet"}
     for name, value in config["tool"].items():
         assert value["type"] == "tool-service"  # seed 000: required
-        tool = ToolDescriptor.model_validate(value)
-        assert tool.name == name and {"type": "tool-service", **tool.to_json_dict()} == value
+        assert "available_in_states" not in value and None not in value.values()
+        tool = ToolDescriptor.model_validate(value)  # reads TrustGraph's "applicable-states" back
+        assert tool.name == name and trustgraph_tool(tool) == value
         assert tool.service in config["tool-service"]
     for service_id, value in config["tool-service"].items():
         service = ToolServiceDescriptor.model_validate(value)
@@ -93,6 +95,9 @@ def test_trustgraph_export_round_trips_through_the_descriptor_models(live: dict[
     forecast = config["tool"]["forecast"]
     assert forecast["service"] == "weather"
     assert forecast["units"] == "celsius" and forecast["group"] == ["outdoor"]  # config value at the top level
+    # seed 001 as TrustGraph's agent names it (trustgraph-flow agent/tool_filter.py)
+    assert forecast["state"] == "forecasted" and forecast["applicable-states"] == ["undefined", "planning"]
+    assert "state" not in config["tool"]["greet"] and "applicable-states" not in config["tool"]["greet"]
     assert config["tool-service"]["weather"]["request-queue"] == "non-persistent://tg/request/weather"
     assert config["tool-service"]["weather"]["config-params"] == [{"name": "units", "required": False}]
 

@@ -1,4 +1,5 @@
-"""announce: publish what this host serves on the announcement topics: everything on start, on
+"""announce: publish what this host serves (and the external tool services its config declares,
+marked ``"external": true``) on the announcement topics: everything on start, on
 every new epoch's topic and after a reconnect; a heartbeat with the manifest every lease/3;
 withdrawals before shutdown (docs/protocol.md §4.4). With a signing key every value is signed
 (:mod:`tghost.trust`).
@@ -104,7 +105,7 @@ def _lock_free_slot(slots: Path) -> tuple[IO[str], str]:
 def _catalog_keys(catalog: Catalog) -> list[EntryKey]:
     """The catalog's entries, services first; read from a snapshot, since a live plugin install
     (:mod:`tghost.watch`) may change the catalog meanwhile."""
-    return ([("tool-service", sid) for sid in list(catalog.descriptors)]
+    return ([("tool-service", sid) for sid in [*catalog.descriptors, *catalog.external]]
             + [("tool", name) for name in list(catalog.tools)])
 
 
@@ -158,7 +159,7 @@ class Announcer:
         catalog = self.catalog
         descriptor: ToolServiceDescriptor | ToolDescriptor | None
         if kind == "tool-service":
-            descriptor, origins = catalog.descriptors.get(name), catalog.service_origin
+            descriptor, origins = catalog.descriptors.get(name) or catalog.external.get(name), catalog.service_origin
         else:
             descriptor, origins = catalog.tools.get(name), catalog.tool_origin
         if descriptor is None or name not in origins:
@@ -209,6 +210,8 @@ class Announcer:
         }
         if kind == "host" and status == "available":
             value["entries"] = self._manifest()
+        if kind == "tool-service" and name in self.catalog.external:
+            value["external"] = True  # announced here, served elsewhere (config.py; docs/protocol.md §4.3)
         if self.signer is not None:
             value = self.signer.sign(value)
         return announcement_key(kind, name, self.identity.id), value
@@ -274,7 +277,8 @@ class Announcer:
         async with self._sending:
             await self._roll()
         log.info("announced %d service(s), %d tool(s) on %s as host %s, instance %s (lease %ss%s)",
-                 len(self.catalog.descriptors), len(self.catalog.tools), epoch_topic(self.topic, self._epoch or 0),
+                 len(self.catalog.descriptors) + len(self.catalog.external), len(self.catalog.tools),
+                 epoch_topic(self.topic, self._epoch or 0),
                  self.identity.id, self.identity.instance, self.lease,
                  f", signed by key {self.signer.key_id}" if self.signer else ", unsigned")
         self._heartbeat = asyncio.create_task(self._beat(), name="announce heartbeat")

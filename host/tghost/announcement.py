@@ -127,6 +127,7 @@ class Announcement(BaseModel):
     lease: Lease
     since: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     entries: Entries | None = None
+    external: bool = False
 
     @model_validator(mode="after")
     def _consistent(self) -> Announcement:

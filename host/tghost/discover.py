@@ -170,6 +170,10 @@ class Catalog:
     plugins: list[PluginReport] = field(default_factory=list)
     service_origin: dict[str, PluginReport] = field(default_factory=dict)
     tool_origin: dict[str, PluginReport] = field(default_factory=dict)
+    external: dict[str, ToolServiceDescriptor] = field(default_factory=dict)
+    """Tool services served elsewhere (e.g. a TrustGraph ``DynamicToolService``), declared in the
+    config file: announced with this host's identity and lease, never served here (their origin
+    is in ``service_origin`` too)."""
     authorize: hookspecs.Authorize | None = None
     """Every plugin's ``tghost_authorize`` in one check (see :func:`authorizer`); ``None`` when no
     plugin implements the hook, so serving pays nothing for it."""

@@ -13,6 +13,7 @@ from .directory import DirectoryTool, ToolDirectory
 
 __all__ = [
     "FORMATS", "input_schema", "mcp_tool", "mcp_tools", "openai_tools", "select_tools", "title", "trustgraph_config",
+    "trustgraph_tool",
 ]
 
 
@@ -67,18 +68,34 @@ def mcp_tools(tools: Iterable[DirectoryTool]) -> list[dict[str, Any]]:
     return [mcp_tool(t.descriptor) for t in tools]
 
 
+def trustgraph_tool(tool: ToolDescriptor) -> dict[str, Any]:
+    """The value of the ``tool/<name>`` config item a TrustGraph agent loads for ``tool``: its
+    seed 000 JSON with ``type: "tool-service"`` (required by TrustGraph, but a default that
+    ``to_json_dict()`` leaves out when unset), and seed 001's ``available_in_states`` under
+    the name TrustGraph's agent reads, ``applicable-states`` (trustgraph-flow 2.11,
+    ``agent/tool_filter.py``). Unset ``state``/``applicable-states`` are left out, never
+    ``null``: the agent rejects a ``state`` that is not a string."""
+    value = {"type": tool.type, **tool.to_json_dict()}
+    states = value.pop("available_in_states", None)
+    if states is not None:
+        value["applicable-states"] = states
+    for key in ("state", "input-schema"):
+        if value.get(key, "") is None:
+            del value[key]
+    return value
+
+
 def trustgraph_config(tools: Iterable[DirectoryTool]) -> dict[str, dict[str, Any]]:
     """The config items a TrustGraph agent loads (seed 000: ``tg-put-config-item
     tool-service/<id>`` and ``tool/<name>``): ``{"tool-service": {<id>: <service descriptor>},
-    "tool": {<name>: <tool descriptor>}}``, holding the services behind ``tools`` only. Values
-    are the announced descriptors' JSON, every tool with its ``type: "tool-service"``;
-    TrustGraph ignores tghost's extra keys."""
+    "tool": {<name>: <tool value>}}``, holding the services behind ``tools`` only. Services
+    are the announced descriptors' JSON (TrustGraph ignores tghost's extra keys); tools are
+    :func:`trustgraph_tool`'s values."""
     config: dict[str, dict[str, Any]] = {"tool-service": {}, "tool": {}}
     for tool in tools:
         service = tool.service.descriptor
         config["tool-service"][service.id] = service.to_json_dict()
-        # ``type`` is required by TrustGraph, but a default that to_json_dict() leaves out when unset
-        config["tool"][tool.descriptor.name] = {"type": tool.descriptor.type, **tool.descriptor.to_json_dict()}
+        config["tool"][tool.descriptor.name] = trustgraph_tool(tool.descriptor)
     return config
 
 

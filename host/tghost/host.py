@@ -34,8 +34,12 @@ def _log_catalog(catalog: Catalog, url: str) -> None:
         tools = sorted(name for name, tool in catalog.tools.items() if tool.service == sid)
         log.info("serving %s on %s (plugin %s) tools: %s", sid, descriptor.request_queue,
                  catalog.service_origin[sid].name, ", ".join(tools) or "-")
+    for sid, descriptor in catalog.external.items():
+        tools = sorted(name for name, tool in catalog.tools.items() if tool.service == sid)
+        log.info("announcing external service %s (served elsewhere, on %s; from %s) tools: %s", sid,
+                 descriptor.request_queue, catalog.service_origin[sid].name, ", ".join(tools) or "-")
     log.info("%d service(s), %d tool(s) on %s; Ctrl-C to stop",
-             len(catalog.descriptors), len(catalog.tools), url)
+             len(catalog.descriptors) + len(catalog.external), len(catalog.tools), url)
 
 
 async def run_host(

@@ -75,10 +75,12 @@ class _Rejected(Exception):
 @dataclass(frozen=True)
 class Provider:
     """A host that announced an entry: its identity (``id``, ``instance``, ...) and the plugin
-    the entry came from."""
+    the entry came from. ``external``: the host announces a tool service that it does not
+    serve (served elsewhere, e.g. by a TrustGraph ``DynamicToolService``)."""
 
     host: dict[str, Any]
     plugin: dict[str, Any] | None
+    external: bool = False
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,7 @@ class _Entry:
     plugin: dict[str, Any] | None
     since: float
     available: bool
+    external: bool = False
 
 
 @dataclass
@@ -369,7 +372,7 @@ class Ledger:
                 entry.available = False
         else:
             since = announcement.since if announcement.since is not None else entry.since if entry else sent_at
-            state.entries[key] = _Entry(descriptor, announcement.plugin, since, True)
+            state.entries[key] = _Entry(descriptor, announcement.plugin, since, True, announcement.external)
         return {key}
 
     def _meet(self, ref: Ref, state: _Instance) -> set[Key]:
@@ -427,7 +430,8 @@ class Ledger:
             if state.active and entry is not None and entry.available and entry.descriptor is not None:
                 if claims is None:
                     claims = self.claims[key] = {}
-                claims[ref] = Claim(entry.descriptor, Provider(state.host, entry.plugin), (entry.since, *ref))
+                provider = Provider(state.host, entry.plugin, entry.external)
+                claims[ref] = Claim(entry.descriptor, provider, (entry.since, *ref))
             elif claims is not None:
                 claims.pop(ref, None)
                 if not claims:

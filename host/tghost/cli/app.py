@@ -48,5 +48,6 @@ def cli() -> None:
       tghost call tell-joke topic=cats
       tghost new NAME                 write a plugin to start from
       tghost mcp                      serve the live tools to MCP clients
+      tghost trustgraph sync          keep a TrustGraph deployment's tool config in step
       tghost plugins                  what loaded, what failed and why
     """

@@ -28,7 +28,8 @@ def _tool_json(tool: DirectoryTool) -> dict[str, Any]:
     return {"name": d.name, "service": d.service, "description": d.description, "group": list(d.group),
             "state": d.state, "available_in_states": list(d.available_in_states) if d.available_in_states else None,
             "config": d.config, "arguments": [a.model_dump() for a in d.arguments],
-            "providers": [p.host["id"] for p in tool.providers]}
+            "providers": [p.host["id"] for p in tool.providers],
+            "external": any(p.external for p in tool.service.providers)}
 
 
 @cli.command()
@@ -58,8 +59,8 @@ def tools(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...
         click.echo("no live tools (is a 'tghost run' up on this broker?)")
         return
     table = [("TOOL", "SERVICE", "PROVIDERS", "GROUPS", "STATES", "-> STATE")] + [
-        (r["name"], r["service"], ",".join(r["providers"]), ",".join(r["group"]),
-         ",".join(r["available_in_states"] or ["*"]), r["state"] or "-") for r in rows]
+        (r["name"], r["service"] + (" (external)" if r["external"] else ""), ",".join(r["providers"]),
+         ",".join(r["group"]), ",".join(r["available_in_states"] or ["*"]), r["state"] or "-") for r in rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     for row in table:
         click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())

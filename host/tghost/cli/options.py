@@ -96,8 +96,8 @@ def config_option(fn: F) -> F:
 
     return cast(F, click.option(
         "--config", "config_path_given", type=click.Path(path_type=Path, dir_okay=False), envvar="TGHOST_CONFIG",
-        default=None, help="TOML file of extra tools and plugin settings (env TGHOST_CONFIG) "
-                           f"[default: {default_config_path()}, if it exists].")(with_config))
+        default=None, help="TOML file of extra tools, external tool services and plugin settings "
+                           f"(env TGHOST_CONFIG) [default: {default_config_path()}, if it exists].")(with_config))
 
 
 def trust_options(fn: F) -> F:

@@ -86,7 +86,7 @@ def run(pulsar: PulsarSettings, descriptors_topic: str, data_dir: Path | None, t
     for report in catalog.plugins:
         for error in report.errors:
             log.error("plugin %s: %s (run 'tghost plugins' for details)", report.name, error)
-    if not catalog.services:
+    if not catalog.services and not catalog.external:
         log.warning("no tool services to serve: pip install a tghost plugin (see 'tghost plugins')")
     settings = ServeSettings(timeout=timeout, max_concurrency=max_concurrency, max_queue=max_queue, grace=grace,
                              max_payload=max_payload, max_redeliveries=max_redeliveries,
@@ -127,6 +127,8 @@ def _read_config(path: Path | None) -> dict[str, Any] | None:
 
 def _add_config_tools(catalog: Catalog, path: Path, document: dict[str, Any] | None) -> None:
     report = load_config_tools(catalog, path, document)
+    if report.services:
+        log.info("config %s: added external services %s", path, ", ".join(report.services))
     if report.tools:
         log.info("config %s: added tools %s", path, ", ".join(report.tools))
 
