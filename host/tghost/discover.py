@@ -8,6 +8,7 @@ at all. Never touches Pulsar.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import os
@@ -174,7 +175,7 @@ def _strict_from_env() -> bool:
 
 def discover(
     eps: Iterable[EntryPoint] | None = None, *, strict: bool | None = None,
-    selection: PluginSelection | None = None,
+    selection: PluginSelection | None = None, isolate_imports: bool = False,
 ) -> Catalog:
     """Load every selected ``tghost.plugins`` entry point, one at a time, into a :class:`Catalog`.
 
@@ -182,6 +183,9 @@ def discover(
     the first name wins and the later plugin is skipped and reported, never overwritten.
     Entry points ``selection`` (default: from the env vars) blocks are never imported; they are
     reported ``blocked`` with the reason, and names it gives that are not installed ``missing``.
+    With ``isolate_imports``, each plugin is first imported in a child process
+    (:func:`tghost.probe.probe`): one that kills or hangs it is reported ``failed`` and never
+    imported here.
 
     Raises:
         PluginLoadError: ``strict`` (default: ``TGHOST_STRICT_PLUGINS=1``) and any plugin failed.
@@ -192,13 +196,17 @@ def discover(
     installed = sorted(entry_points(group=ENTRY_POINT_GROUP) if eps is None else eps,
                        key=lambda ep: ep.name)
     blocked = [_blocked(ep, reason) for ep in installed if (reason := selection.blocked_reason(ep.name))]
-    reports = {ep.name: _register(pm, ep) for ep in installed if selection.blocked_reason(ep.name) is None}
+    selected = [ep for ep in installed if selection.blocked_reason(ep.name) is None]
+    fatal = _probe(selected) if isolate_imports else {}
+    reports = {ep.name: _register(pm, ep, fatal.get(ep.name)) for ep in selected}
     contributions = _call_hooks(pm, reports)
     missing = selection.missing(ep.name for ep in installed)
     catalog = Catalog(plugins=sorted([*reports.values(), *blocked, *missing], key=lambda r: r.name))
     for name, contribution in contributions.items():
         _admit(catalog, reports[name], contribution)
     _check_tool_references(catalog)
+    for sid, service in catalog.services.items():
+        _mark_entry_point(service, catalog.service_origin[sid])
     catalog.authorize = authorizer((impl.plugin_name, impl.function)
                                    for impl in pm.hook.tghost_authorize.get_hookimpls())
     failures = [f"{r.name}: {e}" for r in catalog.plugins for e in r.errors]
@@ -278,9 +286,26 @@ def _blocked(ep: EntryPoint, reason: str) -> PluginReport:
                         blocked=reason)
 
 
-def _register(pm: pluggy.PluginManager, ep: EntryPoint) -> PluginReport:
+def _probe(eps: list[EntryPoint]) -> dict[str, str]:
+    from .probe import probe  # here, not at import: only isolated imports start a probe process
+
+    return probe(eps)
+
+
+def _mark_entry_point(service: ToolService, report: PluginReport) -> None:
+    """Note on the service which entry point registered it: a worker process loads it from there
+    (:mod:`tghost.executors.worker`). A service that takes no attributes is sent pickled instead."""
+    with contextlib.suppress(AttributeError, TypeError):
+        service._tghost_entry_point = (report.name, report.value)
+
+
+def _register(pm: pluggy.PluginManager, ep: EntryPoint, fatal: str | None = None) -> PluginReport:
+    """Import an entry point and register it with ``pm``; ``fatal``: the probe's reason not to."""
     dist = ep.dist
     report = PluginReport(ep.name, ep.value, dist.name if dist else None, dist.version if dist else None)
+    if fatal is not None:
+        report.fail(fatal)
+        return report
     try:
         pm.register(ep.load(), name=ep.name)
     except Exception as exc:

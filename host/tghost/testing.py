@@ -11,7 +11,7 @@ import asyncio
 import json
 import os
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -24,7 +24,7 @@ from .broker import EmbeddedBroker, PulsarSettings, free_port
 from .client import ToolServiceClient
 from .descriptors import ToolServiceDescriptor
 from .discover import Catalog, catalog_of
-from .serve import Server, ServeSettings
+from .serve import CallListener, Server, ServeSettings
 from .service import ToolService
 from .trust import Signer
 
@@ -47,7 +47,8 @@ class LocalHost:
     With ``announce_as`` (a host id) it also announces them on ``topic`` with a ``lease``
     (seconds), signed by ``signer`` if given (:class:`tghost.trust.Signer`), and withdraws
     them on exit, as ``tghost run`` does. ``authorize`` is a function with the contract of the
-    ``tghost_authorize`` hook (a ``Catalog`` brings its own).
+    ``tghost_authorize`` hook (a ``Catalog`` brings its own). ``listeners`` are told of every call
+    (:data:`tghost.serve.CallListener`), as metrics and the audit log are.
     """
 
     def __init__(
@@ -61,11 +62,12 @@ class LocalHost:
         topic: str = DEFAULT_TOPIC,
         signer: Signer | None = None,
         authorize: Callable[..., Any] | None = None,
+        listeners: Sequence[CallListener] = (),
     ) -> None:
         self.catalog = services if isinstance(services, Catalog) else catalog_of(services, authorize=authorize)
         self.services, self.descriptors = self.catalog.services, self.catalog.descriptors
         self.pulsar = PulsarSettings(url)
-        self.server = Server(self.services, self.descriptors, settings, authorize=self.catalog.authorize)
+        self.server = Server(self.services, self.descriptors, settings, listeners, authorize=self.catalog.authorize)
         self.announcer = None if announce_as is None else Announcer(
             self.catalog, HostIdentity(announce_as, "localhost", os.getpid()), topic, lease, signer)
         self._clients: dict[str, ToolServiceClient] = {}

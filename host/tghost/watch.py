@@ -37,10 +37,12 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class WatchSettings:
     """``interval``: seconds between two reads of the installed entry points. ``selection``: the
-    host's ``--load-plugins``/``--disable-plugins``, applied to new plugins as at start."""
+    host's ``--load-plugins``/``--disable-plugins``, applied to new plugins as at start.
+    ``isolate_imports``: import each new plugin in a probe process first (``--isolation process``)."""
 
     interval: float = 2.0
     selection: PluginSelection = field(default_factory=PluginSelection)
+    isolate_imports: bool = False
 
 
 def _path_files() -> set[tuple[str, str]]:
@@ -197,7 +199,8 @@ class PluginWatcher:
             if reason is not None:
                 log.warning("plugin %s installed, not loaded: %s", ep.name, reason)
                 continue
-            found = await asyncio.to_thread(discover, [ep], strict=False, selection=PluginSelection())
+            found = await asyncio.to_thread(discover, [ep], strict=False, selection=PluginSelection(),
+                                            isolate_imports=self.settings.isolate_imports)
             if found.authorize is not None:
                 log.warning("plugin %s installed, not loaded: its tghost_authorize hook would check only the "
                             "calls after it loads: restart needed", ep.name)

@@ -99,10 +99,13 @@ def plugins(as_json: bool, selection: PluginSelection) -> None:
     """List every installed plugin: what it serves, what failed and why, and what was blocked
     (by --load-plugins/--disable-plugins or their env vars) and by which setting.
 
+    Each plugin is imported in a probe process first, so one that crashes or hangs on import
+    is listed as failed (with the signal or exit code) and the rest are still listed.
+
     Exits 1 when any plugin reported an error, or a setting names an entry point not installed.
     """
     logging.basicConfig(level=logging.CRITICAL)
-    catalog = discover(strict=False, selection=selection)
+    catalog = discover(strict=False, selection=selection, isolate_imports=True)
     if as_json:
         click.echo(json.dumps([report.to_json() for report in catalog.plugins], indent=2))
     else:
