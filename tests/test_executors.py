@@ -249,6 +249,11 @@ async def test_under_process_isolation_a_crash_a_hang_or_a_leak_costs_one_worker
     assert status.returncode == 0, status.stderr
     assert (f"misbehave: process, 2 of 2 worker processes, 0 busy; restarts: timeout {killed}, crash 2, memory 1"
             in status.stdout)
+    listed = subprocess.run([sys.executable, "-m", "tghost", "plugins", "--url", f"http://127.0.0.1:{port}/health"],
+                            capture_output=True, text=True, env=env, timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    assert (f"workers:     misbehave: process, 2 of 2 worker processes, 0 busy; restarts: timeout {killed}, crash 2, "
+            "memory 1") in listed.stdout
     host.process.terminate()
     assert host.finish() == 0
     assert "worker process" in host.log and "killed by SIGSEGV" in host.log

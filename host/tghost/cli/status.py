@@ -15,6 +15,27 @@ import click
 from .app import cli
 
 
+def default_status_url() -> str | None:
+    """The health URL of a host named by TGHOST_STATUS_URL, or by TGHOST_METRICS_PORT (and _HOST)."""
+    return os.environ.get("TGHOST_STATUS_URL") or _default_status_url()
+
+
+def read_health(url: str, timeout: float) -> dict[str, Any]:
+    """The health JSON at ``url`` (also from a 503 answer).
+
+    Raises:
+        OSError: nothing answers (``urllib.error.URLError`` is one).
+        ValueError: the answer is not JSON.
+    """
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            body = response.read()
+    except urllib.error.HTTPError as exc:
+        body = exc.read()
+    health: dict[str, Any] = json.loads(body)
+    return health
+
+
 def _default_status_url() -> str | None:
     port = os.environ.get("TGHOST_METRICS_PORT")
     host = os.environ.get("TGHOST_METRICS_HOST", "127.0.0.1")
@@ -66,22 +87,16 @@ _STATUS_ADVICE = {
 def _fetch_health(url: str, timeout: float, as_json: bool) -> dict[str, Any]:
     """The health JSON at ``url`` (also from a 503 answer); exits 1 when nothing answers."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            body = response.read()
-    except urllib.error.HTTPError as exc:
-        body = exc.read()
-    except (urllib.error.URLError, OSError) as exc:
+        return read_health(url, timeout)
+    except OSError as exc:
         reason = getattr(exc, "reason", exc)
         if as_json:
             click.echo(json.dumps({"status": "unreachable", "url": url, "error": str(reason)}, indent=2))
         click.echo(f"error: no tghost host answers at {url} ({reason}): is 'tghost run --metrics-port PORT' "
                    "running? Check --url (env TGHOST_STATUS_URL or TGHOST_METRICS_PORT)", err=True)
         sys.exit(1)
-    try:
-        health: dict[str, Any] = json.loads(body)
     except ValueError:
         raise click.ClickException(f"{url} did not answer health JSON: is it a tghost metrics port?") from None
-    return health
 
 
 def _print_health(health: dict[str, Any]) -> None:
@@ -91,13 +106,13 @@ def _print_health(health: dict[str, Any]) -> None:
     click.echo(f"connected:  {'unknown' if connected is None else 'yes' if connected else 'no'}")
     click.echo(f"services:   {', '.join(health.get('services') or []) or '-'}")
     for sid, stats in (health.get("workers") or {}).items():
-        click.echo(f"  {sid}: {_describe_workers(stats)}")
+        click.echo(f"  {sid}: {describe_workers(stats)}")
     click.echo(f"uptime:     {health.get('uptime_seconds')} s")
     error = health.get("last_error")
     click.echo(f"last error: {error['time']} {error['logger']}: {error['message']}" if error else "last error: -")
 
 
-def _describe_workers(stats: dict[str, Any]) -> str:
+def describe_workers(stats: dict[str, Any]) -> str:
     """``process, 2 of 4 worker processes, 1 busy; restarts: crash 1, timeout 3`` (threads: ``, 2 stuck``)."""
     noun = "worker processes" if stats.get("isolation") == "process" else "worker threads"
     text = (f"{stats.get('isolation')}, {stats.get('workers')} of {stats.get('max_workers')} {noun}, "

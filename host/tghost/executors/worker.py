@@ -77,6 +77,10 @@ def rss() -> int:
         return peak if sys.platform == "darwin" else peak * 1024
 
 
+def _unmeasured() -> None:
+    return None
+
+
 def _die_with_parent() -> None:
     """Linux: be killed when the process that started this one (the forkserver) ends, which it
     does when the host ends, even by SIGKILL. Elsewhere the host's end closes the pipe."""
@@ -101,7 +105,7 @@ def main(conn: Connection, source: EntryPointSource | ObjectSource, max_memory: 
     closes or says ``None``. Per call, the host gets (see :class:`tghost.executors.process.ProcessExecutor`):
     ``("result", observation, rss)``; or ``("stream",)``, ``("chunk", observation)`` per chunk and
     ``("end", rss)``; or ``("error", error_type, message, traceback | None, rss)``; or ``("oom", message)``
-    and the worker exits (``rss`` in bytes)."""
+    and the worker exits (``rss``: bytes after the call, ``None`` without ``max_memory``)."""
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group; the host decides
     _cap_memory(max_memory)
@@ -111,7 +115,7 @@ def main(conn: Connection, source: EntryPointSource | ObjectSource, max_memory: 
         conn.send(("failed", f"{type(exc).__name__}: {exc}"))
         return
     conn.send(("ready",))
-    runner = _Runner(service, conn)
+    runner = _Runner(service, conn, bool(max_memory))
     while True:
         try:
             call = conn.recv()
@@ -122,9 +126,10 @@ def main(conn: Connection, source: EntryPointSource | ObjectSource, max_memory: 
 
 
 class _Runner:
-    def __init__(self, service: ToolService, conn: Connection) -> None:
+    def __init__(self, service: ToolService, conn: Connection, measure: bool) -> None:
         self.service = service
         self.conn = conn
+        self.rss = rss if measure else _unmeasured
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
@@ -142,10 +147,10 @@ class _Runner:
                                    "(tghost run --max-worker-memory); the worker was replaced"))
             return False
         except ToolError as exc:
-            self.conn.send(("error", exc.error_type, str(exc), None, rss()))
+            self.conn.send(("error", exc.error_type, str(exc), None, self.rss()))
         except Exception as exc:
             self.conn.send(("error", wire.TOOL_SERVICE_ERROR, f"{type(exc).__name__}: {exc}",
-                            traceback.format_exc(), rss()))
+                            traceback.format_exc(), self.rss()))
         return True
 
     def _invoke(self, call: tuple[str, dict[str, Any], dict[str, Any]]) -> None:
@@ -163,12 +168,12 @@ class _Runner:
                     self.conn.send(("chunk", wire.observation(chunk)))
             finally:
                 self.loop.run_until_complete(result.aclose())
-            self.conn.send(("end", rss()))
+            self.conn.send(("end", self.rss()))
         elif inspect.isgenerator(result):
             self.conn.send(("stream",))
             with contextlib.closing(result):
                 for chunk in result:
                     self.conn.send(("chunk", wire.observation(chunk)))
-            self.conn.send(("end", rss()))
+            self.conn.send(("end", self.rss()))
         else:
-            self.conn.send(("result", wire.observation(result), rss()))
+            self.conn.send(("result", wire.observation(result), self.rss()))
