@@ -338,3 +338,32 @@ class PidService(tghost.ToolService):
 async def test_a_service_registered_in_process_runs_in_a_worker_process_too(pulsar_broker: EmbeddedBroker) -> None:
     async with LocalHost(pulsar_broker.url, [PidService()], ServeSettings(isolation=PROCESS)) as host:
         assert int(await host.call("pid-class")) != os.getpid()
+
+
+async def test_a_host_killed_by_sigkill_leaves_no_worker_process_behind(
+    pulsar_broker: EmbeddedBroker, plugin_dir: PluginDir, tmp_path: Path, host_process: Any,
+    misbehave_client: ToolServiceClient,
+) -> None:
+    plugin_dir.add("misbehave", MISBEHAVE)
+    host: HostProcess = host_process("--isolation", "process",
+                                     env=plugin_dir.user_env(pulsar_broker.url, tmp_path, "isolation"))
+    host.wait_for(r"serving misbehave")
+    worker = pid_of(await misbehave_client.call({}, {}, timeout=10))
+    spinning = asyncio.create_task(misbehave_client.call({}, {"behaviour": "spin"}, timeout=30))
+    await asyncio.sleep(0.3)  # the spin is running in that worker (the only one started)
+    host.process.kill()
+    host.process.wait()
+    deadline = time.monotonic() + 5
+    while alive(worker) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    spinning.cancel()
+    assert not alive(worker)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as stat:  # a zombie (reaped later by init) is not running
+        return stat.read().split(")")[-1].split()[0] != "Z"

@@ -82,13 +82,28 @@ def _unmeasured() -> None:
 
 
 def _die_with_parent() -> None:
-    """Linux: be killed when the process that started this one (the forkserver) ends, which it
-    does when the host ends, even by SIGKILL. Elsewhere the host's end closes the pipe."""
+    """Linux: be killed when the forkserver that forked this worker ends, which it does when the
+    host ends, even by SIGKILL. Elsewhere an idle worker ends when the host's end of its pipe closes.
+
+    The forkserver ends when the host's "alive" pipe closes, but it hands every child a copy of
+    that pipe (so the child could use it too): a worker busy in a call would keep the forkserver,
+    and so itself, alive for ever. The copy is closed here.
+    """
+    from multiprocessing import forkserver
+
+    server = getattr(forkserver, "_forkserver", None)
+    alive = getattr(server, "_forkserver_alive_fd", None)
+    if alive is not None:
+        with contextlib.suppress(OSError):
+            os.close(alive)
+        server._forkserver_alive_fd = None  # type: ignore[union-attr]
     if sys.platform.startswith("linux"):
         import ctypes
 
         with contextlib.suppress(Exception):
             ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if os.getppid() == 1:  # the forkserver ended before the line above
+            os._exit(1)
 
 
 def _cap_memory(max_memory: int) -> None:
