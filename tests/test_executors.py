@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -172,6 +173,18 @@ async def test_a_worker_above_max_memory_after_a_call_is_replaced(
         after = pid_of(await host.call("misbehave"))
         stats = next(w for w in host.server.workers if w.descriptor.id == "misbehave").executor.stats()
     assert after != leaky and stats.restarts["memory"] == 1
+
+
+async def test_an_idle_worker_killed_from_outside_is_replaced_before_the_next_call(
+    pulsar_broker: EmbeddedBroker, misbehave: Catalog
+) -> None:
+    async with LocalHost(pulsar_broker.url, misbehave, ServeSettings(isolation=PROCESS)) as host:
+        idle = pid_of(await host.call("misbehave"))
+        os.kill(idle, signal.SIGKILL)  # as the OOM killer would, between two calls
+        await until(lambda: not alive(idle))
+        after = pid_of(await host.call("misbehave"))
+        stats = next(w for w in host.server.workers if w.descriptor.id == "misbehave").executor.stats()
+    assert after != idle and stats.restarts["crash"] == 1
 
 
 def health(port: int) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from collections import deque
 from collections.abc import AsyncGenerator
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 from .. import wire
@@ -174,10 +175,15 @@ class ProcessExecutor(Executor):
         await self._grow()
 
     async def invoke(self, call: Call) -> Outcome:
+        try:
+            request = ForkingPickler.dumps(call)
+        except Exception as exc:
+            raise ToolError(f"the arguments cannot be sent to a worker process of service {self.service_id!r}: "
+                            f"{type(exc).__name__}: {exc}", wire.TOOL_SERVICE_ERROR) from None
         worker = await self._take()
         self._busy += 1
         try:
-            worker.conn.send(call)
+            worker.conn.send_bytes(request)
             message = await worker.receive()
         except BaseException as exc:
             self._busy -= 1
@@ -242,7 +248,13 @@ class ProcessExecutor(Executor):
             if self._closed:
                 raise ToolError(f"service {self.service_id!r} is shutting down", wire.UNAVAILABLE)
             if self._idle:
-                return self._idle.popleft()
+                worker = self._idle.popleft()
+                if worker.process.exitcode is None:
+                    return worker
+                log.error("service %s: idle worker process %s had died (%s); a new one is starting",
+                          self.service_id, worker.pid, describe_exit(worker.process.exitcode))
+                self._retire(worker, CRASH)
+                continue
             if self._live < self.max_workers and self._starting <= len(self._waiting):
                 self._live += 1
                 try:
@@ -252,9 +264,9 @@ class ProcessExecutor(Executor):
                     raise
             waiter: asyncio.Future[_Worker | None] = asyncio.get_running_loop().create_future()
             self._waiting.append(waiter)
-            worker = await waiter
-            if worker is not None:
-                return worker
+            handed = await waiter
+            if handed is not None:
+                return handed
 
     def _give_back(self, worker: _Worker, rss: int | None = None) -> None:
         if self._closed:
