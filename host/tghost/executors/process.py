@@ -74,7 +74,7 @@ CONTEXT = _context()
 
 
 def describe_exit(code: int | None) -> str:
-    """``exit code 3``, ``signal SIGSEGV`` (negative codes), with a hint for SIGKILL."""
+    """``exit code 3``, or ``killed by SIGSEGV`` for a negative code (a signal), with a hint for SIGKILL."""
     if code is None:
         return "unknown exit status"
     if code >= 0:
