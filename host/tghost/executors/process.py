@@ -249,10 +249,10 @@ class ProcessExecutor(Executor):
                 raise ToolError(f"service {self.service_id!r} is shutting down", wire.UNAVAILABLE)
             if self._idle:
                 worker = self._idle.popleft()
-                if worker.process.exitcode is None:
+                if not worker.conn.poll():  # an idle worker says nothing: a readable pipe is its end (EOF)
                     return worker
                 log.error("service %s: idle worker process %s had died (%s); a new one is starting",
-                          self.service_id, worker.pid, describe_exit(worker.process.exitcode))
+                          self.service_id, worker.pid, describe_exit(await worker.exit_code()))
                 self._retire(worker, CRASH)
                 continue
             if self._live < self.max_workers and self._starting <= len(self._waiting):
