@@ -11,6 +11,7 @@ import logging
 from collections.abc import Sequence
 from concurrent.futures import TimeoutError as FutureTimeout
 from importlib.metadata import EntryPoint
+from typing import Any
 
 import pebble
 
@@ -24,8 +25,10 @@ log = logging.getLogger(__name__)
 PROBE_TIMEOUT = 120.0
 
 
-def probe(eps: Sequence[EntryPoint], timeout: float = PROBE_TIMEOUT) -> dict[str, str]:
-    """Import each entry point, and call its hooks, one at a time in a child process.
+def probe(eps: Sequence[EntryPoint], timeout: float = PROBE_TIMEOUT, config: dict[str, Any] | None = None
+          ) -> dict[str, str]:
+    """Import each entry point, and call its hooks (with ``config``, the host's TOML config file
+    as a dict, so the plugins it adds are loaded too), one at a time in a child process.
 
     Returns, by entry point name, why each plugin that killed its process (a signal, ``os._exit``,
     ``sys.exit``) or hung past ``timeout`` seconds must not be imported; the others are left out.
@@ -35,7 +38,7 @@ def probe(eps: Sequence[EntryPoint], timeout: float = PROBE_TIMEOUT) -> dict[str
         return {}
     failures: dict[str, str] = {}
     with pebble.ProcessPool(max_workers=1, context=CONTEXT) as pool:
-        scheduled = [(ep, pool.schedule(_load, (ep.name, ep.value), timeout=timeout)) for ep in eps]
+        scheduled = [(ep, pool.schedule(_load, (ep.name, ep.value, config or {}), timeout=timeout)) for ep in eps]
         for ep, future in scheduled:
             try:
                 fatal = future.result()
@@ -51,13 +54,15 @@ def probe(eps: Sequence[EntryPoint], timeout: float = PROBE_TIMEOUT) -> dict[str
     return failures
 
 
-def _load(name: str, value: str) -> str | None:
+def _load(name: str, value: str, config: dict[str, Any]) -> str | None:
     """In the probe process: discover one entry point; what would have ended the importer, or ``None``."""
     from .discover import ENTRY_POINT_GROUP, PluginSelection, discover
 
     logging.disable(logging.CRITICAL)  # the host reports the plugin's ordinary errors itself
     try:
-        discover([EntryPoint(name, value, ENTRY_POINT_GROUP)], strict=False, selection=PluginSelection())
+        catalog = discover([EntryPoint(name, value, ENTRY_POINT_GROUP)], strict=False, selection=PluginSelection(),
+                           config=config)
+        catalog.shutdown()
     except Exception:
         return None
     except BaseException as exc:  # SystemExit, KeyboardInterrupt: they would end the host

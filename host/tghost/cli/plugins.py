@@ -13,9 +13,10 @@ from typing import Any
 
 import click
 
+from ..config import ConfigError, read_config
 from ..discover import PluginReport, PluginSelection, discover
 from .app import cli
-from .options import selection_options
+from .options import config_option, selection_options
 from .status import default_status_url, describe_workers, read_health
 
 log = logging.getLogger("tghost")
@@ -99,20 +100,30 @@ def uninstall(args: tuple[str, ...]) -> None:
 @click.option("--url", default=None, help="The /health URL of a running 'tghost run --metrics-port', to show its "
                                           "services' workers and restarts by reason [default: from "
                                           "TGHOST_STATUS_URL or TGHOST_METRICS_PORT, if set].")
+@config_option
 @selection_options
-def plugins(as_json: bool, url: str | None, selection: PluginSelection) -> None:
+def plugins(as_json: bool, url: str | None, config_path: Path | None, selection: PluginSelection) -> None:
     """List every installed plugin: what it serves, what failed and why, and what was blocked
-    (by --load-plugins/--disable-plugins or their env vars) and by which setting.
+    (by --load-plugins/--disable-plugins or their env vars) and by which setting. Plugins that
+    other plugins add (e.g. each Amplifier tool module, with tghost-amplifier) are listed with
+    their kind and the plugin that added them; --config gives them their settings.
 
     Each plugin is imported in a probe process first, so one that crashes or hangs on import
     is listed as failed (with the signal or exit code) and the rest are still listed. Given a
     running host (--url), each service's workers are shown too: isolation, stuck threads, and
     worker processes restarted by reason (timeout, crash, memory, recycled).
 
-    Exits 1 when any plugin reported an error, or a setting names an entry point not installed.
+    Exits 1 when any plugin reported an error, a setting names an entry point not installed, or
+    the config file cannot be read.
     """
     logging.basicConfig(level=logging.CRITICAL)
-    catalog = discover(strict=False, selection=selection, isolate_imports=True)
+    try:
+        document = {} if config_path is None else read_config(config_path)
+        config_error = None
+    except ConfigError as exc:
+        document, config_error = {}, str(exc)
+    catalog = discover(strict=False, selection=selection, config=document, isolate_imports=True)
+    catalog.shutdown()  # listed, not served
     workers = _live_workers(url or default_status_url())
     if as_json:
         click.echo(json.dumps([{**report.to_json(), "workers": {sid: workers[sid] for sid in report.services
@@ -120,7 +131,9 @@ def plugins(as_json: bool, url: str | None, selection: PluginSelection) -> None:
                                for report in catalog.plugins], indent=2))
     else:
         _print_plugins(catalog.plugins, workers)
-    if any(report.errors for report in catalog.plugins):
+    if config_error is not None:
+        click.echo(click.style(f"error: {config_error} (plugins were loaded without it)", fg="red"), err=True)
+    if config_error is not None or any(report.errors for report in catalog.plugins):
         sys.exit(1)
 
 
@@ -145,6 +158,8 @@ def _print_plugins(reports: list[PluginReport], workers: dict[str, Any]) -> None
     for report in reports:
         status = click.style(report.status, fg=_STATUS_COLOUR.get(report.status, "red"))
         click.echo(f"{report.name} ({report.distribution or '?'} {report.version or '?'}) {status}")
+        if report.added_by is not None:
+            click.echo(f"  kind:        {report.kind} (added by plugin {report.added_by})")
         click.echo(f"  entry point: {report.value}")
         if report.blocked is not None:
             click.echo(f"  blocked:     {report.blocked}")

@@ -159,5 +159,5 @@ def _source(service: ToolService, service_id: str) -> Any:
 
     origin = service._tghost_entry_point
     if origin is not None:
-        return EntryPointSource(origin[0], origin[1], service_id)
+        return EntryPointSource(*origin[:2], service_id, origin[2])
     return ObjectSource(service)

@@ -15,7 +15,8 @@ import resource
 import signal
 import sys
 import traceback
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint
 from multiprocessing.connection import Connection
 from typing import Any
@@ -32,14 +33,17 @@ HARD_MEMORY_FACTOR = 2
 
 @dataclass(frozen=True)
 class EntryPointSource:
-    """Load a service as the host did: import the plugin's entry point and call its hooks."""
+    """Load a service as the host did: import the plugin's entry point and call its hooks, with
+    the host's ``config`` (its TOML config file as a dict; the plugins a plugin adds follow it)."""
 
     name: str
     value: str
     service_id: str
+    config: dict[str, Any] = field(default_factory=dict)
 
-    def load(self) -> ToolService:
-        """The service, freshly registered by the plugin in this process.
+    def load(self) -> tuple[ToolService, Callable[[], None]]:
+        """The service, freshly registered by the plugin in this process, and what to call when the
+        worker ends (the plugin's ``tghost_shutdown`` hooks).
 
         Raises:
             LookupError: the plugin failed, or did not register the service here.
@@ -47,12 +51,13 @@ class EntryPointSource:
         from ..discover import ENTRY_POINT_GROUP, PluginSelection, discover
 
         ep = EntryPoint(self.name, self.value, ENTRY_POINT_GROUP)
-        catalog = discover([ep], strict=False, selection=PluginSelection())
+        catalog = discover([ep], strict=False, selection=PluginSelection(), config=self.config)
         if self.service_id not in catalog.services:
+            catalog.shutdown()
             errors = "; ".join(e for report in catalog.plugins for e in report.errors)
             raise LookupError(f"plugin {self.name!r} did not register service {self.service_id!r} in the worker "
                               f"process{': ' + errors if errors else ''}")
-        return catalog.services[self.service_id]
+        return catalog.services[self.service_id], catalog.shutdown
 
 
 @dataclass(frozen=True)
@@ -62,9 +67,13 @@ class ObjectSource:
 
     service: ToolService
 
-    def load(self) -> ToolService:
-        """The unpickled service."""
-        return self.service
+    def load(self) -> tuple[ToolService, Callable[[], None]]:
+        """The unpickled service (nothing to call at the end)."""
+        return self.service, _nothing
+
+
+def _nothing() -> None:
+    pass
 
 
 def rss() -> int:
@@ -125,19 +134,22 @@ def main(conn: Connection, source: EntryPointSource | ObjectSource, max_memory: 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group; the host decides
     _cap_memory(max_memory)
     try:
-        service = source.load()
+        service, shutdown = source.load()
     except BaseException as exc:
         conn.send(("failed", f"{type(exc).__name__}: {exc}"))
         return
     conn.send(("ready",))
     runner = _Runner(service, conn, bool(max_memory))
-    while True:
-        try:
-            call = conn.recv()
-        except (EOFError, OSError):
-            return
-        if call is None or not runner.run(call):
-            return
+    try:
+        while True:
+            try:
+                call = conn.recv()
+            except (EOFError, OSError):
+                return
+            if call is None or not runner.run(call):
+                return
+    finally:
+        shutdown()
 
 
 class _Runner:
