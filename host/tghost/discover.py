@@ -8,6 +8,7 @@ at all. Never touches Pulsar.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import os
@@ -201,6 +202,7 @@ def _strict_from_env() -> bool:
 def discover(
     eps: Iterable[EntryPoint] | None = None, *, strict: bool | None = None,
     selection: PluginSelection | None = None, config: dict[str, Any] | None = None,
+    isolate_imports: bool = False,
 ) -> Catalog:
     """Load every selected ``tghost.plugins`` entry point, one at a time, into a :class:`Catalog`,
     with the plugins their ``tghost_register_plugins`` hooks add (given ``config``, the host's
@@ -211,6 +213,9 @@ def discover(
     Entry points ``selection`` (default: from the env vars) blocks are never imported; they are
     reported ``blocked`` with the reason, and names it gives that are not installed ``missing``;
     an added plugin it blocks is never loaded. Call :meth:`Catalog.shutdown` when done.
+    With ``isolate_imports``, each plugin is first imported (with ``config``) in a child process
+    (:func:`tghost.probe.probe`): one that kills or hangs it is reported ``failed`` and never
+    imported here.
 
     Raises:
         PluginLoadError: ``strict`` (default: ``TGHOST_STRICT_PLUGINS=1``) and any plugin failed.
@@ -221,7 +226,9 @@ def discover(
     installed = sorted(entry_points(group=ENTRY_POINT_GROUP) if eps is None else eps,
                        key=lambda ep: ep.name)
     blocked = [_blocked(ep, reason) for ep in installed if (reason := selection.blocked_reason(ep.name))]
-    reports = {ep.name: _register(pm, ep) for ep in installed if selection.blocked_reason(ep.name) is None}
+    selected = [ep for ep in installed if selection.blocked_reason(ep.name) is None]
+    fatal = _probe(selected, config or {}) if isolate_imports else {}
+    reports = {ep.name: _register(pm, ep, fatal.get(ep.name)) for ep in selected}
     added = _add_plugins(pm, reports, selection, config or {})
     blocked += [report for report in added if report.blocked is not None]
     reports |= {report.name: report for report in added if report.blocked is None}
@@ -231,6 +238,10 @@ def discover(
     for name, contribution in contributions.items():
         _admit(catalog, reports[name], contribution)
     _check_tool_references(catalog)
+    roots = {report.name: report for report in catalog.plugins}
+    for sid, service in catalog.services.items():
+        origin = catalog.service_origin[sid]
+        _mark_entry_point(service, roots.get(origin.added_by or origin.name, origin), config or {})
     catalog.authorize = authorizer((impl.plugin_name, impl.function)
                                    for impl in pm.hook.tghost_authorize.get_hookimpls())
     catalog.shutdown_hooks = [(impl.plugin_name, impl.function) for impl in pm.hook.tghost_shutdown.get_hookimpls()]
@@ -312,9 +323,27 @@ def _blocked(ep: EntryPoint, reason: str) -> PluginReport:
                         blocked=reason)
 
 
-def _register(pm: pluggy.PluginManager, ep: EntryPoint) -> PluginReport:
+def _probe(eps: list[EntryPoint], config: dict[str, Any]) -> dict[str, str]:
+    from .probe import probe  # here, not at import: only isolated imports start a probe process
+
+    return probe(eps, config=config)
+
+
+def _mark_entry_point(service: ToolService, root: PluginReport, config: dict[str, Any]) -> None:
+    """Note on the service which entry point registered it (itself, or through a plugin it added)
+    and with which config: a worker process loads it from there (:mod:`tghost.executors.worker`).
+    A service that takes no attributes is sent pickled instead."""
+    with contextlib.suppress(AttributeError, TypeError):
+        service._tghost_entry_point = (root.name, root.value, config)
+
+
+def _register(pm: pluggy.PluginManager, ep: EntryPoint, fatal: str | None = None) -> PluginReport:
+    """Import an entry point and register it with ``pm``; ``fatal``: the probe's reason not to."""
     dist = ep.dist
     report = PluginReport(ep.name, ep.value, dist.name if dist else None, dist.version if dist else None)
+    if fatal is not None:
+        report.fail(fatal)
+        return report
     try:
         pm.register(ep.load(), name=ep.name)
     except Exception as exc:

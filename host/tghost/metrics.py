@@ -93,9 +93,20 @@ class _Live(Collector):
 
 def _server_metrics(server: Server) -> Iterator[Metric]:
     in_flight = GaugeMetricFamily("tghost_in_flight", "Requests received and not yet answered.", labels=["service"])
+    workers = GaugeMetricFamily("tghost_workers", "Worker threads started or worker processes alive.",
+                                labels=["service", "isolation"])
+    stuck = GaugeMetricFamily("tghost_stuck_workers", "Worker threads stuck in calls that timed out.",
+                              labels=["service"])
+    restarts = CounterMetricFamily("tghost_worker_restarts", "Worker processes replaced, by reason.",
+                                   labels=["service", "reason"])
     for worker in list(server.workers):
-        in_flight.add_metric([worker.descriptor.id], worker.in_flight)
-    yield in_flight
+        sid, stats = worker.descriptor.id, worker.executor.stats()
+        in_flight.add_metric([sid], worker.in_flight)
+        workers.add_metric([sid, stats.isolation], stats.workers)
+        stuck.add_metric([sid], stats.stuck)
+        for reason, count in stats.restarts.items():
+            restarts.add_metric([sid, reason], count)
+    yield from (in_flight, workers, stuck, restarts)
     if server.watchdog is not None:
         yield CounterMetricFamily("tghost_loop_stalls", "Times the event loop was blocked past the threshold.",
                                   value=server.watchdog.stalls)
@@ -155,7 +166,9 @@ class HostMetrics:
         self.registry.register(_Live(read))
 
     def watch_server(self, server: Server) -> None:
-        """Export ``tghost_in_flight{service}`` and ``tghost_loop_stalls_total``."""
+        """Export ``tghost_in_flight{service}``, ``tghost_workers{service,isolation}``,
+        ``tghost_stuck_workers{service}``, ``tghost_worker_restarts_total{service,reason}`` and
+        ``tghost_loop_stalls_total``."""
         self.calls.declare(worker.descriptor.id for worker in server.workers)
         self._watch(lambda: _server_metrics(server))
 
@@ -264,6 +277,7 @@ class HostMonitor:
         if announcer is not None:
             self.metrics.watch_announcer(announcer)
         self.health.services = lambda: [worker.descriptor.id for worker in server.workers]
+        self.health.workers = lambda: {worker.descriptor.id: worker.executor.stats() for worker in list(server.workers)}
         source = announcer if announcer is not None else next(iter(server.workers), None)
         if source is not None:
             self.health.connected = source.is_connected

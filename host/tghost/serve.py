@@ -9,19 +9,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import pulsar
 import pulsar.asyncio
 
-from . import wire
+from . import executors, wire
 from .descriptors import ToolServiceDescriptor
+from .executors.thread import ThreadExecutor
 from .hookspecs import Authorize
 from .service import ToolError, ToolService
 from .watchdog import LoopWatchdog
@@ -38,7 +37,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-_DONE = object()
 
 #: Messages the client may buffer per consumer of a non-persistent request topic: the burst
 #: one host absorbs per service. The receive loop drains the buffer eagerly and the worker
@@ -66,6 +64,9 @@ class ServeSettings:
       ``<request topic>-<subscription>-DLQ``.
     - ``stall_threshold``: the loop-lag watchdog warns when the event loop is blocked longer;
       ``0`` turns it off.
+    - ``isolation``: where ``invoke`` runs unless the service says (:data:`tghost.executors.ISOLATIONS`):
+      ``thread`` (the host's worker threads) or ``process`` (worker processes).
+    - ``worker_limits``: when worker processes are recycled (:class:`tghost.executors.WorkerLimits`).
     """
 
     timeout: float = 30.0
@@ -75,6 +76,8 @@ class ServeSettings:
     max_payload: int = 1024 * 1024
     max_redeliveries: int = 3
     stall_threshold: float = 0.5
+    isolation: str = executors.THREAD
+    worker_limits: executors.WorkerLimits = field(default_factory=executors.WorkerLimits)
 
 
 #: ``CallRecord.status`` of a call answered without error; any other status is the wire error type.
@@ -108,21 +111,13 @@ class CallRecord:
 #: exception is logged and the host goes on.
 CallListener = Callable[[CallRecord], None]
 
-#: What :meth:`ServiceWorker._invoke` passes to ``invoke``: user, config, checked arguments.
-_Call = tuple[str, dict[str, Any], dict[str, Any]]
-
-
-def _next_chunk(chunks: Iterator[Any]) -> Any:
-    return next(chunks, _DONE)
-
-
 class ServiceWorker:
     """Serves one tool service: receive, bound, check, invoke, reply, then acknowledge.
 
-    A plain (sync) ``invoke`` runs in this worker's own thread pool, ``max_concurrency``
-    threads at most, started as needed, so a plugin that never returns starves only its own
-    service. Python cannot stop a thread: at the timeout the caller is answered ``timeout`` at
-    once, the slot is freed, and the thread runs on until the plugin returns.
+    ``invoke`` runs in this service's own :class:`tghost.executors.Executor` (worker threads or
+    worker processes, ``max_concurrency`` at most), so a plugin that never returns starves only
+    its own service. At the timeout the caller is answered ``timeout`` at once and the slot is
+    freed; the executor stops the call if it can (a worker process is killed).
 
     Before ``invoke``, in this order: the payload size (``max_payload``), the redelivery count
     (persistent topics), the envelope, ``authorize`` (``not-allowed``), the required config
@@ -148,7 +143,8 @@ class ServiceWorker:
         self.counters = {"received": 0, "unanswerable": 0}
         self._listeners = tuple(listeners)
         self._authorize = authorize
-        self._executor = ThreadPoolExecutor(self.max_concurrency, thread_name_prefix=f"tghost-{descriptor.id}")
+        self.executor = executors.create(service, descriptor, self.max_concurrency, settings.isolation,
+                                         settings.worker_limits)
         self._slots = asyncio.Semaphore(self.max_concurrency)
         self._room = asyncio.Semaphore(self.max_concurrency) if self.persistent else None
         self._admitted = 0
@@ -186,6 +182,7 @@ class ServiceWorker:
             consumer_type=pulsar.ConsumerType.Shared,
             **self._consumer_options(),
         )
+        await self.executor.start()
         self._loop_task = asyncio.create_task(self._receive_loop(), name=f"receive {self.descriptor.id}")
 
     def _consumer_options(self) -> dict[str, Any]:
@@ -305,7 +302,7 @@ class ServiceWorker:
         log.exception("service %s: invoke raised", self.descriptor.id, exc_info=exc)
         await self._fail(record, wire.TOOL_SERVICE_ERROR, f"{type(exc).__name__}: {exc}")
 
-    def _checked(self, record: CallRecord, message: pulsar.Message) -> _Call:
+    def _checked(self, record: CallRecord, message: pulsar.Message) -> executors.Call:
         """The call to make, once the request passes every check before ``invoke``.
 
         Raises:
@@ -333,37 +330,16 @@ class ServiceWorker:
             raise ToolError(f"service {self.descriptor.id!r} needs config param(s) {missing}", wire.MISSING_CONFIG)
         return request.user, request.config, self.service.check_arguments(request.arguments)
 
-    async def _stream(self, request_id: str, call: _Call) -> None:
+    async def _stream(self, request_id: str, call: executors.Call) -> None:
         """Send one response, or for a generator one per chunk then an empty final one."""
-        result = await self._invoke(call)
-        if inspect.isasyncgen(result) or inspect.isgenerator(result):
-            async for chunk in self._chunks(result):
-                await self._send(request_id, wire.encode_response(wire.observation(chunk), False))
-            await self._send(request_id, wire.encode_response("", True))
-        else:
-            await self._send(request_id, wire.encode_response(wire.observation(result)))
-
-    async def _invoke(self, call: _Call) -> Any:
-        if self.service.runs_in_thread:
-            loop = asyncio.get_running_loop()
-            result = await loop.run_in_executor(self._executor, self.service.invoke, *call)
-        else:
-            result = self.service.invoke(*call)
-        return await result if inspect.isawaitable(result) else result
-
-    async def _chunks(self, result: Any) -> AsyncIterator[Any]:
-        if inspect.isasyncgen(result):
-            async with contextlib.aclosing(result):
-                async for chunk in result:
-                    yield chunk
+        result = await self.executor.invoke(call)
+        if isinstance(result, str):
+            await self._send(request_id, wire.encode_response(result))
             return
-        loop = asyncio.get_running_loop()
-        try:
-            while (chunk := await loop.run_in_executor(self._executor, _next_chunk, result)) is not _DONE:
-                yield chunk
-        finally:
-            with contextlib.suppress(ValueError):  # "generator already executing" in a timed-out thread
-                result.close()
+        async with contextlib.aclosing(result):
+            async for chunk in result:
+                await self._send(request_id, wire.encode_response(chunk, False))
+        await self._send(request_id, wire.encode_response("", True))
 
     async def stop_receiving(self) -> None:
         """Stop taking new requests; in-flight ones go on."""
@@ -384,15 +360,15 @@ class ServiceWorker:
         return 0
 
     async def close(self) -> None:
-        """Close the consumer and producer, and let go of the worker threads (a thread still in a
-        plugin runs on); errors are logged, not raised."""
+        """Close the consumer and producer, and let go of the executor's workers (a thread still in a
+        plugin runs on; worker processes stop); errors are logged, not raised."""
         for closable in (self._consumer, self._producer):
             if closable is not None:
                 try:
                     await closable.close()
                 except Exception as exc:
                     log.debug("service %s: close failed: %s", self.descriptor.id, exc)
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        await self.executor.close()
 
 
 class Server:
@@ -432,8 +408,8 @@ class Server:
             pulsar.asyncio.PulsarException: a subscription or producer could not be created.
         """
         if self.settings.stall_threshold > 0:
-            self.watchdog = LoopWatchdog(self.settings.stall_threshold, owner_type=ServiceWorker,
-                                         label=lambda worker: worker.descriptor.id).start()
+            self.watchdog = LoopWatchdog(self.settings.stall_threshold, owner_type=ThreadExecutor,
+                                         label=lambda executor: executor.service_id).start()
         self._client = client
         await asyncio.gather(*(worker.start(client) for worker in self.workers))
 

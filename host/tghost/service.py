@@ -7,6 +7,7 @@ Never touches Pulsar: serving is ``serve``'s job; this module only describes and
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
 import re
 from collections.abc import Callable, Iterable, Sequence
@@ -74,7 +75,7 @@ class ToolService:
     Set ``id`` (required) and optionally ``topic`` (default: ``id``), ``description``,
     ``config_params`` (``ConfigParam`` or plain names, meaning optional), ``arguments``,
     ``input_schema`` (a JSON Schema the host checks the arguments against before ``invoke``),
-    ``timeout`` (seconds), ``max_concurrency``, ``version`` and ``persistent``. Override
+    ``timeout`` (seconds), ``max_concurrency``, ``version``, ``persistent`` and ``isolation``. Override
     ``invoke(user, config, arguments)``: plain or ``async``, returning a string or a
     JSON-able value, or a (sync or async) generator to stream chunks.
 
@@ -82,6 +83,10 @@ class ToolService:
     instead of the non-persistent topic: a request waits in the broker until a host takes
     it, and one whose host dies mid-call is delivered again to another host (at least once,
     so ``invoke`` should be safe to repeat). Responses stay non-persistent.
+
+    ``isolation = "process"`` runs ``invoke`` in worker processes whatever the host's default
+    (``tghost run --isolation``): a call that crashes, hangs or leaks costs one worker, never the
+    host. ``"thread"`` keeps it in the host's threads; ``None`` (default) takes the host's choice.
     """
 
     id: str
@@ -94,6 +99,9 @@ class ToolService:
     max_concurrency: int | None = None
     version: str | None = None
     persistent: bool = False
+    isolation: str | None = None
+    #: Set by discovery: ``(name, value, config)`` of the entry point that registered this service.
+    _tghost_entry_point: tuple[str, str, dict[str, Any]] | None = None
 
     def invoke(self, user: str, config: dict[str, Any], arguments: dict[str, Any]) -> Any:
         """Answer one request; see the class docstring for what may be returned.
@@ -142,8 +150,11 @@ class ToolService:
         Raises:
             pydantic.ValidationError: a field is invalid.
             jsonschema.SchemaError: ``input_schema`` is not a valid JSON Schema.
+            ValueError: ``isolation`` is not ``"thread"``, ``"process"`` or ``None``.
         """
         _ = self._arguments_validator  # compiled here, so a bad schema fails at registration
+        if self.isolation not in (None, "thread", "process"):
+            raise ValueError(f"service {self.id!r}: isolation {self.isolation!r} is not 'thread' or 'process'")
         topic = self.topic or self.id
         fields = {
             "id": self.id,
@@ -214,6 +225,7 @@ class FunctionService(ToolService):
         timeout: float | None,
         max_concurrency: int | None,
         persistent: bool = False,
+        isolation: str | None = None,
     ) -> None:
         doc = docstring_parser.parse(fn.__doc__ or "")
         signature = inspect.signature(fn)
@@ -226,6 +238,7 @@ class FunctionService(ToolService):
         self.timeout = timeout
         self.max_concurrency = max_concurrency
         self.persistent = persistent
+        self.isolation = isolation
         self._tool_name = tool_name
         self._tool_fields = tool_fields
         self._context_param = next((n for n in signature.parameters if hints.get(n) is Context), None)
@@ -279,6 +292,18 @@ class FunctionService(ToolService):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Call the undecorated function directly, as in unit tests."""
         return self.fn(*args, **kwargs)
+
+    def __reduce__(self) -> tuple[Callable[[str, str], Any], tuple[str, str]]:
+        """Pickled by reference, as a function is (module and qualified name), so a worker process
+        can receive a service registered in-process; the decorated function must be a module global."""
+        return _module_attribute, (self.fn.__module__, self.fn.__qualname__)
+
+
+def _module_attribute(module: str, qualname: str) -> Any:
+    target: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        target = getattr(target, part)
+    return target
 
 
 def _summary(doc: docstring_parser.Docstring) -> str:
@@ -342,6 +367,7 @@ def tool(
     timeout: float | None = None,
     max_concurrency: int | None = None,
     persistent: bool = False,
+    isolation: str | None = None,
     **tool_fields: Any,
 ) -> FunctionService | Callable[[Callable[..., Any]], FunctionService]:
     """Turn a typed function into a tool service (and, usually, its tool).
@@ -353,7 +379,7 @@ def tool(
     come from the docstring's Args section. Parameters named in ``config`` are filled from
     the tool's config values instead (required when they have no default); a parameter
     annotated :class:`Context` receives the user and config. ``timeout`` (seconds),
-    ``max_concurrency`` and ``persistent`` are as on :class:`ToolService`. ``tool_fields`` are
+    ``max_concurrency``, ``persistent`` and ``isolation`` are as on :class:`ToolService`. ``tool_fields`` are
     extra seed 001 tool keys such as ``group`` or ``state``.
 
     Returns:
@@ -374,6 +400,7 @@ def tool(
             timeout=timeout,
             max_concurrency=max_concurrency,
             persistent=persistent,
+            isolation=isolation,
         )
 
     return decorate(fn) if fn is not None else decorate

@@ -13,7 +13,7 @@ import heapq
 import json
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -26,7 +26,7 @@ from .broker import EmbeddedBroker, PulsarSettings, free_port
 from .client import ToolServiceClient
 from .conformance import Conformance, Finding, RawWire, check_conformance
 from .discover import Catalog, catalog_of
-from .serve import Server, ServeSettings
+from .serve import CallListener, Server, ServeSettings
 from .service import ToolService
 from .trust import Signer
 
@@ -59,6 +59,8 @@ class LocalHost:
     (seconds), signed by ``signer`` if given (:class:`tghost.trust.Signer`), on epochs of
     ``epoch_seconds``, and withdraws them on exit, as ``tghost run`` does. ``authorize`` is a
     function with the contract of the ``tghost_authorize`` hook (a ``Catalog`` brings its own).
+    ``listeners`` are told of every call (:data:`tghost.serve.CallListener`), as metrics and the
+    audit log are.
     """
 
     def __init__(
@@ -73,11 +75,12 @@ class LocalHost:
         signer: Signer | None = None,
         authorize: Callable[..., Any] | None = None,
         epoch_seconds: float = EPOCH_SECONDS,
+        listeners: Sequence[CallListener] = (),
     ) -> None:
         self.catalog = services if isinstance(services, Catalog) else catalog_of(services, authorize=authorize)
         self.services, self.descriptors = self.catalog.services, self.catalog.descriptors
         self.pulsar = PulsarSettings(url)
-        self.server = Server(self.services, self.descriptors, settings, authorize=self.catalog.authorize)
+        self.server = Server(self.services, self.descriptors, settings, listeners, authorize=self.catalog.authorize)
         self.announcer = None if announce_as is None else Announcer(
             self.catalog, HostIdentity(announce_as, "localhost", os.getpid()), topic, lease, signer,
             epoch_seconds=epoch_seconds)

@@ -39,11 +39,13 @@ log = logging.getLogger(__name__)
 class WatchSettings:
     """``interval``: seconds between two reads of the installed entry points. ``selection``: the
     host's ``--load-plugins``/``--disable-plugins``, applied to new plugins as at start. ``config``:
-    the host's TOML config file as a dict, given to new plugins as at start."""
+    the host's TOML config file as a dict, given to new plugins as at start. ``isolate_imports``:
+    import each new plugin in a probe process first (``--isolation process``)."""
 
     interval: float = 2.0
     selection: PluginSelection = field(default_factory=PluginSelection)
     config: dict[str, Any] = field(default_factory=dict)
+    isolate_imports: bool = False
 
 
 def _path_files() -> set[tuple[str, str]]:
@@ -201,7 +203,7 @@ class PluginWatcher:
                 log.warning("plugin %s installed, not loaded: %s", ep.name, reason)
                 continue
             found = await asyncio.to_thread(discover, [ep], strict=False, selection=self.settings.selection,
-                                            config=self.settings.config)
+                                            config=self.settings.config, isolate_imports=self.settings.isolate_imports)
             if found.authorize is not None:
                 log.warning("plugin %s installed, not loaded: its tghost_authorize hook would check only the "
                             "calls after it loads: restart needed", ep.name)

@@ -9,6 +9,7 @@ import logging
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -16,6 +17,7 @@ from ..config import ConfigError, read_config
 from ..discover import PluginReport, PluginSelection, discover
 from .app import cli
 from .options import config_option, selection_options
+from .status import default_status_url, describe_workers, read_health
 
 log = logging.getLogger("tghost")
 
@@ -95,13 +97,21 @@ def uninstall(args: tuple[str, ...]) -> None:
 
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for programs.")
+@click.option("--url", default=None, help="The /health URL of a running 'tghost run --metrics-port', to show its "
+                                          "services' workers and restarts by reason [default: from "
+                                          "TGHOST_STATUS_URL or TGHOST_METRICS_PORT, if set].")
 @config_option
 @selection_options
-def plugins(as_json: bool, config_path: Path | None, selection: PluginSelection) -> None:
+def plugins(as_json: bool, url: str | None, config_path: Path | None, selection: PluginSelection) -> None:
     """List every installed plugin: what it serves, what failed and why, and what was blocked
     (by --load-plugins/--disable-plugins or their env vars) and by which setting. Plugins that
     other plugins add (e.g. each Amplifier tool module, with tghost-amplifier) are listed with
     their kind and the plugin that added them; --config gives them their settings.
+
+    Each plugin is imported in a probe process first, so one that crashes or hangs on import
+    is listed as failed (with the signal or exit code) and the rest are still listed. Given a
+    running host (--url), each service's workers are shown too: isolation, stuck threads, and
+    worker processes restarted by reason (timeout, crash, memory, recycled).
 
     Exits 1 when any plugin reported an error, a setting names an entry point not installed, or
     the config file cannot be read.
@@ -112,12 +122,15 @@ def plugins(as_json: bool, config_path: Path | None, selection: PluginSelection)
         config_error = None
     except ConfigError as exc:
         document, config_error = {}, str(exc)
-    catalog = discover(strict=False, selection=selection, config=document)
+    catalog = discover(strict=False, selection=selection, config=document, isolate_imports=True)
     catalog.shutdown()  # listed, not served
+    workers = _live_workers(url or default_status_url())
     if as_json:
-        click.echo(json.dumps([report.to_json() for report in catalog.plugins], indent=2))
+        click.echo(json.dumps([{**report.to_json(), "workers": {sid: workers[sid] for sid in report.services
+                                                                 if sid in workers}}
+                               for report in catalog.plugins], indent=2))
     else:
-        _print_plugins(catalog.plugins)
+        _print_plugins(catalog.plugins, workers)
     if config_error is not None:
         click.echo(click.style(f"error: {config_error} (plugins were loaded without it)", fg="red"), err=True)
     if config_error is not None or any(report.errors for report in catalog.plugins):
@@ -127,7 +140,19 @@ def plugins(as_json: bool, config_path: Path | None, selection: PluginSelection)
 _STATUS_COLOUR = {"loaded": "green", "blocked": "yellow"}
 
 
-def _print_plugins(reports: list[PluginReport]) -> None:
+def _live_workers(url: str | None) -> dict[str, Any]:
+    """Worker stats by service id from a running host's /health, or none (a note says why)."""
+    if url is None:
+        return {}
+    try:
+        workers: dict[str, Any] = read_health(url, 5.0).get("workers") or {}
+    except (OSError, ValueError) as exc:
+        click.echo(f"note: no tghost host answers at {url} ({exc}): workers not shown", err=True)
+        return {}
+    return workers
+
+
+def _print_plugins(reports: list[PluginReport], workers: dict[str, Any]) -> None:
     if not reports:
         click.echo("no plugins installed (entry point group 'tghost.plugins')")
     for report in reports:
@@ -141,5 +166,8 @@ def _print_plugins(reports: list[PluginReport]) -> None:
         elif report.installed:
             click.echo(f"  services:    {', '.join(report.services) or '-'}")
             click.echo(f"  tools:       {', '.join(report.tools) or '-'}")
+            for sid in report.services:
+                if sid in workers:
+                    click.echo(f"  workers:     {sid}: {describe_workers(workers[sid])}")
         for error in report.errors:
             click.echo(click.style(f"  error: {error}", fg="red"))

@@ -16,6 +16,7 @@ from ..announce import Announcer, HostIdentity
 from ..broker import BrokerError, EmbeddedBroker, PulsarSettings, default_data_dir, ensure_broker
 from ..config import ConfigError, load_config_tools, read_config
 from ..discover import Catalog, PluginLoadError, PluginSelection, discover
+from ..executors import ISOLATIONS, PROCESS, THREAD, WorkerLimits
 from ..host import run_host
 from ..serve import ServeSettings
 from ..trust import KeyFileError, Signer
@@ -46,6 +47,18 @@ log = logging.getLogger("tghost")
 @click.option("--stall-threshold", type=click.FloatRange(min=0), default=ServeSettings.stall_threshold,
               show_default=True, help="Seconds the event loop may be blocked before a warning names the "
                                       "service blocking it; 0 turns the watchdog off.")
+@click.option("--isolation", type=click.Choice(ISOLATIONS), envvar="TGHOST_ISOLATION", default=THREAD,
+              show_default=True, help="Where plugin code runs, unless a service sets its own (env TGHOST_ISOLATION): "
+                                      "'thread' in this process (fastest), 'process' in worker processes, so a call "
+                                      "that crashes, hangs or leaks costs one worker, never the host; plugins are "
+                                      "then imported in a probe process first.")
+@click.option("--max-calls-per-worker", type=click.IntRange(min=0), envvar="TGHOST_MAX_CALLS_PER_WORKER", default=0,
+              show_default=True, help="Replace a worker process after this many calls; 0 never (env "
+                                      "TGHOST_MAX_CALLS_PER_WORKER).")
+@click.option("--max-worker-memory", type=click.IntRange(min=0), envvar="TGHOST_MAX_WORKER_MEMORY", default=0,
+              show_default=True, metavar="MIB",
+              help="Replace a worker process whose resident memory is above MIB after a call; one call fails with "
+                   "MemoryError past twice that. 0: no bound (env TGHOST_MAX_WORKER_MEMORY).")
 @config_option
 @click.option("--lease", type=click.FloatRange(min=0.5, max=86_400), default=30.0, show_default=True,
               help="Seconds an announcement lives without a heartbeat (heartbeat every lease/3).")
@@ -65,20 +78,22 @@ log = logging.getLogger("tghost")
 @operations_options
 def run(pulsar: PulsarSettings, descriptors_topic: str, data_dir: Path | None, timeout: float, max_concurrency: int,
         max_queue: int, grace: float, max_payload: int, max_redeliveries: int, stall_threshold: float,
-        config_path: Path | None, lease: float, host_id: str | None,
-        signing_key: Path | None, watch_plugins: bool, watch_interval: float, log_level: str,
+        isolation: str, max_calls_per_worker: int, max_worker_memory: int, config_path: Path | None, lease: float,
+        host_id: str | None, signing_key: Path | None, watch_plugins: bool, watch_interval: float, log_level: str,
         selection: PluginSelection, operations: Operations) -> None:
     """Serve every installed tool-service plugin on Pulsar.
 
     If nothing answers at a local --pulsar-url, an embedded pulsar-lite broker is started
     there. Stops cleanly on Ctrl-C or SIGTERM: no new requests, in-flight calls finish.
     With --watch-plugins, plugins installed or uninstalled meanwhile are served or withdrawn live.
+    With --isolation process, plugin code runs in worker processes that are killed and replaced
+    when a call crashes, outlives its timeout, or leaks.
     """
     setup_logging(log_level)
     signer = _signer(signing_key)
     document = _read_config(config_path)
     try:
-        catalog = discover(selection=selection, config=document or {})
+        catalog = discover(selection=selection, config=document or {}, isolate_imports=isolation == PROCESS)
     except PluginLoadError as exc:
         raise click.ClickException(str(exc)) from None
     if config_path is not None:
@@ -90,7 +105,8 @@ def run(pulsar: PulsarSettings, descriptors_topic: str, data_dir: Path | None, t
         log.warning("no tool services to serve: pip install a tghost plugin (see 'tghost plugins')")
     settings = ServeSettings(timeout=timeout, max_concurrency=max_concurrency, max_queue=max_queue, grace=grace,
                              max_payload=max_payload, max_redeliveries=max_redeliveries,
-                             stall_threshold=stall_threshold)
+                             stall_threshold=stall_threshold, isolation=isolation,
+                             worker_limits=WorkerLimits(max_calls_per_worker, max_worker_memory))
     broker = None
     try:
         broker = _start_broker_if_needed(pulsar.url, data_dir)
@@ -98,7 +114,8 @@ def run(pulsar: PulsarSettings, descriptors_topic: str, data_dir: Path | None, t
             announcer = Announcer(catalog, identity, descriptors_topic, lease, signer)
             with operations.open() as (listeners, monitor):
                 asyncio.run(run_host(catalog, pulsar, settings, announcer, listeners=listeners, monitor=monitor,
-                                     watch=WatchSettings(watch_interval, selection, document or {})
+                                     watch=WatchSettings(watch_interval, selection, document or {},
+                                                         isolation == PROCESS)
                                      if watch_plugins else None))
     except PulsarException as exc:
         raise click.ClickException(f"Pulsar at {pulsar.url} failed: {exc}; check --pulsar-url "

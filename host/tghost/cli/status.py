@@ -15,6 +15,27 @@ import click
 from .app import cli
 
 
+def default_status_url() -> str | None:
+    """The health URL of a host named by TGHOST_STATUS_URL, or by TGHOST_METRICS_PORT (and _HOST)."""
+    return os.environ.get("TGHOST_STATUS_URL") or _default_status_url()
+
+
+def read_health(url: str, timeout: float) -> dict[str, Any]:
+    """The health JSON at ``url`` (also from a 503 answer).
+
+    Raises:
+        OSError: nothing answers (``urllib.error.URLError`` is one).
+        ValueError: the answer is not JSON.
+    """
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            body = response.read()
+    except urllib.error.HTTPError as exc:
+        body = exc.read()
+    health: dict[str, Any] = json.loads(body)
+    return health
+
+
 def _default_status_url() -> str | None:
     port = os.environ.get("TGHOST_METRICS_PORT")
     host = os.environ.get("TGHOST_METRICS_HOST", "127.0.0.1")
@@ -30,9 +51,11 @@ def _default_status_url() -> str | None:
 @click.option("--json", "as_json", is_flag=True, help="Print the health JSON for programs.")
 def status(url: str | None, timeout: float, as_json: bool) -> None:
     """Ask a running 'tghost run --metrics-port PORT' how it is: connected to Pulsar or not,
-    the services it serves, its uptime and the last error it logged.
+    the services it serves and their workers (isolation, stuck threads, restarted processes by
+    reason), its uptime and the last error it logged.
 
-    Exits 1 when the host is degraded (not connected to Pulsar), still starting, or does not answer.
+    Exits 1 when the host is degraded (not connected to Pulsar, or worker threads stuck), still
+    starting, or does not answer.
     """
     url = url or _default_status_url()
     if url is None:
@@ -44,8 +67,12 @@ def status(url: str | None, timeout: float, as_json: bool) -> None:
     else:
         _print_health(health)
     if health.get("status") != "ok":
-        click.echo(_STATUS_ADVICE.get(str(health.get("status")), f"error: unknown status {health.get('status')!r}"),
-                   err=True)
+        problems = health.get("problems") or []
+        if health.get("status") == "degraded" and health.get("connected") and problems:
+            click.echo("\n".join(f"error: {problem}" for problem in problems), err=True)
+        else:
+            click.echo(_STATUS_ADVICE.get(str(health.get("status")),
+                                          f"error: unknown status {health.get('status')!r}"), err=True)
         sys.exit(1)
 
 
@@ -60,22 +87,16 @@ _STATUS_ADVICE = {
 def _fetch_health(url: str, timeout: float, as_json: bool) -> dict[str, Any]:
     """The health JSON at ``url`` (also from a 503 answer); exits 1 when nothing answers."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            body = response.read()
-    except urllib.error.HTTPError as exc:
-        body = exc.read()
-    except (urllib.error.URLError, OSError) as exc:
+        return read_health(url, timeout)
+    except OSError as exc:
         reason = getattr(exc, "reason", exc)
         if as_json:
             click.echo(json.dumps({"status": "unreachable", "url": url, "error": str(reason)}, indent=2))
         click.echo(f"error: no tghost host answers at {url} ({reason}): is 'tghost run --metrics-port PORT' "
                    "running? Check --url (env TGHOST_STATUS_URL or TGHOST_METRICS_PORT)", err=True)
         sys.exit(1)
-    try:
-        health: dict[str, Any] = json.loads(body)
     except ValueError:
         raise click.ClickException(f"{url} did not answer health JSON: is it a tghost metrics port?") from None
-    return health
 
 
 def _print_health(health: dict[str, Any]) -> None:
@@ -84,6 +105,21 @@ def _print_health(health: dict[str, Any]) -> None:
     connected = health.get("connected")
     click.echo(f"connected:  {'unknown' if connected is None else 'yes' if connected else 'no'}")
     click.echo(f"services:   {', '.join(health.get('services') or []) or '-'}")
+    for sid, stats in (health.get("workers") or {}).items():
+        click.echo(f"  {sid}: {describe_workers(stats)}")
     click.echo(f"uptime:     {health.get('uptime_seconds')} s")
     error = health.get("last_error")
     click.echo(f"last error: {error['time']} {error['logger']}: {error['message']}" if error else "last error: -")
+
+
+def describe_workers(stats: dict[str, Any]) -> str:
+    """``process, 2 of 4 worker processes, 1 busy; restarts: crash 1, timeout 3`` (threads: ``, 2 stuck``)."""
+    noun = "worker processes" if stats.get("isolation") == "process" else "worker threads"
+    text = (f"{stats.get('isolation')}, {stats.get('workers')} of {stats.get('max_workers')} {noun}, "
+            f"{stats.get('busy')} busy")
+    if stats.get("stuck"):
+        text += click.style(f", {stats['stuck']} stuck", fg="red")
+    restarts = {reason: n for reason, n in (stats.get("restarts") or {}).items() if n}
+    if restarts:
+        text += "; restarts: " + ", ".join(f"{reason} {n}" for reason, n in restarts.items())
+    return text

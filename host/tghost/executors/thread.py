@@ -1,0 +1,124 @@
+"""executors.thread: plugin code in the host process. A plain ``invoke`` (and each step of a plain
+generator) runs in the service's own worker threads; an ``async`` one on the event loop.
+
+Fast, and no isolation: Python cannot stop a thread, so a call that never returns keeps its
+thread. Those stuck threads are counted, and a call none can start is answered ``overloaded``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import threading
+from collections.abc import AsyncGenerator, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from .. import wire
+from ..service import ToolError, ToolService
+from . import THREAD, Call, Executor, Outcome, WorkerStats
+
+__all__ = ["ThreadExecutor"]
+
+_DONE = object()
+
+
+def _next_chunk(chunks: Iterator[Any]) -> Any:
+    return next(chunks, _DONE)
+
+
+@dataclass
+class _Job:
+    """One piece of plugin code handed to a thread; ``abandoned`` once its caller stopped waiting."""
+
+    finished: bool = False
+    abandoned: bool = False
+
+
+class ThreadExecutor(Executor):
+    """Runs a service's calls in this process: ``max_workers`` threads, started as needed.
+
+    ``stuck`` counts threads still running plugin code whose call was cancelled (timed out):
+    they are not free until the plugin returns. When every thread is taken that way, a call is
+    answered ``overloaded`` at once, saying so, instead of waiting for a thread that never comes.
+    """
+
+    isolation = THREAD
+
+    def __init__(self, service: ToolService, service_id: str, max_workers: int) -> None:
+        super().__init__(service_id, max_workers)
+        self.service = service
+        self._pool = ThreadPoolExecutor(max_workers, thread_name_prefix=f"tghost-{service_id}")
+        self._lock = threading.Lock()
+        self._taken = 0  # threads running (or about to run) plugin code, stuck ones included
+        self._stuck = 0
+
+    async def invoke(self, call: Call) -> Outcome:
+        if self.service.runs_in_thread:
+            result = await self._in_thread(self.service.invoke, *call)
+        else:
+            result = self.service.invoke(*call)
+        if inspect.isawaitable(result):
+            result = await result
+        if inspect.isasyncgen(result) or inspect.isgenerator(result):
+            return self._chunks(result)
+        return wire.observation(result)
+
+    async def _chunks(self, result: Any) -> AsyncGenerator[str, None]:
+        if inspect.isasyncgen(result):
+            async with contextlib.aclosing(result):
+                async for chunk in result:
+                    yield wire.observation(chunk)
+            return
+        try:
+            while (chunk := await self._in_thread(_next_chunk, result)) is not _DONE:
+                yield wire.observation(chunk)
+        finally:
+            with contextlib.suppress(ValueError):  # "generator already executing" in a stuck thread
+                result.close()
+
+    async def _in_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` in one of the service's threads; a cancelled call leaves it stuck there."""
+        with self._lock:
+            if self._taken >= self.max_workers:
+                raise ToolError(self._starved(), wire.OVERLOADED)
+            self._taken += 1
+        job = _Job()
+        future = self._pool.submit(self._run, job, fn, *args)
+        try:
+            return await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            with self._lock:
+                if future.cancel():  # never started: the thread is free again
+                    self._taken -= 1
+                elif not job.finished:
+                    job.abandoned = True
+                    self._stuck += 1
+            raise
+
+    def _run(self, job: _Job, fn: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return fn(*args)
+        finally:
+            with self._lock:
+                self._taken -= 1
+                job.finished = True
+                if job.abandoned:
+                    self._stuck -= 1
+
+    def _starved(self) -> str:
+        return (f"service {self.service_id!r} could not start the call: all {self.max_workers} of its worker "
+                f"threads are taken, {self._stuck} of them stuck in calls that timed out (Python cannot stop "
+                "a thread; they free when the plugin returns). Retry later; the host's operator can serve it "
+                "with --isolation process to have such calls killed")
+
+    def stats(self) -> WorkerStats:
+        with self._lock:
+            taken, stuck = self._taken, self._stuck
+        return WorkerStats(THREAD, self.max_workers, workers=len(self._pool._threads), busy=taken - stuck,
+                           stuck=stuck)
+
+    async def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
