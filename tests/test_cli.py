@@ -181,22 +181,6 @@ def test_joke_service_tells_a_pun_about_cats(
     assert host.finish() == 0
 
 
-def test_run_starts_the_embedded_broker_when_nothing_answers(
-    tmp_path: Path, plugin_dir: PluginDir, host_process: Callable[..., HostProcess]
-) -> None:
-    plugin_dir.add("echo", ECHO)
-    url = f"pulsar://127.0.0.1:{free_port()}"
-    env = plugin_dir.env(TGHOST_PULSAR_URL=url)
-    host = host_process("--data-dir", str(tmp_path / "broker"), env=env)
-    line = host.wait_for("started the embedded broker")
-    assert str(tmp_path / "broker") in line
-    host.wait_for(READY)
-    assert tghost("call", "--service", "echo", "text=embedded", env=env).stdout == "embedded\n"
-    host.process.send_signal(signal.SIGINT)
-    assert host.finish() == 0
-    assert (tmp_path / "broker" / "broker.log").exists()
-
-
 def test_call_without_a_broker_says_how_to_start_one() -> None:
     url = f"pulsar://127.0.0.1:{free_port()}"
     result = tghost("call", "--service", "echo", "--topic", "echo", "--pulsar-url", url)

@@ -20,10 +20,11 @@ import pytest
 
 from . import wire
 from .announce import DEFAULT_TOPIC, Announcer, HostIdentity
-from .broker import EmbeddedBroker, PulsarSettings, free_port
+from .broker import PulsarSettings, free_port
 from .client import ToolServiceClient
 from .descriptors import ToolServiceDescriptor
 from .discover import Catalog, catalog_of
+from .embedded import EmbeddedBroker
 from .serve import Server, ServeSettings
 from .service import ToolService
 from .trust import Signer
