@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from . import groups as seed001
 from .announce import DEFAULT_TOPIC, announcement_key
-from .broker import PulsarSettings
+from .broker import BrokerError, PulsarSettings
 from .client import ToolServiceClient
 from .descriptors import ToolDescriptor, ToolServiceDescriptor
 from .invoke import (
@@ -248,12 +248,25 @@ class ToolDirectory:
     async def start(self) -> ToolDirectory:
         """Read the topic from the earliest message up to now, then follow it in the background.
 
+        An agent may start before its broker: this waits up to the settings'
+        ``connect_timeout`` seconds (:attr:`tghost.broker.PulsarSettings.connect_timeout`,
+        default 30) for one to answer, logging one line per ``retry_interval``. Tools that
+        arrive once it follows are ``added`` changes; :meth:`changes` with ``replay=True`` also
+        gives those known before.
+
         Raises:
-            pulsar.asyncio.PulsarException: the broker did not answer.
+            tghost.broker.BrokerError: no broker answered in time (``BrokerUnavailable``), the
+                URL is not a Pulsar broker (``NotPulsarBroker``), or reading the topic failed;
+                the message names the URL.
         """
         self._client = self.calls.client = await self.pulsar.connect()
-        self._reader = reader = await self._client.create_reader(self.topic, pulsar.MessageId.earliest)
-        dirty = await self._catch_up(reader)
+        try:
+            self._reader = reader = await self._client.create_reader(self.topic, pulsar.MessageId.earliest)
+            dirty = await self._catch_up(reader)
+        except (pulsar.asyncio.PulsarException, pulsar.exceptions.PulsarException) as exc:
+            await self.close()
+            raise BrokerError(f"reading {self.topic} from the Pulsar broker at {self.pulsar.url} failed: "
+                              f"{exc}") from exc
         dirty |= self._expire(time.time())  # hosts that died before we came
         self._resolve(dirty, "removed")  # nothing is live yet: all changes are "added"
         self._tasks = [asyncio.create_task(self._follow(reader), name="directory follow"),
@@ -534,10 +547,19 @@ class ToolDirectory:
             self._filtered[key] = seed001.select(descriptors, groups, state)
         return self._filtered[key]
 
-    async def changes(self) -> AsyncGenerator[Change, None]:
-        """Yield every change to the live tool set from now on, until the caller stops (``aclose()``
-        it, or leave the ``async for``, to stop)."""
+    async def changes(self, replay: bool = False) -> AsyncGenerator[Change, None]:
+        """Yield every change to the live tool set from the first iteration on, until the caller
+        stops (``aclose()`` it, or leave the ``async for``, to stop).
+
+        With ``replay=True`` it first yields an ``added`` change for each tool live at that moment
+        (sorted by name), then the changes after it: the snapshot and the changes meet with
+        nothing lost or repeated, so an agent that only follows this sees every tool, whether
+        its hosts started before it or after.
+        """
         queue: asyncio.Queue[Change] = asyncio.Queue()
+        if replay:
+            for name in sorted(self.tools):
+                queue.put_nowait(Change("added", name, self.tools[name]))
         self._watchers.append(queue)
         try:
             while True:

@@ -76,10 +76,7 @@ def watch(pulsar: PulsarSettings, descriptors_topic: str, trusted: TrustedKeys |
     """
     async def follow() -> None:
         async with open_directory(pulsar, descriptors_topic, trusted) as directory:
-            changes = directory.changes()
-            for name in sorted(directory.tools):
-                _print_change(Change("added", name, directory.tools[name]), as_json)
-            async for change in changes:
+            async for change in directory.changes(replay=True):
                 _print_change(change, as_json)
 
     with contextlib.suppress(KeyboardInterrupt):
