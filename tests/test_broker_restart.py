@@ -51,7 +51,7 @@ def connected(host: LocalHost, found: ToolDirectory) -> bool:
     assert host.announcer is not None and host.announcer._producer is not None and found._reader is not None
     handles = [found._reader, host.announcer._producer]
     handles += [w._producer for w in host.server.workers] + [w._consumer._consumer for w in host.server.workers]
-    for caller in found._callers.values():
+    for caller in found.calls._callers.values():
         handles += [caller._producer, caller._consumer._consumer]
     return all(handle is not None and handle.is_connected() for handle in handles)
 
