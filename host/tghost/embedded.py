@@ -199,8 +199,9 @@ def start_detached(port: int = DEFAULT_PORT, data_dir: Path | None = None, *, lo
                    "--log-level", log_level, "--ready-timeout", str(ready_timeout), "--detached"]
         if metrics_port is not None:
             command += ["--metrics-port", str(metrics_port)]
+        # cwd: off the user's directory (which may be unmounted, or hold a "tghost" package).
         child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                 stderr=subprocess.PIPE, text=True, start_new_session=True)
+                                 stderr=subprocess.PIPE, text=True, start_new_session=True, cwd=data_dir)
         # The child writes its outcome to stderr, then closes it (ready) or exits (failed).
         watchdog = threading.Timer(ready_timeout + 15, child.kill)
         watchdog.start()
@@ -269,7 +270,7 @@ def run_until_stopped(broker: EmbeddedBroker, *, detached: bool, on_ready: Calla
     Raises:
         BrokerError: the broker did not start.
     """
-    handlers = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    handlers = {sig: signal.signal(sig, _raise_stop) for sig in _STOP_SIGNALS}
     record: BrokerRecord | None = None
     try:
         broker.start(ready_timeout)
@@ -286,7 +287,7 @@ def run_until_stopped(broker: EmbeddedBroker, *, detached: bool, on_ready: Calla
         broker.note("stopping on a signal")
         return 0
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        for sig in (signal.SIGINT, *_STOP_SIGNALS):
             signal.signal(sig, signal.SIG_IGN)  # a second signal must not cut the clean-up short
         broker.stop()
         if record is not None and BrokerRecord.read(broker.data_dir) == record:
@@ -294,6 +295,10 @@ def run_until_stopped(broker: EmbeddedBroker, *, detached: bool, on_ready: Calla
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+#: Signals that stop ``tghost broker`` as Ctrl-C does (SIGHUP: its terminal closed).
+_STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
 
 
 def _raise_stop(signum: int, frame: FrameType | None) -> None:
@@ -365,13 +370,14 @@ class EmbeddedBroker:
                 another broker; it exited; or it was not ready in time. The message says which,
                 and what to do.
         """
+        binary = _binary()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._lock = _DataDirLock.acquire(self.data_dir)
         try:
             if not _port_is_free(self.port):
                 raise BrokerError(self._port_taken())
             self.config_path.write_text(self._config())
-            command = [_binary(), "--config", str(self.config_path), "--addr", f"127.0.0.1:{self.port}",
+            command = [binary, "--config", str(self.config_path), "--addr", f"127.0.0.1:{self.port}",
                        "--db-path", str(self.data_dir / "db"), "--log-level", self.log_level]
             self.process = subprocess.Popen(
                 command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
