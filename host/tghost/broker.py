@@ -132,8 +132,8 @@ class PulsarSettings:
             if left <= 0:
                 raise BrokerUnavailable(
                     f"no Pulsar broker answers at {self.url} (waited {self.connect_timeout:g}s): start one "
-                    "('tghost run' or 'tghost broker' start the embedded one on a local URL), or pass "
-                    "--pulsar-url / TGHOST_PULSAR_URL")
+                    "('tghost broker start' runs the embedded one on a local URL), or pass --pulsar-url "
+                    "(env TGHOST_PULSAR_URL)")
             log.warning("waiting for a Pulsar broker at %s: nothing accepts connections yet (%.0fs left)",
                         self.url, left)
             await asyncio.sleep(min(self.retry_interval, left))
