@@ -82,10 +82,10 @@ class HostProcess:
     deadline even when the host goes quiet.
     """
 
-    def __init__(self, args: list[str], env: dict[str, str]) -> None:
+    def __init__(self, args: list[str], env: dict[str, str], cwd: Path | None = None) -> None:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "tghost", "run", *args],
-            env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+            env=env, cwd=cwd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
         )
         self.log = ""
         self._lines: queue.Queue[str | None] = queue.Queue()
@@ -131,8 +131,8 @@ def host_process() -> Iterator[Callable[..., HostProcess]]:
     """Start ``tghost run`` subprocesses; any still running at the end are killed."""
     started: list[HostProcess] = []
 
-    def start(*args: str, env: dict[str, str] | None = None) -> HostProcess:
-        host = HostProcess(list(args), env or dict(os.environ))
+    def start(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> HostProcess:
+        host = HostProcess(list(args), env or dict(os.environ), cwd)
         started.append(host)
         return host
 

@@ -25,6 +25,7 @@ from tghost.broker import EmbeddedBroker, PulsarSettings, free_port
 from tghost.cli import pulsar_options
 
 from .conftest import HostProcess, PluginDir
+from .test_discover import GREETER
 
 ECHO = """
 import asyncio
@@ -113,6 +114,23 @@ def test_plugins_human_output_says_what_failed(plugin_dir: PluginDir) -> None:
     result = tghost("plugins", env=plugin_dir.env())
     assert "broken (tghost-test-broken 1.0) failed" in result.stdout
     assert "error: cannot load entry point 'tghost_test_broken'" in result.stdout
+
+
+def test_plugins_lists_added_plugins_with_their_kind_and_gives_the_config_file_to_their_adder(
+    plugin_dir: PluginDir, tmp_path: Path
+) -> None:
+    plugin_dir.add("greeter", GREETER)
+    config = tmp_path / "tghost.toml"
+    config.write_text('[greeter]\ngreetings = ["hi"]\n')
+    result = tghost("plugins", "--config", str(config), env=plugin_dir.env(TGHOST_LOAD_PLUGINS="greeter"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert ("greeter-hi (? ?) loaded\n  kind:        greeter (added by plugin greeter)\n"
+            "  entry point: greeting 'hi'\n  services:    greet-hi\n") in result.stdout
+    config.write_text("[greeter\n")
+    unreadable = tghost("plugins", env=plugin_dir.env(TGHOST_LOAD_PLUGINS="greeter", TGHOST_CONFIG=str(config)))
+    assert unreadable.returncode == 1
+    assert f"error: cannot read {config}: " in unreadable.stderr
+    assert "greeter-hello (? ?) loaded" in unreadable.stdout  # listed as without a config file
 
 
 def test_run_serves_plugins_and_call_prints_the_observation(

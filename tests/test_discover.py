@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -194,3 +195,138 @@ def test_a_load_list_serves_only_the_named_plugins_and_reports_unknown_names(plu
     catalog = discover(plugin_dir.entry_points(), selection=PluginSelection(load=frozenset({"kb", "kbb"})))
     assert {r.name: r.status for r in catalog.plugins} == {"good": "blocked", "kb": "loaded", "kbb": "missing"}
     assert set(catalog.services) == {"kb"}
+
+
+HOOKS_DOC = Path(__file__).resolve().parent.parent / "docs" / "plugin-hooks.md"
+
+
+def documented_example(hook: str) -> str:
+    """The first Python block under a hook's heading in docs/plugin-hooks.md: tests run the doc's own example."""
+    section = HOOKS_DOC.read_text().split(f"## {hook}(", 1)[1]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+GREETER = documented_example("tghost_register_plugins")
+
+#: A plugin system whose plugins can fail at load time, fail in their hooks, or serve; each one
+#: records its shutdown in SHUT (the module's list), and ``greeter-*`` added plugins are not involved.
+FAMILY = """
+import tghost
+
+SHUT = []
+
+@tghost.tool(name="member-ok")
+def member_ok() -> str:
+    '''Answer ok.'''
+    return "ok"
+
+class Member:
+    def __init__(self, name, fail_in_hook=False):
+        self.name, self.fail_in_hook = name, fail_in_hook
+
+    @tghost.hookimpl
+    def tghost_register_services(self, register):
+        if self.fail_in_hook:
+            raise RuntimeError(f"{self.name}: mount() raised")
+        register(member_ok)
+
+    @tghost.hookimpl
+    def tghost_shutdown(self):
+        SHUT.append(self.name)
+
+def cannot_load():
+    raise ImportError("the member's module is broken")
+
+@tghost.hookimpl
+def tghost_register_plugins(register):
+    register("member-ok", lambda: Member("member-ok"), kind="family", value="family:ok", version="1.2")
+    register("member-raises", lambda: Member("member-raises", fail_in_hook=True), kind="family", value="family:raises")
+    register("member-broken", cannot_load, kind="family", value="family:broken")
+
+@tghost.hookimpl
+def tghost_shutdown():
+    SHUT.append("family")
+"""
+
+
+def test_added_plugins_are_listed_with_their_kind_and_adder_and_serve_what_they_register(
+    plugin_dir: PluginDir,
+) -> None:
+    plugin_dir.add("greeter", GREETER)
+    catalog = discover(plugin_dir.entry_points(), config={"greeter": {"greetings": ["hello", "hi"]}})
+    reports = {r.name: r for r in catalog.plugins}
+    assert set(reports) == {"greeter", "greeter-hello", "greeter-hi"}
+    hello = reports["greeter-hello"]
+    assert (hello.kind, hello.added_by, hello.value, hello.status) == (
+        "greeter", "greeter", "greeting 'hello'", "loaded")
+    assert hello.services == hello.tools == ["greet-hello"]
+    assert reports["greeter"].kind == "tghost" and reports["greeter"].added_by is None
+    assert catalog.services["greet-hi"].invoke("u", {}, {"name": "Ada"}) == "hi, Ada!"
+    assert hello.to_json()["kind"] == "greeter" and hello.to_json()["added_by"] == "greeter"
+
+
+def test_the_config_file_reaches_the_hook_and_defaults_to_empty(plugin_dir: PluginDir) -> None:
+    plugin_dir.add("greeter", GREETER)
+    assert set(discover(plugin_dir.entry_points()).services) == {"greet-hello"}
+
+
+def test_one_added_plugin_failing_to_load_or_in_its_hook_skips_it_alone(plugin_dir: PluginDir) -> None:
+    plugin_dir.add("family", FAMILY)
+    catalog = discover(plugin_dir.entry_points())
+    reports = {r.name: r for r in catalog.plugins}
+    assert reports["member-ok"].status == "loaded" and reports["member-ok"].version == "1.2"
+    assert reports["member-raises"].status == "failed"
+    assert "tghost_register_services raised RuntimeError: member-raises: mount() raised" in reports[
+        "member-raises"].errors[0]
+    assert reports["member-broken"].status == "failed"
+    assert reports["member-broken"].errors[0] == (
+        "cannot load family plugin 'family:broken': ImportError: the member's module is broken")
+    assert reports["family"].status == "loaded" and not reports["family"].errors
+    assert list(catalog.services) == ["member-ok"]
+
+
+def test_shutdown_runs_every_loaded_plugins_hook_once_latest_first_even_after_one_raises(
+    plugin_dir: PluginDir,
+) -> None:
+    plugin_dir.add("family", FAMILY.replace('SHUT.append("family")', 'SHUT.append("family")\n    raise OSError("x")'))
+    catalog = discover(plugin_dir.entry_points())
+    shut = sys.modules["tghost_test_family"].SHUT
+    catalog.shutdown(["member-ok"])
+    assert shut == ["member-ok"]
+    catalog.shutdown()
+    assert shut == ["member-ok", "member-raises", "family"]  # the one that failed to register is released too
+    catalog.shutdown()
+    assert len(shut) == 3
+
+
+def test_a_blocked_added_plugin_is_never_loaded_and_a_load_list_may_name_its_adder(plugin_dir: PluginDir) -> None:
+    plugin_dir.add("family", FAMILY)
+    disabled = discover(plugin_dir.entry_points(), selection=PluginSelection(disable=frozenset({"member-broken"})))
+    broken = next(r for r in disabled.plugins if r.name == "member-broken")
+    assert broken.status == "blocked" and broken.blocked == "disabled by TGHOST_DISABLE_PLUGINS" and not broken.errors
+    by_adder = discover(plugin_dir.entry_points(), selection=PluginSelection(load=frozenset({"family"})))
+    assert {r.name: r.status for r in by_adder.plugins}["member-ok"] == "loaded"
+    by_name = discover(plugin_dir.entry_points(), selection=PluginSelection(load=frozenset({"family", "member-ok"}),
+                                                                          disable=frozenset({"member-raises"})))
+    statuses = {r.name: r.status for r in by_name.plugins}
+    assert statuses == {"family": "loaded", "member-ok": "loaded", "member-raises": "blocked",
+                        "member-broken": "failed"}  # the adder is listed: its plugins load; names are not "missing"
+
+
+def test_an_added_plugin_name_already_taken_fails_its_adder_and_loads_none_of_its_plugins(
+    plugin_dir: PluginDir,
+) -> None:
+    plugin_dir.add("good", GOOD)
+    plugin_dir.add("family", FAMILY.replace('register("member-ok"', 'register("good"'))
+    catalog = discover(plugin_dir.entry_points())
+    family = next(r for r in catalog.plugins if r.name == "family")
+    assert family.errors == ["tghost_register_plugins added plugin name(s) ['good'] that are already taken; "
+                             "none of its plugins loaded"]
+    assert [r.name for r in catalog.plugins] == ["family", "good"]
+
+
+def test_strict_mode_releases_the_plugins_before_it_raises(plugin_dir: PluginDir) -> None:
+    plugin_dir.add("family", FAMILY)
+    with pytest.raises(PluginLoadError, match="member-broken: cannot load family plugin"):
+        discover(plugin_dir.entry_points(), strict=True)
+    assert sorted(sys.modules["tghost_test_family"].SHUT) == ["family", "member-ok", "member-raises"]

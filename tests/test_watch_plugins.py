@@ -21,11 +21,12 @@ from tghost.broker import EmbeddedBroker
 from tghost.client import ToolServiceClient
 from tghost.discover import PluginReport, PluginSelection, discover
 from tghost.testing import LocalHost
-from tghost.watch import plugin_part
+from tghost.watch import PluginWatcher, WatchSettings, plugin_part
 
 from .conftest import HostProcess, PluginDir
 from .test_cli import READY, live_tools
 from .test_cli import tghost as run_cli
+from .test_discover import FAMILY
 
 T = TypeVar("T")
 
@@ -177,3 +178,30 @@ def test_a_path_file_installed_after_start_up_is_processed_so_an_editable_plugin
     watch.installed_plugins()
     assert importlib.import_module("tghost_pth_probe").ANSWER == 42
     monkeypatch.delitem(sys.modules, "tghost_pth_probe")
+
+
+async def test_a_plugin_that_adds_plugins_serves_them_when_installed_and_releases_them_when_uninstalled(
+    pulsar_broker: EmbeddedBroker, plugin_dir: PluginDir,
+) -> None:
+    plugin_dir.add("first", FIRST)
+    catalog = discover(plugin_dir.entry_points(), strict=False, selection=PluginSelection())
+    settings = WatchSettings(selection=PluginSelection(load=frozenset({"first", "family"})))
+    async with LocalHost(pulsar_broker.url, catalog) as host:
+        watcher = PluginWatcher(catalog, host.server, None, settings)
+        watcher.start()
+        try:
+            plugin_dir.add("family", FAMILY)
+            await watcher.poll()
+            reports = {r.name: r for r in catalog.plugins}
+            assert {name: reports[name].status for name in ("family", "member-ok", "member-raises")} == {
+                "family": "loaded", "member-ok": "loaded", "member-raises": "failed"}
+            assert await host.call("member-ok") == "ok"
+            shut = sys.modules["tghost_test_family"].SHUT
+            shutil.rmtree(plugin_dir.root / "tghost_test_family-1.0.dist-info")
+            await watcher.poll()
+            assert [r.name for r in catalog.plugins] == ["first"] and set(catalog.services) == {"first-echo"}
+            assert sorted(shut) == ["family", "member-ok", "member-raises"]  # each released, once
+            assert [w.descriptor.id for w in host.server.workers] == ["first-echo"]
+        finally:
+            await watcher.stop()
+            catalog.shutdown()

@@ -1,4 +1,5 @@
-"""config: extra tools declared in a TOML file, over services this host serves.
+"""config: the host's TOML config file: extra tools declared over services this host serves,
+and tables plugins read (``tghost_register_plugins`` gets the whole file).
 
 A deployment adds ``query-orders`` over the knowledge-base service without touching plugin
 code. Each bad entry is reported (file and key) and skipped. Never touches Pulsar.
@@ -17,7 +18,7 @@ from pydantic import ValidationError
 from .descriptors import ToolDescriptor, describe_validation_error
 from .discover import Catalog, PluginReport
 
-__all__ = ["default_config_path", "load_config_tools"]
+__all__ = ["ConfigError", "config_path", "default_config_path", "load_config_tools", "read_config"]
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +26,30 @@ log = logging.getLogger(__name__)
 def default_config_path() -> Path:
     """``tools.toml`` in the platform's app dir for tghost, e.g. ``~/.config/tghost/tools.toml``."""
     return Path(click.get_app_dir("tghost")) / "tools.toml"
+
+
+def config_path(given: Path | None) -> Path | None:
+    """The config file to read: ``given`` (``--config``/``TGHOST_CONFIG``), else the default one
+    if it exists, else ``None``."""
+    if given is None and default_config_path().exists():
+        return default_config_path()
+    return given
+
+
+class ConfigError(ValueError):
+    """The config file cannot be read or is not TOML; the message names the file."""
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    """The TOML document at ``path`` as a dict.
+
+    Raises:
+        ConfigError: the file cannot be read, or is not valid TOML (the message says where).
+    """
+    try:
+        return tomllib.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from None
 
 
 def _tool_fields(catalog: Catalog, name: str, entry: dict[str, Any]) -> dict[str, Any]:
@@ -51,8 +76,9 @@ def _check(catalog: Catalog, tool: ToolDescriptor) -> str | None:
     return None
 
 
-def load_config_tools(catalog: Catalog, path: Path) -> PluginReport:
-    """Add the ``[tools.<name>]`` tables of the TOML file at ``path`` to ``catalog``.
+def load_config_tools(catalog: Catalog, path: Path, document: dict[str, Any] | None = None) -> PluginReport:
+    """Add the ``[tools.<name>]`` tables of the TOML file at ``path`` (``document``, if already
+    read with :func:`read_config`) to ``catalog``.
 
     Each table holds seed 000/001 tool keys (``service``, ``description``, ``group``,
     ``state``, ``available_in_states``, ``arguments``) and the tool's config values::
@@ -68,9 +94,9 @@ def load_config_tools(catalog: Catalog, path: Path) -> PluginReport:
     report = PluginReport(name=f"config:{path}", value=str(path))
     catalog.plugins.append(report)
     try:
-        tables = tomllib.loads(path.read_text()).get("tools", {})
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        report.fail(f"cannot read {path}: {exc}")
+        tables = (read_config(path) if document is None else document).get("tools", {})
+    except ConfigError as exc:
+        report.fail(str(exc))
         return report
     if not isinstance(tables, dict):
         report.fail(f"{path}: 'tools' must be a table of [tools.<name>] tables")

@@ -59,6 +59,11 @@ class PluginReport:
     """Why the entry point was not imported (which setting blocked it), or ``None``."""
     installed: bool = True
     """False for a name given to a plugin setting that no installed entry point has."""
+    kind: str = "tghost"
+    """The plugin system it comes from: ``tghost`` for a ``tghost.plugins`` entry point, else the
+    ``kind`` a ``tghost_register_plugins`` hook gave (``amplifier``)."""
+    added_by: str | None = None
+    """The plugin whose ``tghost_register_plugins`` hook added this one, or ``None``."""
 
     @property
     def failed(self) -> bool:
@@ -88,8 +93,9 @@ class PluginReport:
     def to_json(self) -> dict[str, Any]:
         """The report as a JSON-able dict (``tghost plugins --json``)."""
         return {"name": self.name, "value": self.value, "distribution": self.distribution,
-                "version": self.version, "status": self.status, "blocked": self.blocked, "services": self.services,
-                "tools": self.tools, "errors": self.errors, "tracebacks": self.tracebacks}
+                "version": self.version, "kind": self.kind, "added_by": self.added_by, "status": self.status,
+                "blocked": self.blocked, "services": self.services, "tools": self.tools, "errors": self.errors,
+                "tracebacks": self.tracebacks}
 
 
 LOAD_ENV = "TGHOST_LOAD_PLUGINS"
@@ -126,11 +132,12 @@ class PluginSelection:
         disable = os.environ.get(DISABLE_ENV, "") if disable is None else disable
         return cls(None if load is None else _names(load), _names(disable), load_source, disable_source)
 
-    def blocked_reason(self, name: str) -> str | None:
-        """Why entry point ``name`` must not be imported, or ``None`` when it may be."""
+    def blocked_reason(self, name: str, added_by: str | None = None) -> str | None:
+        """Why plugin ``name`` must not be imported, or ``None`` when it may be. A plugin another
+        one adds (``added_by``) passes the load list when either name is in it."""
         if name in self.disable:
             return f"disabled by {self.disable_source}"
-        if self.load is not None and name not in self.load:
+        if self.load is not None and name not in self.load and added_by not in self.load:
             return f"not listed in {self.load_source}" if self.load else f"{self.load_source} is empty"
         return None
 
@@ -166,6 +173,21 @@ class Catalog:
     authorize: hookspecs.Authorize | None = None
     """Every plugin's ``tghost_authorize`` in one check (see :func:`authorizer`); ``None`` when no
     plugin implements the hook, so serving pays nothing for it."""
+    shutdown_hooks: list[tuple[str, Callable[[], object]]] = field(default_factory=list)
+    """``(plugin name, function)`` of every ``tghost_shutdown`` implementation not yet run."""
+
+    def shutdown(self, plugins: Iterable[str] | None = None) -> None:
+        """Run the ``tghost_shutdown`` hooks of ``plugins`` (names; default: every plugin), each
+        once, in the reverse order of loading. One that raises is logged with its plugin's name
+        and the others still run. Blocks: call it in a worker thread from an event loop."""
+        names = None if plugins is None else set(plugins)
+        leaving = [(name, fn) for name, fn in self.shutdown_hooks if names is None or name in names]
+        self.shutdown_hooks = [hook for hook in self.shutdown_hooks if hook not in leaving]
+        for name, fn in reversed(leaving):
+            try:
+                fn()
+            except Exception:
+                log.exception("plugin %r: tghost_shutdown raised", name)
 
 
 def _strict_from_env() -> bool:
@@ -174,14 +196,17 @@ def _strict_from_env() -> bool:
 
 def discover(
     eps: Iterable[EntryPoint] | None = None, *, strict: bool | None = None,
-    selection: PluginSelection | None = None,
+    selection: PluginSelection | None = None, config: dict[str, Any] | None = None,
 ) -> Catalog:
-    """Load every selected ``tghost.plugins`` entry point, one at a time, into a :class:`Catalog`.
+    """Load every selected ``tghost.plugins`` entry point, one at a time, into a :class:`Catalog`,
+    with the plugins their ``tghost_register_plugins`` hooks add (given ``config``, the host's
+    TOML config file as a dict; default ``{}``).
 
     Plugins are taken in entry-point name order, so on a service-id or tool-name collision
     the first name wins and the later plugin is skipped and reported, never overwritten.
     Entry points ``selection`` (default: from the env vars) blocks are never imported; they are
-    reported ``blocked`` with the reason, and names it gives that are not installed ``missing``.
+    reported ``blocked`` with the reason, and names it gives that are not installed ``missing``;
+    an added plugin it blocks is never loaded. Call :meth:`Catalog.shutdown` when done.
 
     Raises:
         PluginLoadError: ``strict`` (default: ``TGHOST_STRICT_PLUGINS=1``) and any plugin failed.
@@ -193,16 +218,21 @@ def discover(
                        key=lambda ep: ep.name)
     blocked = [_blocked(ep, reason) for ep in installed if (reason := selection.blocked_reason(ep.name))]
     reports = {ep.name: _register(pm, ep) for ep in installed if selection.blocked_reason(ep.name) is None}
+    added = _add_plugins(pm, reports, selection, config or {})
+    blocked += [report for report in added if report.blocked is not None]
+    reports |= {report.name: report for report in added if report.blocked is None}
     contributions = _call_hooks(pm, reports)
-    missing = selection.missing(ep.name for ep in installed)
+    missing = selection.missing([*(ep.name for ep in installed), *(report.name for report in added)])
     catalog = Catalog(plugins=sorted([*reports.values(), *blocked, *missing], key=lambda r: r.name))
     for name, contribution in contributions.items():
         _admit(catalog, reports[name], contribution)
     _check_tool_references(catalog)
     catalog.authorize = authorizer((impl.plugin_name, impl.function)
                                    for impl in pm.hook.tghost_authorize.get_hookimpls())
+    catalog.shutdown_hooks = [(impl.plugin_name, impl.function) for impl in pm.hook.tghost_shutdown.get_hookimpls()]
     failures = [f"{r.name}: {e}" for r in catalog.plugins for e in r.errors]
     if failures and (_strict_from_env() if strict is None else strict):
+        catalog.shutdown()
         raise PluginLoadError("TGHOST_STRICT_PLUGINS is set and plugins failed:\n" + "\n".join(failures))
     return catalog
 
@@ -285,6 +315,64 @@ def _register(pm: pluggy.PluginManager, ep: EntryPoint) -> PluginReport:
         pm.register(ep.load(), name=ep.name)
     except Exception as exc:
         report.fail(f"cannot load entry point {ep.value!r}: {type(exc).__name__}: {exc}", exc)
+    return report
+
+
+def _add_plugins(
+    pm: pluggy.PluginManager, reports: dict[str, PluginReport], selection: PluginSelection, config: dict[str, Any]
+) -> list[PluginReport]:
+    """Call each plugin's ``tghost_register_plugins`` on its own, then load and register the
+    plugins it adds (unless ``selection`` blocks them); returns their reports, in name order.
+
+    A hook that raises, or names a plugin that is already there, is an error of its plugin:
+    none of the plugins it adds are loaded then.
+    """
+    added: dict[str, PluginReport] = {}
+    for impl in pm.hook.tghost_register_plugins.get_hookimpls():
+        parent = reports[impl.plugin_name]
+        if parent.errors:
+            continue
+        pending: list[tuple[PluginReport, Callable[[], object]]] = []
+        kwargs = {"register": _plugin_registrar(parent, pending), "config": config}
+        try:
+            impl.function(*(kwargs[arg] for arg in impl.argnames))
+        except Exception as exc:
+            parent.fail(f"tghost_register_plugins raised {type(exc).__name__}: {exc}", exc)
+            continue
+        names = [report.name for report, _ in pending]
+        taken = sorted({name for name in names if name in reports or name in added or names.count(name) > 1})
+        if taken:
+            parent.fail(f"tghost_register_plugins added plugin name(s) {taken} that are already taken; "
+                        "none of its plugins loaded")
+            continue
+        for report, load in pending:
+            added[report.name] = _load_added(pm, report, load, selection)
+    return sorted(added.values(), key=lambda r: r.name)
+
+
+def _plugin_registrar(
+    parent: PluginReport, into: list[tuple[PluginReport, Callable[[], object]]]
+) -> Callable[..., None]:
+    def register(name: str, load: Callable[[], object], *, kind: str, value: str,
+                 distribution: str | None = None, version: str | None = None) -> None:
+        if not isinstance(name, str) or not name or not callable(load):
+            raise TypeError(f"register() takes a plugin name and a load() function, got {name!r}, {load!r}")
+        into.append((PluginReport(name, value, distribution, version, kind=kind, added_by=parent.name), load))
+
+    return register
+
+
+def _load_added(
+    pm: pluggy.PluginManager, report: PluginReport, load: Callable[[], object], selection: PluginSelection
+) -> PluginReport:
+    report.blocked = selection.blocked_reason(report.name, report.added_by)
+    if report.blocked is not None:
+        log.info("plugin %r (added by %r) blocked: %s", report.name, report.added_by, report.blocked)
+        return report
+    try:
+        pm.register(load(), name=report.name)
+    except Exception as exc:
+        report.fail(f"cannot load {report.kind} plugin {report.value!r}: {type(exc).__name__}: {exc}", exc)
     return report
 
 

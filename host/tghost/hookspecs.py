@@ -42,6 +42,29 @@ def tghost_register_tools(register: Any) -> None:
 
 
 @hookspec
+def tghost_register_plugins(register: Any, config: dict[str, Any]) -> None:
+    """Add plugins loaded from another plugin system, each listed and isolated as a plugin of its
+    own: call ``register(name, load, kind=..., value=..., distribution=None, version=None)`` once each.
+
+    ``load()`` returns the plugin, an object with hook implementations as an entry point's module
+    is; the host calls it only when ``--load-plugins``/``--disable-plugins`` allow ``name``, then
+    calls its hooks as any plugin's, so its failure skips it alone. ``kind`` names the plugin
+    system (``tghost plugins`` shows it), ``value`` where the plugin comes from (for an entry
+    point, its value). A name already taken is an error of the registering plugin. ``config`` is
+    the host's TOML config file (``tghost run --config``) as a dict, ``{}`` without one: read your
+    own top-level table. Plugins added here cannot add plugins in turn.
+    """
+
+
+@hookspec
+def tghost_shutdown() -> None:
+    """Release what the plugin holds, once, when the host is done with it: after ``tghost run``
+    answered its last call, after ``tghost plugins`` listed it, or when ``--watch-plugins``
+    sees it uninstalled. Called in a worker thread; an exception is logged and the others run.
+    """
+
+
+@hookspec
 def tghost_authorize(user: str, service: str, config: dict[str, Any], arguments: dict[str, Any]) -> Any:
     """Allow or deny one call before ``invoke``: ``service`` is the service id, the rest as decoded.
 

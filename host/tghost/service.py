@@ -26,7 +26,7 @@ from .descriptors import (
     response_queue,
 )
 
-__all__ = ["Context", "InvalidArguments", "ToolError", "ToolService", "tool"]
+__all__ = ["Context", "InvalidArguments", "ToolError", "ToolService", "arguments_from_schema", "tool"]
 
 
 class ToolError(Exception):
@@ -237,7 +237,7 @@ class FunctionService(ToolService):
         skipped = {*config, self._context_param}
         self.model = _arguments_model(fn, signature, hints, doc, skipped)
         self.input_schema = self.model.model_json_schema()
-        self.arguments = _arguments_list(self.input_schema)
+        self.arguments = arguments_from_schema(self.input_schema)
 
     @property
     def runs_in_thread(self) -> bool:
@@ -306,7 +306,10 @@ def _arguments_model(
     return create_model(model_name, __config__=ConfigDict(extra="ignore"), **fields)
 
 
-def _arguments_list(schema: dict[str, Any]) -> tuple[Argument, ...]:
+def arguments_from_schema(schema: dict[str, Any]) -> tuple[Argument, ...]:
+    """The seed 000 ``arguments`` list of a JSON Schema object: one :class:`Argument` per top-level
+    property, with its ``type`` (the first non-null one of an ``anyOf``; ``string`` if none) and
+    ``description`` (``""`` if none)."""
     return tuple(
         Argument(name=name, type=_json_type(prop), description=prop.get("description", ""))
         for name, prop in schema.get("properties", {}).items()

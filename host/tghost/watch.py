@@ -24,6 +24,7 @@ import os
 import site
 from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint, entry_points
+from typing import Any
 
 from .announce import Announcer
 from .discover import ENTRY_POINT_GROUP, Catalog, PluginReport, PluginSelection, discover
@@ -37,10 +38,12 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class WatchSettings:
     """``interval``: seconds between two reads of the installed entry points. ``selection``: the
-    host's ``--load-plugins``/``--disable-plugins``, applied to new plugins as at start."""
+    host's ``--load-plugins``/``--disable-plugins``, applied to new plugins as at start. ``config``:
+    the host's TOML config file as a dict, given to new plugins as at start."""
 
     interval: float = 2.0
     selection: PluginSelection = field(default_factory=PluginSelection)
+    config: dict[str, Any] = field(default_factory=dict)
 
 
 def _path_files() -> set[tuple[str, str]]:
@@ -197,13 +200,17 @@ class PluginWatcher:
             if reason is not None:
                 log.warning("plugin %s installed, not loaded: %s", ep.name, reason)
                 continue
-            found = await asyncio.to_thread(discover, [ep], strict=False, selection=PluginSelection())
+            found = await asyncio.to_thread(discover, [ep], strict=False, selection=self.settings.selection,
+                                            config=self.settings.config)
             if found.authorize is not None:
                 log.warning("plugin %s installed, not loaded: its tghost_authorize hook would check only the "
                             "calls after it loads: restart needed", ep.name)
+                await asyncio.to_thread(found.shutdown)
                 continue
+            self.catalog.shutdown_hooks += found.shutdown_hooks
             for report in found.plugins:
-                await self._serve(report, plugin_part(found, report))
+                if report.installed:  # not the names the host's --load-plugins gives for others
+                    await self._serve(report, plugin_part(found, report))
 
     def _not_loadable(self, ep: EntryPoint) -> str | None:
         blocked = self.settings.selection.blocked_reason(ep.name)
@@ -235,9 +242,14 @@ class PluginWatcher:
     async def _uninstalled(self, name: str) -> None:
         self._unloaded[name] = self.known.pop(name)
         self._reported.pop(name, None)
-        report = next((r for r in self.catalog.plugins if r.name == name), None)
-        if report is None:
-            return
+        leaving = [r for r in self.catalog.plugins if r.name == name or r.added_by == name]
+        for report in leaving:
+            await self._withdraw(report)
+        await asyncio.to_thread(self.catalog.shutdown, [r.name for r in leaving])
+
+    async def _withdraw(self, report: PluginReport) -> None:
+        """Withdraw and stop serving what one uninstalled plugin (or a plugin it added) served."""
+        name = report.name
         self.catalog.plugins.remove(report)
         part = plugin_part(self.catalog, report)
         if self.announcer is not None and (part.descriptors or part.tools):

@@ -106,7 +106,11 @@ async def _echo_stream(chunks: AsyncIterator[str]) -> None:
 
 def _installed_service(service_id: str, topic: str | None) -> ToolServiceDescriptor:
     """The service by --topic, else as an installed plugin declares it, else topic = service id."""
-    descriptor = None if topic else discover(strict=False).descriptors.get(service_id)
+    descriptor = None
+    if not topic:
+        catalog = discover(strict=False)
+        catalog.shutdown()  # only its descriptors are needed
+        descriptor = catalog.descriptors.get(service_id)
     if descriptor is None:
         if not topic:
             log.warning("service %r is neither announced nor installed here; assuming topic %r (use --topic)",

@@ -20,6 +20,7 @@ import click
 from ..announce import DEFAULT_TOPIC
 from ..audit import AuditLog
 from ..broker import DEFAULT_URL, PulsarSettings, is_reachable
+from ..config import config_path, default_config_path
 from ..directory import ToolDirectory
 from ..discover import PluginSelection
 from ..metrics import HostMonitor
@@ -89,6 +90,19 @@ def selection_options(fn: F) -> F:
         "--disable-plugins", default=None, metavar="NAMES",
         help="Comma list of entry points never to import (overrides env TGHOST_DISABLE_PLUGINS).")(wrapped)
     return cast(F, wrapped)
+
+
+def config_option(fn: F) -> F:
+    """--config (env TGHOST_CONFIG); the command gets ``config_path``: the file given, else the
+    default one if it exists, else ``None``."""
+    @functools.wraps(fn)
+    def with_config(*args: Any, config_path_given: Path | None, **kwargs: Any) -> Any:
+        return fn(*args, config_path=config_path(config_path_given), **kwargs)
+
+    return cast(F, click.option(
+        "--config", "config_path_given", type=click.Path(path_type=Path, dir_okay=False), envvar="TGHOST_CONFIG",
+        default=None, help="TOML file of extra tools and plugin settings (env TGHOST_CONFIG) "
+                           f"[default: {default_config_path()}, if it exists].")(with_config))
 
 
 def trust_options(fn: F) -> F:

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import click
 
+from ..config import ConfigError, read_config
 from ..discover import PluginReport, PluginSelection, discover
 from .app import cli
-from .options import selection_options
+from .options import config_option, selection_options
 
 log = logging.getLogger("tghost")
 
@@ -94,20 +95,32 @@ def uninstall(args: tuple[str, ...]) -> None:
 
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for programs.")
+@config_option
 @selection_options
-def plugins(as_json: bool, selection: PluginSelection) -> None:
+def plugins(as_json: bool, config_path: Path | None, selection: PluginSelection) -> None:
     """List every installed plugin: what it serves, what failed and why, and what was blocked
-    (by --load-plugins/--disable-plugins or their env vars) and by which setting.
+    (by --load-plugins/--disable-plugins or their env vars) and by which setting. Plugins that
+    other plugins add (e.g. each Amplifier tool module, with tghost-amplifier) are listed with
+    their kind and the plugin that added them; --config gives them their settings.
 
-    Exits 1 when any plugin reported an error, or a setting names an entry point not installed.
+    Exits 1 when any plugin reported an error, a setting names an entry point not installed, or
+    the config file cannot be read.
     """
     logging.basicConfig(level=logging.CRITICAL)
-    catalog = discover(strict=False, selection=selection)
+    try:
+        document = {} if config_path is None else read_config(config_path)
+        config_error = None
+    except ConfigError as exc:
+        document, config_error = {}, str(exc)
+    catalog = discover(strict=False, selection=selection, config=document)
+    catalog.shutdown()  # listed, not served
     if as_json:
         click.echo(json.dumps([report.to_json() for report in catalog.plugins], indent=2))
     else:
         _print_plugins(catalog.plugins)
-    if any(report.errors for report in catalog.plugins):
+    if config_error is not None:
+        click.echo(click.style(f"error: {config_error} (plugins were loaded without it)", fg="red"), err=True)
+    if config_error is not None or any(report.errors for report in catalog.plugins):
         sys.exit(1)
 
 
@@ -120,6 +133,8 @@ def _print_plugins(reports: list[PluginReport]) -> None:
     for report in reports:
         status = click.style(report.status, fg=_STATUS_COLOUR.get(report.status, "red"))
         click.echo(f"{report.name} ({report.distribution or '?'} {report.version or '?'}) {status}")
+        if report.added_by is not None:
+            click.echo(f"  kind:        {report.kind} (added by plugin {report.added_by})")
         click.echo(f"  entry point: {report.value}")
         if report.blocked is not None:
             click.echo(f"  blocked:     {report.blocked}")

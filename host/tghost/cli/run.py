@@ -7,13 +7,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
+from typing import Any
 
 import click
 from pulsar.asyncio import PulsarException
 
 from ..announce import Announcer, HostIdentity
 from ..broker import BrokerError, PulsarSettings
-from ..config import default_config_path, load_config_tools
+from ..config import ConfigError, load_config_tools, read_config
 from ..discover import Catalog, PluginLoadError, PluginSelection, discover
 from ..embedded import default_data_dir, ensure_broker
 from ..host import run_host
@@ -21,7 +22,7 @@ from ..serve import ServeSettings
 from ..trust import KeyFileError, Signer
 from ..watch import WatchSettings
 from .app import cli
-from .options import Operations, operations_options, pulsar_options, selection_options, setup_logging
+from .options import Operations, config_option, operations_options, pulsar_options, selection_options, setup_logging
 
 log = logging.getLogger("tghost")
 
@@ -47,9 +48,7 @@ log = logging.getLogger("tghost")
 @click.option("--stall-threshold", type=click.FloatRange(min=0), default=ServeSettings.stall_threshold,
               show_default=True, help="Seconds the event loop may be blocked before a warning names the "
                                       "service blocking it; 0 turns the watchdog off.")
-@click.option("--config", "config_path", type=click.Path(path_type=Path, dir_okay=False), envvar="TGHOST_CONFIG",
-              default=None, help=f"TOML file of extra tools (env TGHOST_CONFIG) [default: {default_config_path()}, "
-                                 "if it exists].")
+@config_option
 @click.option("--lease", type=click.FloatRange(min=0.5, max=86_400), default=30.0, show_default=True,
               help="Seconds an announcement lives without a heartbeat (heartbeat every lease/3).")
 @click.option("--host-id", envvar="TGHOST_HOST_ID", default=None,
@@ -81,31 +80,36 @@ def run(pulsar: PulsarSettings, descriptors_topic: str, data_dir: Path | None, t
     """
     setup_logging(log_level)
     signer = _signer(signing_key)
+    document = _read_config(config_path)
     try:
-        catalog = discover(selection=selection)
+        catalog = discover(selection=selection, config=document or {})
     except PluginLoadError as exc:
         raise click.ClickException(str(exc)) from None
-    _add_config_tools(catalog, config_path)
+    if config_path is not None:
+        _add_config_tools(catalog, config_path, document)
     for report in catalog.plugins:
         for error in report.errors:
             log.error("plugin %s: %s (run 'tghost plugins' for details)", report.name, error)
     if not catalog.services:
         log.warning("no tool services to serve: pip install a tghost plugin (see 'tghost plugins')")
-    _start_broker_if_needed(pulsar.url, data_dir)
     settings = ServeSettings(timeout=timeout, max_concurrency=max_concurrency, max_queue=max_queue, grace=grace,
                              max_payload=max_payload, max_redeliveries=max_redeliveries,
                              stall_threshold=stall_threshold)
     try:
+        _start_broker_if_needed(pulsar.url, data_dir)
         with HostIdentity.claim(Path(click.get_app_dir("tghost")), host_id) as identity:
             announcer = Announcer(catalog, identity, descriptors_topic, lease, signer)
             with operations.open() as (listeners, monitor):
                 asyncio.run(run_host(catalog, pulsar, settings, announcer, listeners=listeners, monitor=monitor,
-                                     watch=WatchSettings(watch_interval, selection) if watch_plugins else None))
+                                     watch=WatchSettings(watch_interval, selection, document or {})
+                                     if watch_plugins else None))
     except BrokerError as exc:
         raise click.ClickException(str(exc)) from None
     except PulsarException as exc:
         raise click.ClickException(f"Pulsar at {pulsar.url} failed: {exc}; check --pulsar-url "
                                    "(env TGHOST_PULSAR_URL) and that the broker is up") from None
+    finally:
+        catalog.shutdown()  # the plugins' tghost_shutdown hooks, once nothing is served any more
 
 
 def _signer(path: Path | None) -> Signer | None:
@@ -115,12 +119,17 @@ def _signer(path: Path | None) -> Signer | None:
         raise click.BadParameter(str(exc), param_hint="--signing-key / TGHOST_SIGNING_KEY") from None
 
 
-def _add_config_tools(catalog: Catalog, path: Path | None) -> None:
-    if path is None:
-        path = default_config_path()
-        if not path.exists():
-            return
-    report = load_config_tools(catalog, path)
+def _read_config(path: Path | None) -> dict[str, Any] | None:
+    """The config file's document for the plugins; ``None`` when unreadable (the error is then
+    reported once, by :func:`load_config_tools`) and ``{}`` without a file."""
+    try:
+        return {} if path is None else read_config(path)
+    except ConfigError:
+        return None
+
+
+def _add_config_tools(catalog: Catalog, path: Path, document: dict[str, Any] | None) -> None:
+    report = load_config_tools(catalog, path, document)
     if report.tools:
         log.info("config %s: added tools %s", path, ", ".join(report.tools))
 
