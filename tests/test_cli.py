@@ -199,22 +199,6 @@ def test_joke_service_tells_a_pun_about_cats(
     assert host.finish() == 0
 
 
-def test_run_starts_the_embedded_broker_when_nothing_answers(
-    tmp_path: Path, plugin_dir: PluginDir, host_process: Callable[..., HostProcess]
-) -> None:
-    plugin_dir.add("echo", ECHO)
-    url = f"pulsar://127.0.0.1:{free_port()}"
-    env = plugin_dir.env(TGHOST_PULSAR_URL=url)
-    host = host_process("--data-dir", str(tmp_path / "broker"), env=env)
-    line = host.wait_for("started the embedded broker")
-    assert str(tmp_path / "broker") in line
-    host.wait_for(READY)
-    assert tghost("call", "--service", "echo", "text=embedded", env=env).stdout == "embedded\n"
-    host.process.send_signal(signal.SIGINT)
-    assert host.finish() == 0
-    assert (tmp_path / "broker" / "broker.log").exists()
-
-
 def test_call_without_a_broker_says_how_to_start_one() -> None:
     url = f"pulsar://127.0.0.1:{free_port()}"
     result = tghost("call", "--service", "echo", "--topic", "echo", "--pulsar-url", url)
@@ -416,3 +400,33 @@ def test_status_reports_a_running_host_and_exits_1_once_it_stops(
 def test_status_without_a_url_says_how_to_give_one() -> None:
     result = tghost("status", env={k: v for k, v in os.environ.items() if not k.startswith("TGHOST_")})
     assert result.returncode == 2 and "TGHOST_METRICS_PORT" in result.stderr
+
+
+def test_connect_timeout_comes_from_the_flag_or_the_environment() -> None:
+    assert _settings_seen([], {}).connect_timeout == PulsarSettings.connect_timeout
+    assert _settings_seen([], {"TGHOST_CONNECT_TIMEOUT": "120"}).connect_timeout == 120
+    assert _settings_seen(["--connect-timeout", "0"], {"TGHOST_CONNECT_TIMEOUT": "120"}).connect_timeout == 0
+
+
+def test_watch_started_before_the_broker_waits_for_it(plugin_dir: PluginDir, tmp_path: Path,
+                                                      host_process: Callable[..., HostProcess]) -> None:
+    """'tghost watch' follows like an agent: started with no broker, it waits (one line per
+    retry interval) and reports the tools once a broker and a host come."""
+    plugin_dir.add("echo", ECHO)
+    port = free_port()
+    env = plugin_dir.user_env(f"pulsar://127.0.0.1:{port}", tmp_path / "config", "late")
+    watch = subprocess.Popen([sys.executable, "-m", "tghost", "watch", "--json", "--connect-timeout", "120"],
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert watch.stderr is not None and watch.stdout is not None
+        assert "waiting for a Pulsar broker" in watch.stderr.readline()
+        with EmbeddedBroker(tmp_path / "broker", port):
+            host = host_process(env=env)
+            host.wait_for("announced")
+            assert {json.loads(watch.stdout.readline())["tool"] for _ in range(4)} == {
+                "echo", "unhurried", "failing", "ask-staff"}
+            host.process.send_signal(signal.SIGINT)
+            assert host.finish() == 0
+    finally:
+        watch.terminate()
+        watch.wait(10)

@@ -17,7 +17,7 @@ from prometheus_client import generate_latest
 import tghost
 from tghost.announce import announcement_key
 from tghost.announcement import current_topic
-from tghost.broker import EmbeddedBroker, PulsarSettings
+from tghost.broker import BrokerError, EmbeddedBroker, PulsarSettings, free_port
 from tghost.client import ToolCallError
 from tghost.directory import Change, InvokeRecord, ToolDirectory
 from tghost.discover import catalog_of
@@ -582,3 +582,62 @@ async def test_a_directory_started_after_a_host_died_expires_it_within_its_lease
     finally:
         host.announcer = None
         await host.__aexit__(None, None, None)
+
+
+# -- an agent before its broker, and before its hosts ----------------------------------------
+
+
+@tghost.tool(group=["*"])
+async def shout(text: str) -> str:
+    """Shout the text back."""
+    return text.upper()
+
+
+async def test_changes_with_replay_start_with_every_live_tool_then_follow(
+    pulsar_broker: EmbeddedBroker, topic: str
+) -> None:
+    async with LocalHost(pulsar_broker.url, kb_catalog(), announce_as="host-a", topic=topic):
+        found = await directory(pulsar_broker, topic)
+        try:
+            replayed = found.changes(replay=True)
+            assert await next_changes(replayed, 3) == [
+                ("added", "count"), ("added", "query-customers"), ("added", "query-products")]
+            async with LocalHost(pulsar_broker.url, [shout], announce_as="host-b", topic=topic):
+                assert await next_changes(replayed, 1) == [("added", "shout")]
+        finally:
+            await found.close()
+
+
+async def test_a_directory_started_before_its_broker_sees_every_tool(
+    tmp_path: Any, topic: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The agent starts first and waits; the broker comes; one host announces while the agent
+    is busy elsewhere, another after it follows changes(replay=True): it sees all four tools."""
+    caplog.set_level(logging.WARNING, logger="tghost.broker")
+    port = free_port()
+    url = f"pulsar://127.0.0.1:{port}"
+    found = ToolDirectory(PulsarSettings(url, connect_timeout=120, retry_interval=0.5), topic)
+    starting = asyncio.create_task(found.start())
+    async with asyncio.timeout(60):
+        while not any(f"waiting for a Pulsar broker at {url}" in r.message for r in caplog.records):
+            await asyncio.sleep(0.05)
+    broker = await asyncio.to_thread(EmbeddedBroker(tmp_path, port).start)
+    try:
+        await asyncio.wait_for(starting, 60)
+        async with LocalHost(url, kb_catalog(), announce_as="host-a", topic=topic):
+            await found.wait_for("query-products")
+            changes = found.changes(replay=True)
+            async with LocalHost(url, [shout], announce_as="host-b", topic=topic):
+                seen = await next_changes(changes, 4)
+        assert sorted(seen) == [("added", "count"), ("added", "query-customers"), ("added", "query-products"),
+                                ("added", "shout")]
+    finally:
+        await found.close()
+        await asyncio.to_thread(broker.stop)
+
+
+async def test_a_directory_with_no_broker_gives_up_naming_the_url(topic: str) -> None:
+    url = f"pulsar://127.0.0.1:{free_port()}"
+    found = ToolDirectory(PulsarSettings(url, connect_timeout=0.5, retry_interval=0.25), topic)
+    with pytest.raises(BrokerError, match=f"no Pulsar broker answers at {url}"):
+        await found.start()

@@ -122,7 +122,7 @@ async def serve(directory: ToolDirectory, groups: Sequence[str] | None, state: s
     ``http://host:port/mcp``).
 
     Raises:
-        pulsar.asyncio.PulsarException: the broker did not answer.
+        tghost.broker.BrokerError: no broker answered within the directory's ``connect_timeout``.
     """
     async with directory:
         bridge = Bridge(directory, groups, state)

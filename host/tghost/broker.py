@@ -1,5 +1,6 @@
-"""broker: reach Pulsar. Clients for the cluster named by ``--pulsar-url``, or an embedded
-pulsar-lite broker for local use and tests (its limits: docs/protocol.md §4.10).
+"""broker: reach Pulsar. Clients for the cluster named by ``--pulsar-url`` (auth, TLS), that wait
+for the broker, fail fast and clearly when the URL is not a Pulsar broker, and log through Python
+logging (pulsar-lite's limits: docs/protocol.md §4.10). The embedded pulsar-lite process is :mod:`tghost.embedded`'s.
 
 Never knows about plugins, services or tools.
 """
@@ -7,47 +8,60 @@ Never knows about plugins, services or tools.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import os
-import shutil
 import socket
-import subprocess
+import tempfile
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
-from typing import Any
+from typing import IO, Any
 from urllib.parse import urlsplit
 
-import click
 import pulsar
 import pulsar.asyncio
 
 __all__ = [
+    "CLIENT_LOG",
     "DEFAULT_URL",
     "BrokerError",
-    "EmbeddedBroker",
+    "BrokerUnavailable",
+    "ClientLog",
+    "NotPulsarBroker",
     "PulsarSettings",
-    "default_data_dir",
-    "ensure_broker",
+    "endpoints",
     "free_port",
+    "is_loopback",
     "is_reachable",
 ]
 
 DEFAULT_URL = "pulsar://localhost:6650"
-_LOOPBACK = {"localhost", "127.0.0.1", "::1"}
+LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1"})
 log = logging.getLogger(__name__)
 
 
 class BrokerError(RuntimeError):
-    """The broker could not be reached or started; the message says what to do next."""
+    """The broker could not be reached, started or stopped; the message names the URL (or data
+    directory) and says what to do next."""
+
+
+class BrokerUnavailable(BrokerError):
+    """Nothing accepted a TCP connection at the URL within ``PulsarSettings.connect_timeout``."""
+
+
+class NotPulsarBroker(BrokerError):
+    """Something accepts TCP connections at the URL, but it did not answer a Pulsar request
+    within ``PulsarSettings.handshake_timeout``: another service's port, or TLS on one side only."""
 
 
 @dataclass(frozen=True)
 class PulsarSettings:
-    """How to reach Pulsar: the service URL (``pulsar://host:port`` or ``pulsar+ssl://``), token
-    auth and TLS. Every client the host and the directory create comes from :meth:`connect`.
+    """How to reach Pulsar: the service URL (``pulsar://host:port`` or ``pulsar+ssl://``, several
+    hosts comma-separated), how long to wait for it, token auth and TLS. Every client the host,
+    the directory and the CLI create comes from :meth:`connect`.
 
     The embedded broker (pulsar-lite 0.2.0) accepts any token and enforces no auth; the
     options matter against an Apache Pulsar cluster. The token is kept out of ``repr``.
@@ -56,6 +70,14 @@ class PulsarSettings:
     url: str = DEFAULT_URL
     operation_timeout: float = 30.0
     """Seconds the client waits for broker operations (subscribe, create producer)."""
+    connect_timeout: float = 30.0
+    """Seconds :meth:`connect` waits for something to accept connections at the URL (a broker
+    still starting) before :class:`BrokerUnavailable`; 0 checks once."""
+    retry_interval: float = 2.0
+    """Seconds between two connection attempts while :meth:`connect` waits; one log line each."""
+    handshake_timeout: float = 5.0
+    """Seconds a broker that accepts the connection has to answer a first request before
+    :meth:`connect` raises :class:`NotPulsarBroker`."""
     token: str | None = field(default=None, repr=False)
     """A Pulsar JWT sent with ``AuthenticationToken``; ``None`` for no auth."""
     tls_trust_certs: str | None = None
@@ -66,11 +88,13 @@ class PulsarSettings:
     """Check that the broker's certificate names the host in the URL."""
 
     def client_kwargs(self) -> dict[str, Any]:
-        """The auth and TLS keyword arguments for ``pulsar.asyncio.Client`` (and ``pulsar.Client``):
-        ``authentication`` (only with a token), ``tls_trust_certs_file_path`` (only with a path),
+        """The keyword arguments for ``pulsar.asyncio.Client`` (and ``pulsar.Client``): ``logger``
+        (the C++ client's log through Python logging, see :class:`ClientLog`), ``authentication``
+        (only with a token), ``tls_trust_certs_file_path`` (only with a path),
         ``tls_allow_insecure_connection`` and ``tls_validate_hostname``.
         """
         kwargs: dict[str, Any] = {
+            "logger": CLIENT_LOG,
             "tls_allow_insecure_connection": self.tls_allow_insecure,
             "tls_validate_hostname": self.tls_validate_hostname,
         }
@@ -81,78 +105,273 @@ class PulsarSettings:
         return kwargs
 
     async def connect(self) -> pulsar.asyncio.Client:
-        """A new ``pulsar.asyncio`` client with :meth:`client_kwargs`; its C++ log goes to the
-        ``pulsar`` Python logger.
+        """A new ``pulsar.asyncio`` client with :meth:`client_kwargs`, once a Pulsar broker has
+        answered it.
 
-        On a loopback URL (where pulsar-lite runs) the client first spreads its consumer ids:
-        see :func:`_spread_consumer_ids`.
+        While nothing accepts connections at the URL it waits, trying every
+        :attr:`retry_interval` seconds (one log line per try) for up to :attr:`connect_timeout`
+        seconds. Once something does, it asks for a topic's partition metadata, which any Pulsar
+        broker answers, even with an error.
 
         Raises:
-            pulsar.asyncio.PulsarException: the broker did not answer.
+            BrokerUnavailable: nothing accepted a connection within ``connect_timeout``.
+            NotPulsarBroker: no Pulsar answer within ``handshake_timeout`` (a wrong port).
+            BrokerError: the broker refused the client (e.g. authentication failed).
         """
-        pulsar_log = logging.getLogger("pulsar")
-        if pulsar_log.level == logging.NOTSET:
-            pulsar_log.setLevel(logging.WARNING)
-        client = _Client(
-            self.url,
-            operation_timeout_seconds=int(self.operation_timeout),
-            logger=pulsar_log,
-            **self.client_kwargs(),
-        )
-        if _host_port(self.url)[0] in _LOOPBACK:
-            await _spread_consumer_ids(client)
-        return client
+        deadline = time.monotonic() + self.connect_timeout
+        while True:
+            if await _accepts_connections(self.url, min(self.retry_interval, 2.0)):
+                client = _Client(self)
+                try:
+                    await self._handshake(client)
+                except BaseException:
+                    await client.close()
+                    raise
+                return client
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise BrokerUnavailable(
+                    f"no Pulsar broker answers at {self.url} (waited {self.connect_timeout:g}s): start one "
+                    "('tghost broker start' runs the embedded one on a local URL), or pass --pulsar-url "
+                    "(env TGHOST_PULSAR_URL)")
+            log.warning("waiting for a Pulsar broker at %s: nothing accepts connections yet (%.0fs left)",
+                        self.url, left)
+            await asyncio.sleep(min(self.retry_interval, left))
+
+    async def _handshake(self, client: pulsar.asyncio.Client) -> None:
+        try:
+            async with asyncio.timeout(self.handshake_timeout):
+                await client.get_topic_partitions(_PROBE_TOPIC)
+        except TimeoutError:
+            raise NotPulsarBroker(
+                f"not a Pulsar broker at {self.url}: it accepts connections but gave no Pulsar answer within "
+                f"{self.handshake_timeout:g}s. Check the port (Pulsar's binary protocol is 6650, 6651 with "
+                "TLS; 8080 is its HTTP admin port) and that pulsar+ssl:// is used only with TLS") from None
+        except pulsar.asyncio.PulsarException as exc:
+            if exc.error() in (pulsar.Result.AuthenticationError, pulsar.Result.AuthorizationError):
+                raise BrokerError(f"the Pulsar broker at {self.url} refused this client ({exc}): check "
+                                  "--pulsar-token (env TGHOST_PULSAR_TOKEN)") from None
+            if exc.error() in (pulsar.Result.ConnectError, pulsar.Result.Timeout):
+                raise NotPulsarBroker(f"not a Pulsar broker at {self.url} ({exc}): check the URL's port and "
+                                      "TLS options") from None
+            # Any other answer (e.g. no such tenant) came from a Pulsar broker: that is all we asked.
+
+
+#: A topic whose partition metadata :meth:`PulsarSettings.connect` asks for; nothing is created.
+_PROBE_TOPIC = "non-persistent://tg/tghost/connect-probe"
+
+
+class ClientLog(logging.Logger):
+    """Where the C++ Pulsar client's log goes: the ``pulsar`` Python logger, one level down.
+
+    pulsar-client hands a Python logger every line, including DEBUG, whatever the logger's
+    level. Its errors and warnings are mostly retries it will make on its own (a broker
+    restarting, pulsar-lite answering ``UnknownError`` for an empty topic); tghost reports what
+    matters to a user in its own words (a lost broker connection, a failed call). So its ERROR and
+    WARN lines become INFO, and INFO and DEBUG become DEBUG: a command at the default WARNING level
+    prints none, ``tghost run`` (INFO) shows its errors and warnings, ``--log-level debug`` all.
+    """
+
+    def __init__(self) -> None:
+        super().__init__("pulsar")
+
+    def log(self, level: int, msg: object, *args: Any, **kwargs: Any) -> None:
+        target = logging.getLogger("pulsar")
+        level = logging.INFO if level >= logging.WARNING else logging.DEBUG
+        if target.isEnabledFor(level):
+            target.log(level, msg, *args, **kwargs)
+
+
+CLIENT_LOG = ClientLog()
 
 
 class _Client(pulsar.asyncio.Client):  # type: ignore[misc]
-    """``pulsar.asyncio.Client`` whose ``close`` also lets the C++ client's last callbacks land.
+    """``pulsar.asyncio.Client`` that cannot hit pulsar-lite's consumer-id collisions, and whose
+    ``close`` lets the C++ client's last callbacks land.
+
+    Consumer ids: pulsar-lite 0.2.0 keys a subscription's consumers by the id the *client* chose
+    (every client numbers its consumers from 0). When a second client's consumer on a Shared
+    subscription has an id already there, pulsar-lite logs "Consumer N already exists" and drops
+    the connection, and the client retries with the same id until its operation timeout. Apache
+    Pulsar keys consumers by connection and needs none of this. So on a loopback URL (where
+    pulsar-lite runs) every non-exclusive subscription is made on a second client:
+
+    - its ids start at a machine-wide slot's range (see :class:`_IdSlot`), which no other live
+      client of this user on this broker port holds, so two hosts never pick the same id;
+    - its operation timeout is :data:`SHARED_SUBSCRIBE_TIMEOUT`: a subscribe that still collides
+      (a client of another user, another machine, or more consumers than a slot's range) fails
+      then, cleanly (the C++ client drops the attempt), and is retried with the next id, up to
+      the settings' ``operation_timeout`` in all. It never fails the host for an id.
 
     Closing fails the pending receives of its consumers and readers from a C++ thread; when
     such a callback reaches an event loop that ``asyncio.run`` has already closed, the process
     can abort or segfault at exit (apache/pulsar-client-python#153, #203; seen here in about
-    1 of 4 short-lived processes under load, and in none of 60 with this pause).
+    1 of 4 short-lived processes under load, and in none of 60 with a pause of CLOSE_DRAIN).
     """
 
     #: Seconds to keep the loop alive after ``close`` for those callbacks.
     CLOSE_DRAIN = 0.05
 
+    def __init__(self, settings: PulsarSettings) -> None:
+        super().__init__(settings.url, operation_timeout_seconds=max(1, round(settings.operation_timeout)),
+                         **settings.client_kwargs())
+        self.settings = settings
+        self.id_collisions = 0
+        """Subscribes retried with another consumer id (pulsar-lite answered "already exists")."""
+        self._spread = all(is_loopback(host) for host, _ in endpoints(settings.url))
+        self._shared: pulsar.asyncio.Client | None = None
+        self._slot: _IdSlot | None = None
+        self._shared_lock = asyncio.Lock()
+
+    async def subscribe(self, topic: Any, subscription_name: str,
+                        consumer_type: pulsar.ConsumerType = pulsar.ConsumerType.Exclusive,
+                        **kwargs: Any) -> pulsar.asyncio.Consumer:
+        if consumer_type == pulsar.ConsumerType.Exclusive or not self._spread:
+            return await super().subscribe(topic, subscription_name, consumer_type, **kwargs)
+        shared = await self._shared_client()
+        attempts = max(1, int(self.settings.operation_timeout // SHARED_SUBSCRIBE_TIMEOUT))
+        for attempt in itertools.count(1):
+            try:
+                return await shared.subscribe(topic, subscription_name, consumer_type, **kwargs)
+            except pulsar.asyncio.PulsarException as exc:
+                if exc.error() not in (pulsar.Result.Timeout, pulsar.Result.ConsumerBusy) or attempt >= attempts:
+                    raise
+                self.id_collisions += 1
+                log.info("subscription %s on %s: no answer in %ss, as when pulsar-lite already has this consumer "
+                         "id there; retrying with the next id (%d/%d)", subscription_name, topic,
+                         SHARED_SUBSCRIBE_TIMEOUT, attempt, attempts)
+        raise AssertionError("unreachable")
+
+    async def _shared_client(self) -> pulsar.asyncio.Client:
+        async with self._shared_lock:
+            if self._shared is None:
+                self._slot = _IdSlot.claim(endpoints(self.settings.url)[0][1])
+                shared = pulsar.asyncio.Client(self.settings.url, operation_timeout_seconds=SHARED_SUBSCRIBE_TIMEOUT,
+                                               **self.settings.client_kwargs())
+                await _skip_consumer_ids(shared, self._slot.first_id)
+                self._shared = shared
+            return self._shared
+
     async def close(self) -> None:
         await super().close()
+        if self._shared is not None:
+            await self._shared.close()
+        if self._slot is not None:
+            self._slot.release()
         await asyncio.sleep(self.CLOSE_DRAIN)
 
 
-_clients_made = itertools.count()
+#: Seconds (whole) a non-exclusive subscribe may take on a loopback URL before it is retried with
+#: another consumer id (pulsar-lite subscribes in about 1 ms).
+SHARED_SUBSCRIBE_TIMEOUT = 3
+#: Consumer ids per :class:`_IdSlot`: a client's non-exclusive consumers beyond this many may
+#: meet the next slot's ids (then a collision is retried; see :class:`_Client`).
+ID_STRIDE = 32
 
 
-async def _spread_consumer_ids(client: pulsar.asyncio.Client) -> None:
-    """Work around pulsar-lite 0.2.0, which keys a subscription's consumers by the id the
-    *client* chose: every client numbers its consumers from 0, so two hosts sharing a
-    subscription collide ("Consumer 0 already exists") and the broker drops the connection.
-    Apache Pulsar keys consumers by connection and needs none of this.
-
-    Before any real consumer, use up an offset of 0-127 ids (by pid and a per-process
-    count, so hosts started side by side differ) in one multi-topic subscribe, about 1 ms
-    per id on loopback.
+class _IdSlot:
+    """Slot ``k`` of this user's machine-wide consumer-id slots for one broker port: a lock file
+    ``<tmp>/tghost-<uid>/consumer-id-slots/<port>/<k>.lock`` held (``flock``) while the client
+    lives, released at close or when the process dies. A client in slot ``k`` numbers its
+    non-exclusive consumers from ``(k + 1) * ID_STRIDE`` (ids below are left to other clients,
+    which count from 0). Where ``fcntl`` is missing, a random slot.
     """
-    offset = (os.getpid() * 37 + next(_clients_made) * 11) % 128
-    if offset:
-        topics = [f"non-persistent://tg/tghost/consumer-id-{i}" for i in range(offset)]
-        spacer = await client.subscribe(topics, "tghost-consumer-id-spacer")
-        await spacer.close()
+
+    def __init__(self, index: int, handle: IO[bytes] | None) -> None:
+        self.index = index
+        self._handle = handle
+
+    @property
+    def first_id(self) -> int:
+        return (self.index + 1) * ID_STRIDE
+
+    @classmethod
+    def claim(cls, port: int) -> _IdSlot:
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - not on the platforms pulsar-lite ships for
+            return cls(int.from_bytes(os.urandom(2)) % 256, None)
+        slots = Path(tempfile.gettempdir()) / f"tghost-{os.getuid()}" / "consumer-id-slots" / str(port)
+        slots.mkdir(parents=True, exist_ok=True, mode=0o700)
+        for index in itertools.count():
+            handle = (slots / f"{index}.lock").open("ab")
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                handle.close()
+                continue
+            return cls(index, handle)
+        raise AssertionError("unreachable")
+
+    def release(self) -> None:
+        if self._handle is not None:
+            self._handle.close()  # closing drops the flock
+            self._handle = None
 
 
-def _host_port(url: str) -> tuple[str, int]:
-    parts = urlsplit(url.split(",")[0])
-    return parts.hostname or "localhost", parts.port or 6650
+async def _skip_consumer_ids(client: pulsar.asyncio.Client, count: int) -> None:
+    """Use up about ``count`` consumer ids of ``client``: multi-topic subscribes of up to
+    :data:`SKIP_CHUNK` topics each take one id per topic plus one (about 1 ms per id on
+    loopback). Best effort: if the broker is too slow for one, the ids left are a collision
+    :class:`_Client` retries, not a failure."""
+    name = uuid.uuid4().hex[:8]
+    left = count
+    while left > 1:
+        topics = [f"non-persistent://tg/tghost/consumer-id-{i}" for i in range(min(SKIP_CHUNK, left - 1))]
+        try:
+            spacer = await client.subscribe(topics, f"tghost-consumer-id-spacer-{name}-{left}")
+            await spacer.close()
+        except pulsar.asyncio.PulsarException as exc:
+            log.info("could not use up consumer ids (%s); a collision, if any, will be retried", exc)
+            return
+        left -= len(topics) + 1
+
+
+#: Topics per subscribe when :func:`_skip_consumer_ids` uses up ids.
+SKIP_CHUNK = 16
+
+
+def endpoints(url: str) -> list[tuple[str, int]]:
+    """The (host, port) pairs of a service URL: ``pulsar://a:6650,b:6650`` gives two. The port
+    defaults to 6650 (6651 for ``pulsar+ssl://``)."""
+    parts = urlsplit(url)
+    default = 6651 if parts.scheme.endswith("+ssl") else 6650
+    found = []
+    for netloc in parts.netloc.rpartition("@")[2].split(","):
+        one = urlsplit(f"//{netloc}")
+        found.append((one.hostname or "localhost", one.port or default))
+    return found
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names this machine's loopback interface (where the embedded broker runs)."""
+    return host in LOOPBACK or host.startswith("127.")
 
 
 def is_reachable(url: str, timeout: float = 1.0) -> bool:
-    """True when something accepts TCP connections at the URL's host and port (seconds)."""
-    try:
-        with socket.create_connection(_host_port(url), timeout=timeout):
-            return True
-    except OSError:
-        return False
+    """True when something accepts TCP connections at one of the URL's hosts (``timeout`` seconds each)."""
+    for address in endpoints(url):
+        try:
+            with socket.create_connection(address, timeout=timeout):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+async def _accepts_connections(url: str, timeout: float) -> bool:
+    """:func:`is_reachable`, without blocking the event loop."""
+    for host, port in endpoints(url):
+        try:
+            async with asyncio.timeout(timeout):
+                _, writer = await asyncio.open_connection(host, port)
+        except (OSError, TimeoutError):
+            continue
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+        return True
+    return False
 
 
 def free_port() -> int:
@@ -162,96 +381,10 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def default_data_dir() -> Path:
-    """Where the embedded broker keeps its data: the platform's app dir for tghost."""
-    return Path(click.get_app_dir("tghost")) / "broker"
+def __getattr__(name: str) -> Any:
+    """``EmbeddedBroker`` (and its helpers) live in :mod:`tghost.embedded`; importable from here too."""
+    if name in ("EmbeddedBroker", "default_data_dir", "ensure_broker"):
+        from . import embedded
 
-
-def _binary() -> str:
-    try:
-        from pulsar_lite.binary_finder import find_pulsar_lite_binary
-    except ImportError:
-        raise BrokerError(
-            "the embedded broker (pulsar-lite) is not installed: it ships for Linux x86_64 and "
-            "macOS arm64 only. Start Apache Pulsar yourself and pass --pulsar-url "
-            "(or set TGHOST_PULSAR_URL)."
-        ) from None
-    found: str = find_pulsar_lite_binary()
-    return shutil.which(found) or found
-
-
-def ensure_broker(url: str, data_dir: Path | None = None) -> EmbeddedBroker | None:
-    """Start an embedded broker at a loopback ``url`` when nothing answers there.
-
-    Returns the started broker (stop it when done), or ``None`` when one already answers
-    or the URL is not a loopback one (a cluster is never replaced by a local broker).
-
-    Raises:
-        BrokerError: the embedded broker cannot start.
-    """
-    host, port = _host_port(url)
-    if host not in _LOOPBACK or is_reachable(url):
-        return None
-    return EmbeddedBroker(data_dir or default_data_dir(), port).start()
-
-
-class EmbeddedBroker:
-    """A pulsar-lite broker process on ``127.0.0.1:port`` storing its data in ``data_dir``.
-
-    Use as a context manager, or call :meth:`start` and :meth:`stop`. Its log is
-    ``data_dir/broker.log``. Data survives a restart on the same ``data_dir``.
-    """
-
-    def __init__(self, data_dir: Path, port: int = 6650) -> None:
-        self.data_dir = Path(data_dir)
-        self.port = port
-        self.process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        """The broker's service URL, ``pulsar://127.0.0.1:<port>``."""
-        return f"pulsar://127.0.0.1:{self.port}"
-
-    @property
-    def log_path(self) -> Path:
-        """The broker process's log file."""
-        return self.data_dir / "broker.log"
-
-    def start(self, ready_timeout: float = 15.0) -> EmbeddedBroker:
-        """Start the process and wait (seconds) until it accepts connections.
-
-        Raises:
-            BrokerError: pulsar-lite is missing, exited, or did not become ready in time.
-        """
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        command = [_binary(), "--addr", f"127.0.0.1:{self.port}", "--db-path", str(self.data_dir / "db")]
-        with self.log_path.open("ab") as log_file:
-            self.process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + ready_timeout
-        while not is_reachable(self.url, timeout=0.2):
-            if self.process.poll() is not None:
-                raise BrokerError(f"embedded broker exited with code {self.process.returncode}; "
-                                  f"see {self.log_path} (is port {self.port} in use?)")
-            if time.monotonic() > deadline:
-                self.stop()
-                raise BrokerError(f"embedded broker not ready after {ready_timeout}s; see {self.log_path}")
-            time.sleep(0.05)
-        log.info("embedded broker pid %s at %s, data in %s", self.process.pid, self.url, self.data_dir)
-        return self
-
-    def stop(self, timeout: float = 5.0) -> None:
-        """Terminate the process (then kill it after ``timeout`` seconds). Idempotent."""
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.terminate()
-        try:
-            self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-
-    def __enter__(self) -> EmbeddedBroker:
-        return self.start()
-
-    def __exit__(self, *exc: type[BaseException] | BaseException | TracebackType | None) -> None:
-        self.stop()
+        return getattr(embedded, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

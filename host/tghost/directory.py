@@ -20,10 +20,11 @@ from typing import Any, Literal
 
 import pulsar
 import pulsar.asyncio
+import pulsar.exceptions
 
 from . import groups as seed001
 from .announcement import DEFAULT_TOPIC, EPOCH_SECONDS
-from .broker import PulsarSettings
+from .broker import BrokerError, PulsarSettings
 from .client import ToolServiceClient
 from .descriptors import ToolDescriptor, ToolServiceDescriptor
 from .invoke import (
@@ -224,13 +225,26 @@ class ToolDirectory:
         """Read the epoch topics of the read window from their first message up to now, then
         follow them in the background (docs/protocol.md §4.6).
 
+        An agent may start before its broker: this waits up to the settings'
+        ``connect_timeout`` seconds (:attr:`tghost.broker.PulsarSettings.connect_timeout`,
+        default 30) for one to answer, logging one line per ``retry_interval``. Tools that
+        arrive once it follows are ``added`` changes; :meth:`changes` with ``replay=True`` also
+        gives those known before.
+
         Raises:
-            pulsar.asyncio.PulsarException: the broker did not answer.
+            tghost.broker.BrokerError: no broker answered in time (``BrokerUnavailable``), the
+                URL is not a Pulsar broker (``NotPulsarBroker``), or reading the topic failed;
+                the message names the URL.
         """
         self._client = self.calls.client = await self.pulsar.connect()
-        self._window = window = TopicWindow(self._client, self.topic, self.max_clock_skew, self.epoch_seconds)
-        self.ledger.quiet = True
-        dirty = await self._catch_up(window)
+        try:
+            self._window = window = TopicWindow(self._client, self.topic, self.max_clock_skew, self.epoch_seconds)
+            self.ledger.quiet = True
+            dirty = await self._catch_up(window)
+        except (pulsar.asyncio.PulsarException, pulsar.exceptions.PulsarException) as exc:
+            await self.close()
+            raise BrokerError(f"reading {self.topic} from the Pulsar broker at {self.pulsar.url} failed: "
+                              f"{exc}") from exc
         dirty |= self._expire(time.time())  # hosts that died before we came
         self._resolve(dirty, "removed")  # nothing is live yet: all changes are "added"
         self.ledger.caught_up(time.time())
@@ -394,10 +408,19 @@ class ToolDirectory:
             self._filtered[key] = seed001.select(descriptors, groups, state)
         return self._filtered[key]
 
-    async def changes(self) -> AsyncGenerator[Change, None]:
-        """Yield every change to the live tool set from now on, until the caller stops (``aclose()``
-        it, or leave the ``async for``, to stop)."""
+    async def changes(self, replay: bool = False) -> AsyncGenerator[Change, None]:
+        """Yield every change to the live tool set from the first iteration on, until the caller
+        stops (``aclose()`` it, or leave the ``async for``, to stop).
+
+        With ``replay=True`` it first yields an ``added`` change for each tool live at that moment
+        (sorted by name), then the changes after it: the snapshot and the changes meet with
+        nothing lost or repeated, so an agent that only follows this sees every tool, whether
+        its hosts started before it or after.
+        """
         queue: asyncio.Queue[Change] = asyncio.Queue()
+        if replay:
+            for name in sorted(self.tools):
+                queue.put_nowait(Change("added", name, self.tools[name]))
         self._watchers.append(queue)
         try:
             while True:

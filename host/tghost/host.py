@@ -64,6 +64,7 @@ async def run_host(
     (:class:`tghost.watch.PluginWatcher`; ``catalog`` changes with them).
 
     Raises:
+        tghost.broker.BrokerError: no Pulsar broker answered at the URL (see ``PulsarSettings.connect``).
         pulsar.asyncio.PulsarException: the broker refused a subscription or producer.
     """
     stop = stop or asyncio.Event()

@@ -22,10 +22,11 @@ import pytest
 
 from .announce import Announcer, HostIdentity
 from .announcement import DEFAULT_TOPIC, EPOCH_SECONDS, epoch_of, epoch_topic
-from .broker import EmbeddedBroker, PulsarSettings, free_port
+from .broker import PulsarSettings, free_port
 from .client import ToolServiceClient
 from .conformance import Conformance, Finding, RawWire, check_conformance
 from .discover import Catalog, catalog_of
+from .embedded import EmbeddedBroker
 from .serve import CallListener, Server, ServeSettings
 from .service import ToolService
 from .trust import Signer

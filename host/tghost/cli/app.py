@@ -12,12 +12,16 @@ import sys
 import click
 
 from .. import __version__
+from ..broker import BrokerError
 
 
 def main() -> None:
     """The ``tghost`` console script: run the command, then leave without interpreter
     finalization, where pulsar-client's C++ threads can crash the process after the work is
     done (apache/pulsar-client-python#153, #203). Output is flushed first; the exit code is kept.
+
+    A :class:`~tghost.broker.BrokerError` (no broker, not a Pulsar broker at the URL) is an
+    ``Error:`` line and exit code 1, as click prints its own errors.
 
     Ctrl-C (SIGINT) always stops a command, even when the parent started it with SIGINT
     ignored, as a non-interactive shell does for ``cmd &``.
@@ -26,6 +30,9 @@ def main() -> None:
     try:
         cli(prog_name="tghost")
         code = 0
+    except BrokerError as exc:  # any command that could not reach Pulsar: the message says what to do
+        click.echo(f"Error: {exc}", err=True)
+        code = 1
     except SystemExit as exc:
         if isinstance(exc.code, str):
             click.echo(exc.code, err=True)

@@ -1,34 +1,215 @@
-"""cli.broker: ``tghost broker``, the embedded pulsar-lite broker alone.
+"""cli.broker: ``tghost broker``, the embedded pulsar-lite broker: run it in the foreground, or
+start, see and stop the detached one that ``tghost run`` starts on a local URL.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 import click
 
-from ..broker import BrokerError, EmbeddedBroker, default_data_dir
+from ..broker import BrokerError
+from ..embedded import (
+    DEFAULT_PORT,
+    LOG_LEVELS,
+    BrokerRecord,
+    BrokerStatus,
+    EmbeddedBroker,
+    broker_status,
+    default_data_dir,
+    run_until_stopped,
+    start_detached,
+    stop_broker,
+)
 from .app import cli
 from .options import setup_logging
 
+F = TypeVar("F", bound=Callable[..., Any])
 
-@cli.command()
-@click.option("--port", type=click.IntRange(1, 65535), default=6650, show_default=True)
-@click.option("--data-dir", type=click.Path(path_type=Path), default=None,
-              help=f"Data directory [default: {default_data_dir()}].")
-def broker(port: int, data_dir: Path | None) -> None:
-    """Run only the embedded pulsar-lite broker, until Ctrl-C."""
+#: ``tghost broker status`` exit code when no embedded broker runs (LSB init scripts' "not running").
+NOT_RUNNING = 3
+
+
+@dataclass(frozen=True)
+class _Where:
+    """--port and --data-dir as given to ``tghost broker`` itself, for its subcommands."""
+
+    port: int | None
+    data_dir: Path | None
+
+    def resolve(self, port: int | None, data_dir: Path | None) -> tuple[int, Path]:
+        port = port or self.port or DEFAULT_PORT
+        return port, Path(data_dir or self.data_dir or default_data_dir(port))
+
+
+def _where_options(fn: F) -> F:
+    fn = click.option("--data-dir", type=click.Path(path_type=Path, file_okay=False), default=None,
+                      help="The broker's data directory: messages, log, record [default: "
+                           f"{default_data_dir(DEFAULT_PORT).parent}/PORT].")(fn)
+    return click.option("--port", type=click.IntRange(1, 65535), default=None,
+                        help=f"Port on 127.0.0.1 [default: {DEFAULT_PORT}].")(fn)
+
+
+def _run_options(fn: F) -> F:
+    fn = click.option("--ready-timeout", type=click.FloatRange(min=0, min_open=True), default=15.0,
+                      show_default=True, help="Seconds pulsar-lite has to accept connections.")(fn)
+    fn = click.option("--metrics-port", type=click.IntRange(1, 65535), default=None,
+                      help="Serve pulsar-lite's Prometheus metrics on http://127.0.0.1:PORT/metrics "
+                           "[default: off].")(fn)
+    return click.option("--log-level", type=click.Choice(LOG_LEVELS), default="warn", show_default=True,
+                        help="pulsar-lite's log level.")(fn)
+
+
+@cli.group(invoke_without_command=True)
+@_where_options
+@_run_options
+@click.option("--detached", is_flag=True, hidden=True,
+              help="Run as the detached broker 'tghost broker start' makes: report readiness on stderr, "
+                   "then close stdout and stderr.")
+@click.pass_context
+def broker(ctx: click.Context, port: int | None, data_dir: Path | None, log_level: str, metrics_port: int | None,
+           ready_timeout: float, detached: bool) -> None:
+    """Run the embedded pulsar-lite broker here until Ctrl-C, SIGTERM or SIGHUP.
+
+    \b
+    tghost broker [--port 6650]     run it in this terminal; its warnings print here
+    tghost broker start             start it detached, as 'tghost run' does on a local URL
+    tghost broker status [--json]   is it running: URL, pid, data dir, log (exit 3: not running)
+    tghost broker stop              stop the detached one (its hosts and agents lose their broker)
+
+    Its data, log (broker.log, rotated at 10 MiB, two old logs kept) and record (broker.json,
+    while it runs) are in --data-dir, one per port. Its metrics endpoint is off unless
+    --metrics-port. Exits 1 with the cause and the fix when it cannot start (port taken, data dir
+    in use) or when pulsar-lite dies.
+    """
+    if ctx.invoked_subcommand is not None:
+        ctx.obj = _Where(port, data_dir)
+        return
     setup_logging("info")
-    embedded = EmbeddedBroker(data_dir or default_data_dir(), port)
+    port, data_dir = _Where(port, data_dir).resolve(None, None)
+    embedded = EmbeddedBroker(data_dir, port, log_level=log_level, metrics_port=metrics_port,
+                              echo=None if detached else sys.stderr, die_with_parent=True)
+
+    def ready(record: BrokerRecord) -> None:
+        status = broker_status(port, data_dir)
+        how = f"stop it with '{status.stop_command()}'" if detached else "Ctrl-C to stop"
+        click.echo(f"embedded broker at {record.url} (pid {record.pid}, data {record.data_dir}, log {record.log}); "
+                   f"{how}", err=True)
+        if detached:
+            _close_stdio()
+
     try:
-        embedded.start()
+        code = run_until_stopped(embedded, detached=detached, on_ready=ready, ready_timeout=ready_timeout)
     except BrokerError as exc:
         raise click.ClickException(str(exc)) from None
-    click.echo(f"embedded broker at {embedded.url} (data {embedded.data_dir}); Ctrl-C to stop", err=True)
+    ctx.exit(code)
+
+
+def _close_stdio() -> None:
+    """Point stdout and stderr at /dev/null: the starter reads stderr until it closes."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
+    os.close(devnull)
+
+
+def _status_options(fn: F) -> F:
+    fn = click.option("--json", "as_json", is_flag=True, help="Print JSON for programs.")(fn)
+    return _where_options(fn)
+
+
+@broker.command()
+@_status_options
+@_run_options
+@click.pass_obj
+def start(where: _Where, port: int | None, data_dir: Path | None, as_json: bool, log_level: str,
+          metrics_port: int | None, ready_timeout: float) -> None:
+    """Start the embedded broker detached: it keeps running after this command, the terminal and
+    any 'tghost run' end, and every host and agent on its URL shares it.
+
+    Exits 0 when it runs (started now, or already running), 1 when it cannot start.
+    """
+    port, data_dir = where.resolve(port, data_dir)
+    before = broker_status(port, data_dir)
+    if before.answering and not before.running:
+        raise click.ClickException(f"something already answers at {before.url}, and it is not an embedded broker "
+                                   f"with data dir {data_dir}: pass another --port, or its --data-dir")
     try:
-        assert embedded.process is not None
-        embedded.process.wait()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        embedded.stop()
+        status = before if before.running else start_detached(
+            port, data_dir, log_level=log_level, metrics_port=metrics_port, ready_timeout=ready_timeout)
+    except BrokerError as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps(status.to_json()))
+    else:
+        click.echo(("started: " if status.started else "already running: ") + _describe(status))
+
+
+@broker.command()
+@_status_options
+@click.pass_obj
+def status(where: _Where, port: int | None, data_dir: Path | None, as_json: bool) -> None:
+    """Show whether the embedded broker runs: its URL, pids, data dir, log and how to stop it.
+
+    Exits 0 when it runs, 3 when it does not.
+    """
+    found = broker_status(*where.resolve(port, data_dir))
+    click.echo(json.dumps(found.to_json()) if as_json else _describe(found))
+    if not found.running:
+        sys.exit(NOT_RUNNING)
+
+
+@broker.command()
+@_status_options
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True,
+              help="Seconds to wait for it to stop before killing it.")
+@click.pass_obj
+def stop(where: _Where, port: int | None, data_dir: Path | None, as_json: bool, timeout: float) -> None:
+    """Stop the detached embedded broker. Every host and agent using it loses its broker.
+
+    Exits 0 when it stopped or was not running, 1 when it could not be stopped.
+    """
+    try:
+        before = stop_broker(*where.resolve(port, data_dir), timeout=timeout)
+    except BrokerError as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps({"stopped": before.running, **before.to_json(), "running": False}))
+    elif before.running:
+        pid = before.record.pid if before.record else "?"
+        click.echo(f"stopped the embedded broker at {before.url} (pid {pid})")
+    else:
+        click.echo(f"nothing to stop: {_describe(before)}")
+
+
+def _describe(status: BrokerStatus) -> str:
+    """A few lines for a human about ``status``."""
+    record = status.record
+    if status.running and record is not None:
+        mode = "detached" if record.detached else "in a terminal"
+        return (f"the embedded broker at {status.url} runs (pid {record.pid}, pulsar-lite pid {record.broker_pid}, "
+                f"up {_duration(time.time() - record.started_at)}, {mode})\n"
+                f"  data  {status.data_dir}\n  log   {status.log_path}\n  stop  {status.stop_command()}")
+    if status.running:
+        return (f"an embedded broker run inside another program holds {status.data_dir} "
+                f"({'answering' if status.answering else 'not answering'} at {status.url})")
+    if status.answering:
+        return (f"no embedded broker runs with data dir {status.data_dir}, but something answers at {status.url}: "
+                "a broker started with another --data-dir, or another program")
+    return (f"no embedded broker runs at {status.url} (data dir {status.data_dir}); 'tghost broker start' "
+            "or 'tghost run' starts one")
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h {minutes}m" if hours else f"{minutes}m {secs}s" if minutes else f"{secs}s"

@@ -73,14 +73,12 @@ def tools(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...
 def watch(pulsar: PulsarSettings, descriptors_topic: str, trusted: TrustedKeys | None, as_json: bool) -> None:
     """Follow the live tool set: tools added, updated, removed or expired, until Ctrl-C.
 
-    Starts with the tools live now, reported as added.
+    Starts with the tools live now, reported as added. Waits for a broker that is not up yet
+    (--connect-timeout).
     """
     async def follow() -> None:
-        async with open_directory(pulsar, descriptors_topic, trusted) as directory:
-            changes = directory.changes()
-            for name in sorted(directory.tools):
-                _print_change(Change("added", name, directory.tools[name]), as_json)
-            async for change in changes:
+        async with open_directory(pulsar, descriptors_topic, trusted, wait=True) as directory:
+            async for change in directory.changes(replay=True):
                 _print_change(change, as_json)
 
     with contextlib.suppress(KeyboardInterrupt):
@@ -142,6 +140,6 @@ def mcp_bridge(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str
     setup_logging(log_level)
     from ..bridge import serve  # the mcp SDK is imported only by this command
 
-    directory = open_directory(pulsar, descriptors_topic, trusted)
+    directory = open_directory(pulsar, descriptors_topic, trusted, wait=True)
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve(directory, list(groups) or None, state, transport, http_host, http_port))

@@ -43,8 +43,9 @@ def pulsar_options(fn: F) -> F:
     """
     @functools.wraps(fn)
     def with_settings(*args: Any, pulsar_url: str, pulsar_token: str | None, tls_trust_certs: Path | None,
-                      tls_allow_insecure: bool, tls_validate_hostname: bool, **kwargs: Any) -> Any:
-        settings = PulsarSettings(pulsar_url, token=pulsar_token or None,
+                      tls_allow_insecure: bool, tls_validate_hostname: bool, connect_timeout: float,
+                      **kwargs: Any) -> Any:
+        settings = PulsarSettings(pulsar_url, connect_timeout=connect_timeout, token=pulsar_token or None,
                                   tls_trust_certs=str(tls_trust_certs) if tls_trust_certs else None,
                                   tls_allow_insecure=tls_allow_insecure, tls_validate_hostname=tls_validate_hostname)
         return fn(*args, pulsar=settings, **kwargs)
@@ -62,6 +63,10 @@ def pulsar_options(fn: F) -> F:
                      help="Accept any broker TLS certificate; for testing only (env TGHOST_TLS_ALLOW_INSECURE)."),
         click.option("--tls-validate-hostname", envvar="TGHOST_TLS_VALIDATE_HOSTNAME", is_flag=True,
                      help="Check the broker certificate names the URL's host (env TGHOST_TLS_VALIDATE_HOSTNAME)."),
+        click.option("--connect-timeout", envvar="TGHOST_CONNECT_TIMEOUT", type=click.FloatRange(min=0),
+                     default=PulsarSettings.connect_timeout, show_default=True,
+                     help="Seconds 'run', 'watch' and 'mcp' wait for a broker that is not up yet, with a log line "
+                          "every 2 s (env TGHOST_CONNECT_TIMEOUT); 'tools', 'call' and 'export' fail at once."),
         click.option("--descriptors-topic", envvar="TGHOST_DESCRIPTORS_TOPIC", default=DEFAULT_TOPIC,
                      show_default=True, help="Topic where hosts announce their tools (env TGHOST_DESCRIPTORS_TOPIC)."),
     ]
@@ -210,7 +215,11 @@ def require_broker(url: str) -> None:
                                    "or pass --pulsar-url / TGHOST_PULSAR_URL")
 
 
-def open_directory(pulsar: PulsarSettings, topic: str, trusted: TrustedKeys | None) -> ToolDirectory:
+def open_directory(pulsar: PulsarSettings, topic: str, trusted: TrustedKeys | None,
+                   wait: bool = False) -> ToolDirectory:
+    """A directory (not started yet). A one-shot command fails at once when no broker answers;
+    with ``wait`` (a follower: watch, mcp) starting it waits up to ``--connect-timeout``."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    require_broker(pulsar.url)
+    if not wait:
+        require_broker(pulsar.url)
     return ToolDirectory(pulsar, topic, trusted=trusted)

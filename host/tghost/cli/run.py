@@ -13,9 +13,10 @@ import click
 from pulsar.asyncio import PulsarException
 
 from ..announce import Announcer, HostIdentity
-from ..broker import BrokerError, EmbeddedBroker, PulsarSettings, default_data_dir, ensure_broker
+from ..broker import BrokerError, PulsarSettings
 from ..config import ConfigError, load_config_tools, read_config
 from ..discover import Catalog, PluginLoadError, PluginSelection, discover
+from ..embedded import default_data_dir, ensure_broker
 from ..executors import ISOLATIONS, PROCESS, THREAD, WorkerLimits
 from ..host import run_host
 from ..serve import ServeSettings
@@ -30,7 +31,8 @@ log = logging.getLogger("tghost")
 @cli.command()
 @pulsar_options
 @click.option("--data-dir", type=click.Path(path_type=Path), default=None,
-              help=f"Embedded broker data directory [default: {default_data_dir()}].")
+              help="Data directory of the embedded broker started on a local --pulsar-url [default: "
+                   f"{default_data_dir().parent}/PORT].")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=30.0, show_default=True,
               help="Seconds per call, unless the service descriptor sets its own.")
 @click.option("--max-concurrency", type=click.IntRange(min=1), default=16, show_default=True,
@@ -84,7 +86,9 @@ def run(pulsar: PulsarSettings, descriptors_topic: str, data_dir: Path | None, t
     """Serve every installed tool-service plugin on Pulsar.
 
     If nothing answers at a local --pulsar-url, an embedded pulsar-lite broker is started
-    there. Stops cleanly on Ctrl-C or SIGTERM: no new requests, in-flight calls finish.
+    there, detached: it keeps serving every host and agent on that URL after this host stops
+    ('tghost broker stop' stops it). Stops cleanly on Ctrl-C or SIGTERM: no new requests,
+    in-flight calls finish.
     With --watch-plugins, plugins installed or uninstalled meanwhile are served or withdrawn live.
     With --isolation process, plugin code runs in worker processes that are killed and replaced
     when a call crashes, outlives its timeout, or leaks.
@@ -107,9 +111,8 @@ def run(pulsar: PulsarSettings, descriptors_topic: str, data_dir: Path | None, t
                              max_payload=max_payload, max_redeliveries=max_redeliveries,
                              stall_threshold=stall_threshold, isolation=isolation,
                              worker_limits=WorkerLimits(max_calls_per_worker, max_worker_memory))
-    broker = None
     try:
-        broker = _start_broker_if_needed(pulsar.url, data_dir)
+        _start_broker_if_needed(pulsar.url, data_dir)
         with HostIdentity.claim(Path(click.get_app_dir("tghost")), host_id) as identity:
             announcer = Announcer(catalog, identity, descriptors_topic, lease, signer)
             with operations.open() as (listeners, monitor):
@@ -117,13 +120,13 @@ def run(pulsar: PulsarSettings, descriptors_topic: str, data_dir: Path | None, t
                                      watch=WatchSettings(watch_interval, selection, document or {},
                                                          isolation == PROCESS)
                                      if watch_plugins else None))
+    except BrokerError as exc:
+        raise click.ClickException(str(exc)) from None
     except PulsarException as exc:
         raise click.ClickException(f"Pulsar at {pulsar.url} failed: {exc}; check --pulsar-url "
                                    "(env TGHOST_PULSAR_URL) and that the broker is up") from None
     finally:
         catalog.shutdown()  # the plugins' tghost_shutdown hooks, once nothing is served any more
-        if broker is not None:
-            broker.stop()
 
 
 def _signer(path: Path | None) -> Signer | None:
@@ -150,12 +153,19 @@ def _add_config_tools(catalog: Catalog, path: Path, document: dict[str, Any] | N
         log.info("config %s: added tools %s", path, ", ".join(report.tools))
 
 
-def _start_broker_if_needed(url: str, data_dir: Path | None) -> EmbeddedBroker | None:
+def _start_broker_if_needed(url: str, data_dir: Path | None) -> None:
+    """On a local URL: start the detached embedded broker if nothing answers, and say where it is."""
     try:
-        broker = ensure_broker(url, data_dir)
+        status = ensure_broker(url, data_dir)
     except BrokerError as exc:
         raise click.ClickException(str(exc)) from None
-    if broker is not None:
-        log.info("nothing answered at %s: started the embedded broker there (data %s, log %s)",
-                 url, broker.data_dir, broker.log_path)
-    return broker
+    if status is None or status.record is None:
+        return  # a cluster, or a broker tghost did not start with this data dir
+    record = status.record
+    if not status.started:
+        log.info("using the embedded broker at %s (pid %s, data %s); '%s' stops it",
+                 url, record.pid, record.data_dir, status.stop_command())
+    else:
+        log.info("nothing answered at %s: started the embedded broker there (pid %s, data %s, log %s). It keeps "
+                 "serving every host and agent on this URL after this host stops; '%s' stops it",
+                 url, record.pid, record.data_dir, record.log, status.stop_command())

@@ -199,7 +199,7 @@ async def mount(coordinator: Any, config: dict[str, Any] | None = None) -> Calla
         ValueError: the config is invalid (names the key).
         tghost.trust.KeyFileError: a trusted key file cannot be read.
         ConnectionError: no broker answers at ``pulsar_url``.
-        pulsar.asyncio.PulsarException: the broker refused to let the directory read the topic.
+        tghost.broker.BrokerError: the broker did not let the directory read the topic.
     """
     settings = SessionSettings.of(config)
     trusted = settings.trusted()
