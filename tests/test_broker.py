@@ -136,6 +136,9 @@ async def test_the_real_client_errors_arrive_as_info(pulsar_broker: EmbeddedBrok
                                             pulsar.MessageId.earliest)
         with contextlib.suppress(pulsar.asyncio.PulsarException):
             await reader.has_message_available()
+        async with asyncio.timeout(10):  # the C++ client logs from its own threads, a moment later
+            while not any("getLastMessageId" in r.getMessage() for r in caplog.records if r.name == "pulsar"):
+                await asyncio.sleep(0.05)
     finally:
         await client.close()
     records = [r for r in caplog.records if r.name == "pulsar"]
