@@ -38,7 +38,7 @@ from typing import Any
 import pulsar
 
 from tghost import wire
-from tghost.broker import CLIENT_LOG, PulsarSettings
+from tghost.broker import PulsarSettings
 from tghost.descriptors import request_queue, response_queue
 from tghost.directory import ToolDirectory
 
@@ -84,7 +84,7 @@ class RawCaller:
 
     def __init__(self, url: str, topic: str) -> None:
         self._pending: dict[str, Future[bytes]] = {}
-        self._client = pulsar.Client(url, logger=CLIENT_LOG)
+        self._client = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
         self._consumer = self._client.subscribe(response_queue(topic), f"raw-caller-{uuid.uuid4().hex}",
                                                 message_listener=self._route)
         self._producer = self._client.create_producer(request_queue(topic), batching_enabled=False)
@@ -212,7 +212,7 @@ async def run(url: str, sizes: Sizes) -> tuple[list[dict[str, Any]], list[dict[s
         raw = {label: RawCaller(url, topic) for label, (_, topic) in found.items() if not label.endswith(" env")}
         host_pid, host_topic = found["b tghost run"]
         try:
-            for label, caller in raw.items():
+            for caller in raw.values():
                 await asyncio.to_thread(sync_ready, caller.call)
             async with service_client(url, host_topic) as svc, ToolDirectory(
                     PulsarSettings(url), found["b tghost run env"][1]) as directory:

@@ -3,6 +3,11 @@
 One :class:`ServiceWorker` per service: a Shared subscription ``<id>-request`` on its request
 topic, a non-batching producer on its response topic and its own worker threads. Never
 imports the directory, and never lets one service's faults stop another from answering.
+
+The hot path (docs/benchmarks.md): a request on a non-persistent topic arrives through a C++
+message listener and crosses into the event loop once (:class:`tghost.hop.Mailbox`); the reply
+goes out with the producer's ``send_async``; the request is acknowledged once the broker has
+the reply. A persistent topic is read with ``receive`` instead, one request per free slot.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from typing import Any
 import pulsar
 import pulsar.asyncio
 
-from . import executors, wire
+from . import executors, hop, wire
 from .descriptors import ToolServiceDescriptor
 from .executors.thread import ThreadExecutor
 from .hookspecs import Authorize
@@ -47,6 +52,8 @@ log = logging.getLogger(__name__)
 #: once; pulsar-client's default of 1000 lost a third of them.) A persistent topic keeps what no
 #: host has taken, so its consumer buffers nothing (size 0) and receives only when a slot is free.
 RECEIVER_QUEUE = 10_000
+#: Chunks of one stream sent before the host waits for the broker to have them all.
+STREAM_WINDOW = 64
 
 
 @dataclass(frozen=True)
@@ -152,6 +159,8 @@ class ServiceWorker:
         self._loop_task: asyncio.Task[None] | None = None
         self._consumer: pulsar.asyncio.Consumer | None = None
         self._producer: pulsar.asyncio.Producer | None = None
+        self._mailbox: hop.Mailbox | None = None
+        self._stopping = False
 
     @property
     def subscription(self) -> str:
@@ -168,28 +177,45 @@ class ServiceWorker:
         return len(self._tasks)
 
     async def start(self, client: pulsar.asyncio.Client) -> None:
-        """Create the response producer, then subscribe and start receiving.
+        """Create the response producer, start the executor, then subscribe and start receiving.
 
         Raises:
             pulsar.asyncio.PulsarException: the broker refused the producer or subscription.
         """
+        self._mailbox = hop.Mailbox(asyncio.get_running_loop())
         self._producer = await client.create_producer(
             self.descriptor.response_queue, batching_enabled=False, block_if_queue_full=True
         )
-        self._consumer = await client.subscribe(
-            self.descriptor.request_queue,
-            self.subscription,
-            consumer_type=pulsar.ConsumerType.Shared,
-            **self._consumer_options(),
-        )
         await self.executor.start()
-        self._loop_task = asyncio.create_task(self._receive_loop(), name=f"receive {self.descriptor.id}")
+        try:
+            self._consumer = await client.subscribe(
+                self.descriptor.request_queue,
+                self.subscription,
+                consumer_type=pulsar.ConsumerType.Shared,
+                **self._consumer_options(),
+            )
+        except BaseException:
+            await self.executor.close()
+            raise
+        if self.persistent:
+            self._loop_task = asyncio.create_task(self._receive_loop(), name=f"receive {self.descriptor.id}")
 
     def _consumer_options(self) -> dict[str, Any]:
         if not self.persistent:
-            return {"receiver_queue_size": RECEIVER_QUEUE}
+            return {"receiver_queue_size": RECEIVER_QUEUE, "message_listener": self._on_message}
         return {"receiver_queue_size": 0,
                 "dead_letter_policy": pulsar.ConsumerDeadLetterPolicy(self.max_redeliveries + 1)}
+
+    def _on_message(self, consumer: Any, message: Any) -> None:
+        """The C++ listener thread: hand the request to the loop (:class:`tghost.hop.Mailbox`)."""
+        self._mailbox.put(self._received, message)  # type: ignore[union-attr]
+
+    def _received(self, message: Any) -> None:
+        """A request (a raw ``_pulsar.Message``) is in: handle it in its own task."""
+        self.counters["received"] += 1
+        task = asyncio.create_task(self._handle(message))
+        self._tasks.add(task)
+        task.add_done_callback(self._finished)
 
     async def _receive_loop(self) -> None:
         assert self._consumer is not None
@@ -205,10 +231,7 @@ class ServiceWorker:
                 log.warning("service %s: receive failed (%s); retrying", self.descriptor.id, exc)
                 await asyncio.sleep(0.5)
                 continue
-            self.counters["received"] += 1
-            task = asyncio.create_task(self._handle(message))
-            self._tasks.add(task)
-            task.add_done_callback(self._finished)
+            self._received(message._message)
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
@@ -218,7 +241,7 @@ class ServiceWorker:
         if self._room is not None:
             self._room.release()
 
-    async def _handle(self, message: pulsar.Message) -> None:
+    async def _handle(self, message: Any) -> None:
         started = time.perf_counter()
         record = CallRecord(self.descriptor.id, message.properties().get("id"))
         log.debug("service %s: request %s received", self.descriptor.id, record.request_id)
@@ -229,6 +252,9 @@ class ServiceWorker:
                 record.status = UNANSWERABLE
                 log.warning("service %s: request without 'id' property cannot be answered; "
                             "acknowledged and dropped", self.descriptor.id)
+            elif self._stopping:
+                await self._fail(record, wire.UNAVAILABLE, f"this host stopped serving {self.descriptor.id!r} "
+                                 "(it is shutting down) before the call started; retry")
             elif self._admitted >= self.max_concurrency + self.max_queue:
                 await self._fail(record, wire.OVERLOADED, f"service {self.descriptor.id!r} has "
                                  f"{self.max_concurrency} calls running and {self.max_queue} waiting; retry later")
@@ -242,13 +268,12 @@ class ServiceWorker:
             log.exception("service %s: could not reply to request %s", self.descriptor.id, record.request_id)
         finally:
             if acknowledge:
-                with contextlib.suppress(Exception):
-                    await self._consumer.acknowledge(message)  # type: ignore[union-attr]
+                hop.acknowledge(self._consumer._consumer, message)  # type: ignore[union-attr]
             record.duration = time.perf_counter() - started
             self._tasks.discard(asyncio.current_task())  # type: ignore[arg-type]  # answered: no longer in flight
             self._notify(record)
 
-    async def _admit(self, record: CallRecord, message: pulsar.Message) -> None:
+    async def _admit(self, record: CallRecord, message: Any) -> None:
         self._admitted += 1
         try:
             async with self._slots:
@@ -273,14 +298,15 @@ class ServiceWorker:
                 log.exception("service %s: call listener %r failed", self.descriptor.id, listener)
 
     async def _send(self, request_id: str, payload: bytes) -> None:
-        await self._producer.send(payload, properties={"id": request_id})  # type: ignore[union-attr]
+        """Send one reply and wait until the broker has it."""
+        await hop.receipt(self._mailbox, self._producer, payload, {"id": request_id})  # type: ignore[arg-type]
 
     async def _fail(self, record: CallRecord, error_type: str, message: str) -> None:
         """Answer the request with an error reply and record its type as the call's status."""
         record.status = error_type
         await self._send(record.request_id or "", wire.encode_error(error_type, message))
 
-    async def _answer(self, record: CallRecord, message: pulsar.Message) -> None:
+    async def _answer(self, record: CallRecord, message: Any) -> None:
         """Check the request, invoke under the timeout, and send the reply (or error)."""
         deadline = asyncio.timeout(self.timeout)
         try:
@@ -302,7 +328,7 @@ class ServiceWorker:
         log.exception("service %s: invoke raised", self.descriptor.id, exc_info=exc)
         await self._fail(record, wire.TOOL_SERVICE_ERROR, f"{type(exc).__name__}: {exc}")
 
-    def _checked(self, record: CallRecord, message: pulsar.Message) -> executors.Call:
+    def _checked(self, record: CallRecord, message: Any) -> executors.Call:
         """The call to make, once the request passes every check before ``invoke``.
 
         Raises:
@@ -331,18 +357,34 @@ class ServiceWorker:
         return request.user, request.config, self.service.check_arguments(request.arguments)
 
     async def _stream(self, request_id: str, call: executors.Call) -> None:
-        """Send one response, or for a generator one per chunk then an empty final one."""
+        """Send one response, or for a generator one per chunk then an empty final one.
+
+        Chunks go out without waiting for each receipt (one producer keeps their order); at most
+        :data:`STREAM_WINDOW` are unconfirmed at a time, and the call ends once the broker has all.
+        """
         result = await self.executor.invoke(call)
         if isinstance(result, str):
             await self._send(request_id, wire.encode_response(result))
             return
-        async with contextlib.aclosing(result):
-            async for chunk in result:
-                await self._send(request_id, wire.encode_response(chunk, False))
+        unconfirmed: list[asyncio.Future[None]] = []
+        try:
+            async with contextlib.aclosing(result):
+                async for chunk in result:
+                    unconfirmed.append(hop.receipt(self._mailbox, self._producer,  # type: ignore[arg-type]
+                                                   wire.encode_response(chunk, False), {"id": request_id}))
+                    if len(unconfirmed) >= STREAM_WINDOW:
+                        await asyncio.gather(*unconfirmed)
+                        unconfirmed.clear()
+        finally:
+            if unconfirmed:
+                await asyncio.gather(*unconfirmed, return_exceptions=True)
         await self._send(request_id, wire.encode_response("", True))
 
     async def stop_receiving(self) -> None:
-        """Stop taking new requests; in-flight ones go on."""
+        """Stop taking new requests; in-flight ones go on. A persistent topic's requests stay with
+        the broker (for another host); one that still arrives on a non-persistent topic's
+        subscription before :meth:`close` is answered ``unavailable`` at once."""
+        self._stopping = True
         if self._loop_task is not None:
             self._loop_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -362,13 +404,20 @@ class ServiceWorker:
     async def close(self) -> None:
         """Close the consumer and producer, and let go of the executor's workers (a thread still in a
         plugin runs on; worker processes stop); errors are logged, not raised."""
-        for closable in (self._consumer, self._producer):
-            if closable is not None:
-                try:
-                    await closable.close()
-                except Exception as exc:
-                    log.debug("service %s: close failed: %s", self.descriptor.id, exc)
+        if self._consumer is not None:
+            await self._quietly("close the consumer", self._consumer.close())
+        if self._tasks:  # 'unavailable' answers to requests that arrived while stopping
+            await asyncio.wait(set(self._tasks), timeout=1.0)
+        if self._producer is not None:
+            await self._quietly("flush the producer", self._producer.flush())
+            await self._quietly("close the producer", self._producer.close())
         await self.executor.close()
+
+    async def _quietly(self, what: str, closing: Any) -> None:
+        try:
+            await closing
+        except Exception as exc:
+            log.debug("service %s: could not %s: %s", self.descriptor.id, what, exc)
 
 
 class Server:
