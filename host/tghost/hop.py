@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -23,13 +24,20 @@ import pulsar
 import pulsar.asyncio
 import pulsar.schema
 
-__all__ = ["Listener", "Mailbox", "acknowledge", "receipt", "send", "subscribe_listening"]
+__all__ = ["SWITCH_INTERVAL", "Listener", "Mailbox", "acknowledge", "receipt", "send", "subscribe_listening"]
 
 #: Called on a C++ listener thread with the raw ``_pulsar.Consumer`` and ``_pulsar.Message``;
 #: must not block (hand the message to a :class:`Mailbox`).
 Listener = Callable[[Any, Any], None]
 
 _BYTES = pulsar.schema.BytesSchema()
+log = logging.getLogger(__name__)
+
+#: Seconds for ``sys.setswitchinterval`` in a process that serves (``tghost run``): the C++
+#: client's listener and I/O threads need the GIL for every message (the listener, the send
+#: receipt) and, while the event loop is busy, wait for it up to this long; Python's default
+#: 5 ms delays replies under load (docs/benchmarks.md).
+SWITCH_INTERVAL = 0.0005
 
 
 class Mailbox:
@@ -140,11 +148,11 @@ def _received(future: asyncio.Future[None], result: Any) -> None:
 
 
 def acknowledge(consumer: Any, message: Any) -> None:
-    """Acknowledge a raw ``_pulsar.Message`` on a raw ``_pulsar.Consumer`` without waiting (the
-    client groups acknowledgements and flushes them at close); errors are the client's to log."""
-    consumer.acknowledge_async(message, _ignore)
-
-
-def _ignore(result: Any) -> None:
-    """Acknowledgement results: the C++ client logs failures, and a persistent request that was
-    not acknowledged is delivered again (the wire contract allows a duplicate reply)."""
+    """Acknowledge a raw ``_pulsar.Message`` on a raw ``_pulsar.Consumer``: no callback and no
+    hop (the client groups acknowledgements, so this returns at once, and flushes them at
+    close). A failure (the consumer closed) is the C++ client's to log; a persistent request
+    left unacknowledged is delivered again, and the wire contract allows a duplicate reply."""
+    try:
+        consumer.acknowledge(message)
+    except Exception as exc:  # _pulsar raises its own exception types
+        log.debug("acknowledge failed: %s", exc)

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from pathlib import Path
 from typing import Any
 
 import click
 from pulsar.asyncio import PulsarException
 
+from .. import hop
 from ..announce import Announcer, HostIdentity
 from ..broker import BrokerError, PulsarSettings
 from ..config import ConfigError, load_config_tools, read_config
@@ -116,6 +118,7 @@ def run(pulsar: PulsarSettings, descriptors_topic: str, data_dir: Path | None, t
         with HostIdentity.claim(Path(click.get_app_dir("tghost")), host_id) as identity:
             announcer = Announcer(catalog, identity, descriptors_topic, lease, signer)
             with operations.open() as (listeners, monitor):
+                sys.setswitchinterval(hop.SWITCH_INTERVAL)  # the Pulsar client's threads get the GIL sooner
                 asyncio.run(run_host(catalog, pulsar, settings, announcer, listeners=listeners, monitor=monitor,
                                      watch=WatchSettings(watch_interval, selection, document or {},
                                                          isolation == PROCESS)
