@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import signal
@@ -43,7 +44,28 @@ def main() -> None:
     os._exit(code)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+#: Each command's module (``tghost.cli.<module>``), imported only when that command runs (or
+#: ``--help`` lists them all): ``tghost tools`` never imports what ``tghost run`` needs.
+COMMANDS = {"broker": "broker", "call": "call", "tools": "directory", "watch": "directory",
+            "export": "directory", "mcp": "directory", "keygen": "keys", "new": "plugins",
+            "install": "plugins", "uninstall": "plugins", "plugins": "plugins", "run": "run",
+            "status": "status", "trustgraph": "trustgraph"}
+
+
+class LazyGroup(click.Group):
+    """A click group whose commands register themselves when :data:`COMMANDS` says their module
+    is imported (click's documented lazy-loading pattern)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(super().list_commands(ctx)) | set(COMMANDS))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in COMMANDS:
+            importlib.import_module(f"{__package__}.{COMMANDS[cmd_name]}")
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="tghost")
 def cli() -> None:
     """Host pip-installed agent tool services on Apache Pulsar.

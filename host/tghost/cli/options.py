@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import click
 
@@ -23,9 +23,11 @@ from ..broker import DEFAULT_URL, PulsarSettings, is_reachable
 from ..config import config_path, default_config_path
 from ..directory import ToolDirectory
 from ..discover import PluginSelection
-from ..metrics import HostMonitor
-from ..serve import CallListener
 from ..trust import KeyFileError, TrustedKeys
+
+if TYPE_CHECKING:  # imported when used: only 'tghost run' serves or exposes metrics
+    from ..metrics import HostMonitor
+    from ..serve import CallListener
 
 F = TypeVar("F", bound=Callable[..., Any])
 log = logging.getLogger("tghost")
@@ -141,6 +143,8 @@ class Operations:
             monitor = None
             if self.metrics_port is not None:
                 try:
+                    from ..metrics import HostMonitor
+
                     monitor = stack.enter_context(HostMonitor(self.metrics_host, self.metrics_port))
                 except OSError as exc:
                     raise click.ClickException(
