@@ -84,7 +84,7 @@ class RawCaller:
 
     def __init__(self, url: str, topic: str) -> None:
         self._pending: dict[str, Future[bytes]] = {}
-        self._client = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+        self._client = pulsar.Client(url, **PulsarSettings(url).client_kwargs())
         self._consumer = self._client.subscribe(response_queue(topic), f"raw-caller-{uuid.uuid4().hex}",
                                                 message_listener=self._route)
         self._producer = self._client.create_producer(request_queue(topic), batching_enabled=False)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import logging
 import os
 import queue
 import re
@@ -23,6 +24,10 @@ import pytest
 from tghost.discover import ENTRY_POINT_GROUP
 
 T = TypeVar("T")
+
+#: Every Pulsar client of the test process logs through Python (tghost.broker.client_logger): the
+#: C++ client keeps its first client's logger, and tests read its lines from the ``pulsar`` logger.
+logging.getLogger("pulsar").setLevel(logging.INFO)
 
 
 class PluginDir:

@@ -23,7 +23,15 @@ import pulsar.asyncio
 import pytest
 
 from tghost import broker as broker_module
-from tghost.broker import CLIENT_LOG, BrokerUnavailable, EmbeddedBroker, NotPulsarBroker, PulsarSettings, free_port
+from tghost.broker import (
+    CLIENT_LOG,
+    BrokerUnavailable,
+    EmbeddedBroker,
+    NotPulsarBroker,
+    PulsarSettings,
+    client_logger,
+    free_port,
+)
 
 
 def tghost(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -113,6 +121,16 @@ def test_commands_on_a_port_that_is_not_pulsar_fail_with_one_clear_line(
 
 
 # -- the C++ client's log --------------------------------------------------------------------
+
+
+def test_the_client_log_goes_to_python_only_when_the_pulsar_logger_shows_info(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Below INFO nothing of the C++ client is shown, so it does not hand its lines (DEBUG included,
+    on the hot path) to Python at all."""
+    caplog.set_level(logging.WARNING, logger="pulsar")
+    assert isinstance(client_logger(), pulsar.FileLogger)
+    caplog.set_level(logging.INFO, logger="pulsar")
+    assert client_logger() is CLIENT_LOG
 
 
 def test_the_client_log_reaches_the_pulsar_logger_one_level_down(caplog: pytest.LogCaptureFixture) -> None:

@@ -34,6 +34,7 @@ __all__ = [
     "ClientLog",
     "NotPulsarBroker",
     "PulsarSettings",
+    "client_logger",
     "endpoints",
     "free_port",
     "is_loopback",
@@ -91,12 +92,12 @@ class PulsarSettings:
 
     def client_kwargs(self) -> dict[str, Any]:
         """The keyword arguments for ``pulsar.asyncio.Client`` (and ``pulsar.Client``): ``logger``
-        (the C++ client's log through Python logging, see :class:`ClientLog`), ``authentication``
+        (the C++ client's log through Python logging, see :func:`client_logger`), ``authentication``
         (only with a token), ``tls_trust_certs_file_path`` (only with a path),
         ``tls_allow_insecure_connection`` and ``tls_validate_hostname``.
         """
         kwargs: dict[str, Any] = {
-            "logger": CLIENT_LOG,
+            "logger": client_logger(),
             "tls_allow_insecure_connection": self.tls_allow_insecure,
             "tls_validate_hostname": self.tls_validate_hostname,
         }
@@ -185,6 +186,24 @@ class ClientLog(logging.Logger):
 
 
 CLIENT_LOG = ClientLog()
+
+
+def client_logger() -> logging.Logger | pulsar.FileLogger:
+    """The ``logger`` for a new Pulsar client: :data:`CLIENT_LOG` when the ``pulsar`` logger shows
+    INFO (so the C++ client's errors and warnings can be seen), else a native logger that keeps
+    ERROR lines only and writes them to ``os.devnull``: at WARNING and above :class:`ClientLog`
+    shows none of them either.
+
+    Why: a Python logger gets every line the C++ client writes, DEBUG included (about nine per
+    request and reply), each taking the GIL from a client thread; that was a third of ``tghost
+    run``'s CPU per call at ``--log-level warning`` (docs/benchmarks.md). pulsar-client 3.13 has
+    no level filter for a Python logger, and its native file logger holds lines in a buffer until
+    the client's threads end, so it cannot carry warnings to a user in time. The C++ client keeps
+    the logger of the first client a process creates for every later one.
+    """
+    if logging.getLogger("pulsar").isEnabledFor(logging.INFO):
+        return CLIENT_LOG
+    return pulsar.FileLogger(pulsar.LoggerLevel.Error, os.devnull)
 
 
 class _Client(pulsar.asyncio.Client):  # type: ignore[misc]
