@@ -1,6 +1,6 @@
 """embedded: the local pulsar-lite broker's life. Starts it in the foreground or detached (its own
 session, shared by every process on its URL, outliving whoever started it), finds it by the record
-in its data directory, and stops it (DESIGN.md, "The broker").
+in its data directory, and stops it (README.md, "The broker").
 
 Never opens a Pulsar client: it knows ports, processes and files.
 """
