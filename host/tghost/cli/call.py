@@ -31,7 +31,7 @@ from .options import filter_options, json_value, open_directory, parse_pairs, pu
               help="Call a tool service by id instead of a tool by name.")
 @click.option("--topic", default=None,
               help="With --service: the short topic T (non-persistent://tg/request/T) [default: as announced, "
-                   "else from the installed plugin, else the service id].")
+                   "else from the installed plugin].")
 @click.option("--config", "config_pairs", multiple=True, metavar="KEY=VALUE",
               help="With --service: a config value; repeatable. KEY:=JSON for non-strings.")
 @click.option("--json", "json_args", default=None, metavar="ARGS",
