@@ -22,7 +22,6 @@ from .app import cli
 from .options import filter_options, json_value, open_directory, parse_pairs, pulsar_options, trust_options
 
 
-
 @cli.command()
 @pulsar_options
 @filter_options
