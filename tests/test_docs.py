@@ -30,3 +30,26 @@ def test_hookspecs_are_found() -> None:
 
 def test_every_hook_is_documented_with_its_exact_arguments_and_nothing_else_is() -> None:
     assert documented() == specs()
+
+
+REPO = HOOKS_DOC.parent.parent
+#: Where the project documents itself: what a reader or a docstring may cite.
+SOURCES = ("README.md", "docs", "host", "bench", "plugins", "tests", "examples", "tox.ini", "pyproject.toml")
+
+
+def repo_text_files() -> dict[Path, str]:
+    files = [path for source in SOURCES for path in ([REPO / source] if (REPO / source).is_file()
+                                                     else (REPO / source).rglob("*"))]
+    return {path: path.read_text() for path in files
+            if path.is_file() and path.suffix in {".py", ".md", ".toml", ".ini", ".txt", ".j2"}
+            and not {"__pycache__", ".tox", "build"} & set(path.relative_to(REPO).parts)}
+
+
+def test_every_markdown_file_cited_is_in_the_repo_and_nothing_cites_outside_it() -> None:
+    """The project documents itself: every cited ``*.md`` is here, and nothing points outside the repo."""
+    present = {path.name for path in REPO.rglob("*.md") if ".tox" not in path.parts}
+    outside = "../" + "shared"  # split, so this file does not cite it
+    cited = {(path.relative_to(REPO).as_posix(), name) for path, text in repo_text_files().items()
+             for name in re.findall(r"\b([\w-]+\.md)\b", text)}
+    assert [(where, name) for where, name in sorted(cited) if name not in present] == []
+    assert [path for path, text in repo_text_files().items() if outside in text] == []
