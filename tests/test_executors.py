@@ -236,9 +236,9 @@ async def test_under_process_isolation_a_crash_a_hang_or_a_leak_costs_one_worker
         with pytest.raises(ToolCallError) as info:
             await misbehave_client.call({}, {"behaviour": behaviour}, timeout=10)
         assert info.value.error_type == error_type and words in str(info.value), (behaviour, str(info.value))
-        started = time.monotonic()
-        answer = await misbehave_client.call({}, {}, timeout=2.0)  # the next call succeeds within 2 s
-        assert pid_of(answer) != pid and time.monotonic() - started < 2.0
+        # the next call succeeds within 2 s: the call's own timeout says so (it raises past it)
+        answer = await misbehave_client.call({}, {}, timeout=2.0)
+        assert pid_of(answer) != pid
         assert host.process.poll() is None and host.process.pid == pid  # the host lives on
 
     # Ten spinning calls, more than max_concurrency (2): every one is answered 'timeout'.
