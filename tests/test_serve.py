@@ -418,7 +418,7 @@ def test_an_invalid_input_schema_fails_at_registration_not_at_the_first_call() -
         id = "broken"
         input_schema = {"type": "no-such-type"}  # noqa: RUF012
 
-    with pytest.raises(jsonschema.SchemaError):
+    with pytest.raises(tghost.DescriptorError, match="^service 'broken': field 'input_schema': not a valid JSON Schema"):
         catalog_of([Broken()])
 
 

@@ -16,13 +16,13 @@ import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint, entry_points
-from typing import Any
+from typing import Any, NoReturn
 
 import pluggy
 from pydantic import ValidationError
 
 from . import hookspecs
-from .descriptors import ToolDescriptor, ToolServiceDescriptor, describe_validation_error
+from .descriptors import DescriptorError, ToolDescriptor, ToolServiceDescriptor, describe_validation_error
 from .service import ToolService
 
 __all__ = [
@@ -81,11 +81,14 @@ class PluginReport:
         return "failed" if self.failed else "loaded"
 
     def fail(self, message: str, exc: BaseException | None = None) -> None:
-        """Record an error (and its traceback); log it with the plugin's name."""
+        """Record an error as one line (and the traceback of ``exc``, the exception the plugin's
+        own code raised, if any); log it with the plugin's name, once."""
+        message = " ".join(line.strip() for line in message.splitlines() if line.strip())
         self.errors.append(message)
         if exc is not None:
             self.tracebacks.append("".join(traceback.format_exception(exc)))
-        log.error("plugin %r: %s", self.name, message, exc_info=exc)
+        named = message if message.startswith(f"plugin {self.name!r}: ") else f"plugin {self.name!r}: {message}"
+        log.error("%s", named, exc_info=exc)
 
     def origin_json(self) -> dict[str, Any]:
         """Where an announced descriptor came from: entry point, distribution, version."""
@@ -159,6 +162,8 @@ class PluginSelection:
 class _Contribution:
     services: list[tuple[ToolService, ToolServiceDescriptor]] = field(default_factory=list)
     tools: list[ToolDescriptor] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    """Descriptor errors ``register()`` found, one line each, even if the plugin caught the raise."""
 
 
 @dataclass
@@ -427,8 +432,15 @@ def _call_hooks(
             kwargs = {"register": registrar(report, pending)}
             try:
                 impl.function(*(kwargs[arg] for arg in impl.argnames))
+            except DescriptorError as exc:  # a bad descriptor, from register() or service.tool(): not a raise
+                pending.errors = pending.errors or [str(exc)]
             except Exception as exc:
                 report.fail(f"{hook_name} raised {type(exc).__name__}: {exc}", exc)
+                contributions.pop(impl.plugin_name, None)
+                continue
+            if pending.errors:
+                for error in pending.errors:
+                    report.fail(f"plugin {report.name!r}: {error}; plugin skipped")
                 contributions.pop(impl.plugin_name, None)
                 continue
             contributions[impl.plugin_name].services += pending.services
@@ -439,15 +451,14 @@ def _call_hooks(
 def _service_registrar(report: PluginReport, into: _Contribution) -> Callable[[Any], None]:
     def register(service: Any) -> None:
         if not isinstance(service, ToolService):
-            raise TypeError(f"register() takes a ToolService or @tghost.tool function, got {service!r}")
-        origin = f"plugin '{report.name}': service '{getattr(service, 'id', '?')}'"
+            _refuse(into, f"register() takes a ToolService or @tghost.tool function, got {service!r}")
         try:
             descriptor = service.descriptor
             if descriptor.version is None and report.version:
                 descriptor = descriptor.model_copy(update={"version": report.version})
             defaults = service.default_tools()
-        except ValidationError as exc:
-            raise describe_validation_error(exc, origin) from None
+        except DescriptorError as exc:
+            _refuse(into, str(exc))
         into.services.append((service, descriptor))
         into.tools.extend(defaults)
 
@@ -459,13 +470,19 @@ def _tool_registrar(report: PluginReport, into: _Contribution) -> Callable[[Any]
         if isinstance(tool, ToolDescriptor):
             into.tools.append(tool)
             return
-        origin = f"plugin '{report.name}': tool '{tool.get('name', '?') if isinstance(tool, dict) else '?'}'"
+        origin = f"tool '{tool.get('name', '?') if isinstance(tool, dict) else '?'}'"
         try:
             into.tools.append(ToolDescriptor.model_validate(tool))
         except ValidationError as exc:
-            raise describe_validation_error(exc, origin) from None
+            _refuse(into, str(describe_validation_error(exc, origin)))
 
     return register
+
+
+def _refuse(into: _Contribution, message: str) -> NoReturn:
+    """Note a descriptor error (one line) and raise it into the plugin's hook, which ends there."""
+    into.errors.append(message)
+    raise DescriptorError(message)
 
 
 def _admit(catalog: Catalog, report: PluginReport, contribution: _Contribution) -> None:

@@ -23,8 +23,10 @@ from . import wire
 from .descriptors import (
     Argument,
     ConfigParam,
+    DescriptorError,
     ToolDescriptor,
     ToolServiceDescriptor,
+    describe_validation_error,
     request_queue,
     response_queue,
 )
@@ -147,6 +149,11 @@ class ToolService:
             raise InvalidArguments.at(problems[:_MAX_ERRORS])
         return arguments
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled without the compiled validator (it holds local functions); a worker process
+        compiles its own on first use."""
+        return {k: v for k, v in self.__dict__.items() if k != "_arguments_validator"}
+
     @functools.cached_property
     def _arguments_validator(self) -> Any:
         import jsonschema  # here, not at import: only class services need it
@@ -165,25 +172,38 @@ class ToolService:
         """The seed 000 tool-service descriptor.
 
         Raises:
-            pydantic.ValidationError: a field is invalid.
-            jsonschema.SchemaError: ``input_schema`` is not a valid JSON Schema.
-            ValueError: ``isolation`` is not ``"thread"``, ``"process"`` or ``None``.
+            DescriptorError: a field is invalid, ``input_schema`` (or a type in ``arguments``) is
+                not a valid JSON Schema, or ``isolation`` is not ``"thread"``, ``"process"`` or
+                ``None``; one line naming the service and the field.
         """
-        _ = self._arguments_validator  # compiled here, so a bad schema fails at registration
+        import jsonschema  # here, not at import: registration needs it, a plugin's import does not
+
+        origin = f"service '{getattr(self, 'id', '?')}'"
         if self.isolation not in (None, "thread", "process"):
-            raise ValueError(f"service {self.id!r}: isolation {self.isolation!r} is not 'thread' or 'process'")
-        topic = self.topic or self.id
-        fields = {
-            "id": self.id,
-            "request-queue": _persistent_queue(topic) if self.persistent else request_queue(topic),
-            "response-queue": response_queue(topic),
-            "config-params": [_config_param(p) for p in self.config_params],
-            "description": self.description,
-            "timeout": self.timeout,
-            "max-concurrency": self.max_concurrency,
-            "version": self.version,
-        }
-        return ToolServiceDescriptor.model_validate({k: v for k, v in fields.items() if v is not None})
+            raise DescriptorError(f"{origin}: field 'isolation': {self.isolation!r} is not 'thread' or 'process'")
+        try:
+            _ = self._arguments_validator  # compiled here, so a bad schema fails at registration
+            topic = self.topic or self.id
+            fields = {
+                "id": self.id,
+                "request-queue": _persistent_queue(topic) if self.persistent else request_queue(topic),
+                "response-queue": response_queue(topic),
+                "config-params": [_config_param(p) for p in self.config_params],
+                "description": self.description,
+                "timeout": self.timeout,
+                "max-concurrency": self.max_concurrency,
+                "version": self.version,
+            }
+            return ToolServiceDescriptor.model_validate({k: v for k, v in fields.items() if v is not None})
+        except ValidationError as exc:
+            raise describe_validation_error(exc, origin) from None
+        except AttributeError as exc:  # no ``id``
+            raise DescriptorError(f"{origin}: field '{exc.name}': not set (a ToolService needs an id)") from None
+        except jsonschema.SchemaError as exc:
+            field = "input_schema" if self.input_schema is not None else "arguments"
+            where = "/".join(map(str, exc.path)) or "(schema)"
+            raise DescriptorError(f"{origin}: field '{field}': not a valid JSON Schema at {where}: "
+                                  f"{exc.message}") from None
 
     def tool(self, name: str, description: str | None = None, **fields: Any) -> ToolDescriptor:
         """A tool descriptor over this service, with this service's ``arguments`` (derived from
@@ -193,7 +213,7 @@ class ToolService:
         and the tool's config values, e.g. ``collection="customers"``.
 
         Raises:
-            pydantic.ValidationError: a field is invalid.
+            DescriptorError: a field is invalid; one line naming the service, the tool and the field.
         """
         schema = self.arguments_schema
         base: dict[str, Any] = {
@@ -203,7 +223,10 @@ class ToolService:
             "arguments": [a.model_dump() for a in self.arguments or arguments_from_schema(schema)],
             "input-schema": schema,
         }
-        return ToolDescriptor.model_validate(base | fields)
+        try:
+            return ToolDescriptor.model_validate(base | fields)
+        except ValidationError as exc:
+            raise describe_validation_error(exc, f"service '{self.id}': tool '{name}'") from None
 
     def default_tools(self) -> list[ToolDescriptor]:
         """Tools registered together with the service. None for a class-based service."""
