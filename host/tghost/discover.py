@@ -33,6 +33,7 @@ __all__ = [
     "PluginSelection",
     "authorizer",
     "catalog_of",
+    "catalog_of_plugin",
     "discover",
 ]
 
@@ -226,8 +227,7 @@ def discover(
         PluginLoadError: ``strict`` (default: ``TGHOST_STRICT_PLUGINS=1``) and any plugin failed.
     """
     selection = selection or PluginSelection.from_settings()
-    pm = pluggy.PluginManager("tghost")
-    pm.add_hookspecs(hookspecs)
+    pm = _plugin_manager()
     installed = sorted(entry_points(group=ENTRY_POINT_GROUP) if eps is None else eps,
                        key=lambda ep: ep.name)
     blocked = [_blocked(ep, reason) for ep in installed if (reason := selection.blocked_reason(ep.name))]
@@ -237,23 +237,58 @@ def discover(
     added = _add_plugins(pm, reports, selection, config or {})
     blocked += [report for report in added if report.blocked is not None]
     reports |= {report.name: report for report in added if report.blocked is None}
-    contributions = _call_hooks(pm, reports)
     missing = selection.missing([*(ep.name for ep in installed), *(report.name for report in added)])
-    catalog = Catalog(plugins=sorted([*reports.values(), *blocked, *missing], key=lambda r: r.name))
-    for name, contribution in contributions.items():
-        _admit(catalog, reports[name], contribution)
-    _check_tool_references(catalog)
+    catalog = _assemble(pm, reports, [*blocked, *missing])
     roots = {report.name: report for report in catalog.plugins}
     for sid, service in catalog.services.items():
         origin = catalog.service_origin[sid]
         _mark_entry_point(service, roots.get(origin.added_by or origin.name, origin), config or {})
-    catalog.authorize = authorizer((impl.plugin_name, impl.function)
-                                   for impl in pm.hook.tghost_authorize.get_hookimpls())
-    catalog.shutdown_hooks = [(impl.plugin_name, impl.function) for impl in pm.hook.tghost_shutdown.get_hookimpls()]
     failures = [f"{r.name}: {e}" for r in catalog.plugins for e in r.errors]
     if failures and (_strict_from_env() if strict is None else strict):
         catalog.shutdown()
         raise PluginLoadError("TGHOST_STRICT_PLUGINS is set and plugins failed:\n" + "\n".join(failures))
+    return catalog
+
+
+def _plugin_manager() -> pluggy.PluginManager:
+    pm = pluggy.PluginManager("tghost")
+    pm.add_hookspecs(hookspecs)
+    return pm
+
+
+def _assemble(pm: pluggy.PluginManager, reports: dict[str, PluginReport], others: Iterable[PluginReport]) -> Catalog:
+    """Call the registration hooks of the registered plugins (``reports``, by name) and admit
+    what they contribute into a catalog that also lists ``others`` (blocked or missing plugins),
+    with their ``tghost_authorize`` and ``tghost_shutdown`` hooks."""
+    contributions = _call_hooks(pm, reports)
+    catalog = Catalog(plugins=sorted([*reports.values(), *others], key=lambda r: r.name))
+    for name, contribution in contributions.items():
+        _admit(catalog, reports[name], contribution)
+    _check_tool_references(catalog)
+    catalog.authorize = authorizer((impl.plugin_name, impl.function)
+                                   for impl in pm.hook.tghost_authorize.get_hookimpls())
+    catalog.shutdown_hooks = [(impl.plugin_name, impl.function) for impl in pm.hook.tghost_shutdown.get_hookimpls()]
+    return catalog
+
+
+def catalog_of_plugin(plugin: object, name: str | None = None) -> Catalog:
+    """The catalog one plugin contributes, loaded as :func:`discover` loads an entry point's
+    module: its ``tghost_register_services`` and ``tghost_register_tools`` hooks (tools and their
+    config values included), ``tghost_authorize`` and ``tghost_shutdown``. For tests: no entry
+    point, no install. ``plugin`` is the module (or any object) with the hook implementations;
+    ``name`` defaults to its ``__name__``. ``tghost_register_plugins`` is not called.
+
+    Raises:
+        ValueError: the plugin failed to register; the message is its errors, one line each.
+    """
+    pm = _plugin_manager()
+    name = name or getattr(plugin, "__name__", type(plugin).__name__)
+    pm.register(plugin, name=name)
+    catalog = _assemble(pm, {name: PluginReport(name, "(in process)")}, [])
+    errors = [error for report in catalog.plugins for error in report.errors]
+    if errors:
+        catalog.shutdown()
+        raise ValueError("; ".join(errors))
     return catalog
 
 
