@@ -95,7 +95,8 @@ def test_an_invalid_descriptor_names_the_plugin_and_field(plugin_dir: PluginDir)
 
 
 @pytest.mark.parametrize(("register", "named"), [
-    ('register(search.tool("bad name", collection="a"))', "plugin 'badname': service 'kb': tool 'bad name': field 'name'"),
+    ('register(search.tool("bad name", collection="a"))',
+     "plugin 'badname': service 'kb': tool 'bad name': field 'name'"),
     ('register({"name": "bad name", "description": "B", "service": "kb", "collection": "b"})',
      "plugin 'badname': tool 'bad name': field 'name'"),
     # A plugin that catches the error is reported all the same.

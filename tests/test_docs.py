@@ -113,9 +113,8 @@ def module_of(source: str, name: str) -> ModuleType:
 
 #: The test module that runs each block a reader would run or copy, by (file, first line).
 RUN_BY = {
-    ("README.md", "$ .venv/bin/tghost tools                      # the live tools every agent sees (--json for programs)"):
-        "test_readme_try_it",
-    ("README.md", "$ . .venv/bin/activate                  # tghost and its python on PATH"): "test_scaffold",
+    ("README.md", "$ .venv/bin/tghost tools "): "test_readme_try_it",
+    ("README.md", "$ . .venv/bin/activate "): "test_scaffold",
     ("README.md", "# pyproject.toml"): "test_readme_plugin",
     ("README.md", "# tghost_weather.py"): "test_readme_plugin",
     ("README.md", "# tghost_weather.py, continued"): "test_readme_plugin",
@@ -124,11 +123,9 @@ RUN_BY = {
     ("README.md", "# a deployment's own access check"): "test_docs",
     ("README.md", "# tghost_wordcount.py"): "test_docs",
     ("README.md", "# an agent"): "test_readme_try_it",
-    ("README.md", ".venv/bin/tghost run --config examples/tools.toml &   # plus a config-declared tool"):
-        "test_examples",
+    ("README.md", ".venv/bin/tghost run --config examples/tools.toml &"): "test_examples",
     ("README.md", "# tools.toml"): "test_examples",
-    ("README.md", "[external-services.tgpeer]            # a TrustGraph DynamicToolService run with --topic tgpeer"):
-        "test_external_services",
+    ("README.md", "[external-services.tgpeer] "): "test_external_services",
     ("docs/plugin-hooks.md", "# tghost_textkit.py"): "test_docs",
     ("docs/plugin-hooks.md", "# tghost_search.py"): "test_docs",
     ("docs/plugin-hooks.md", "# tghost_access.py"): "test_docs",

@@ -38,8 +38,8 @@ def test_the_readme_plugin_builds_installs_passes_its_test_and_is_served(
     write_plugin(root)
     install, pytest_run, run, *calls = commands(README, "$ tghost install -e '.[test]'")
     tghost = [sys.executable, "-m", "tghost"]
-    assert (install[0], pytest_run[0], run[0]) == (tghost + ["install", "-e", ".[test]"],
-                                                   [sys.executable, "-m", "pytest"], tghost + ["run"])
+    assert (install[0], pytest_run[0], run[0]) == ([*tghost, "install", "-e", ".[test]"],
+                                                   [sys.executable, "-m", "pytest"], [*tghost, "run"])
 
     # tghost install, into a private target (not editable: the test venv stays as it was; offline).
     site = tmp_path / "site"

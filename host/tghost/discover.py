@@ -282,9 +282,9 @@ def catalog_of_plugin(plugin: object, name: str | None = None) -> Catalog:
         ValueError: the plugin failed to register; the message is its errors, one line each.
     """
     pm = _plugin_manager()
-    name = name or getattr(plugin, "__name__", type(plugin).__name__)
-    pm.register(plugin, name=name)
-    catalog = _assemble(pm, {name: PluginReport(name, "(in process)")}, [])
+    plugin_name = name or str(getattr(plugin, "__name__", type(plugin).__name__))
+    pm.register(plugin, name=plugin_name)
+    catalog = _assemble(pm, {plugin_name: PluginReport(plugin_name, "(in process)")}, [])
     errors = [error for report in catalog.plugins for error in report.errors]
     if errors:
         catalog.shutdown()
