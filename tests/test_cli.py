@@ -242,6 +242,19 @@ def test_call_waits_as_long_as_the_service_says_else_as_long_as_a_host_does(
     assert ServeSettings.timeout == ServeSettings().timeout  # the default the host serves with
 
 
+@pytest.mark.parametrize("option", [("--config", "style=pun"), ("--topic", "joke")])
+def test_call_of_a_tool_with_a_service_option_is_a_usage_error_saying_what_to_use(option: tuple[str, str]) -> None:
+    result = tghost("call", "tell-joke", *option, "topic=cats")
+    assert result.returncode == 2
+    assert f"{option[0]} goes with --service, not with a tool name" in result.stderr
+    assert f"tghost call --service ID {option[0]}" in result.stderr
+
+
+def test_call_refuses_an_argument_given_twice() -> None:
+    result = tghost("call", "tell-joke", "topic=cats", "topic:=\"dogs\"")
+    assert result.returncode == 2 and "'topic' is given twice" in result.stderr
+
+
 def test_tools_json_lists_what_a_running_host_announced(env: dict[str, str],
                                                         host_process: Callable[..., HostProcess]) -> None:
     host = host_process("--host-id", "alpha", env=env)
@@ -250,6 +263,10 @@ def test_tools_json_lists_what_a_running_host_announced(env: dict[str, str],
     assert set(tools) == {"echo", "unhurried", "failing", "ask-staff"}
     assert tools["ask-staff"]["service"] == "kb" and tools["ask-staff"]["providers"] == ["alpha"]
     assert tools["ask-staff"]["config"] == {"collection": "staff"} and tools["ask-staff"]["group"] == ["hr"]
+    assert tools["ask-staff"]["collection"] == "staff"  # the whole descriptor: config values at the top level
+    assert tools["ask-staff"]["input-schema"] == {
+        "type": "object", "title": "lookupArguments", "additionalProperties": False, "required": ["question"],
+        "properties": {"question": {"type": "string", "title": "Question"}}}
     assert [row["name"] for row in json.loads(tghost("tools", "--json", "--group", "hr", env=env).stdout)] == [
         "ask-staff"]
     table = tghost("tools", env=env).stdout

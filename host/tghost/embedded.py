@@ -442,6 +442,8 @@ class EmbeddedBroker:
         if self._pump is not None:
             self._pump.close()
             self._pump = None
+        if self.process is not None and self.process.stdout is not None:
+            self.process.stdout.close()  # read to its end by the pump; unclosed, it warns (ResourceWarning)
         if self._lock is not None:
             self._lock.release()
             self._lock = None

@@ -46,7 +46,8 @@ def call(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...]
     """Call a tool by name (through the live directory), or a service with --service.
 
     A tool call merges the tool's config values into the request and is refused, with the
-    reason, when the request's --group/--state (seed 001) do not allow the tool. The
+    reason, when the request's --group/--state (seed 001) do not allow the tool. --config and
+    --topic go with --service only (a usage error with a tool name, exit 2). The
     observation is printed as it streams in. Exits 1 on a refusal, an error reply or a
     timeout (the error goes to stderr), and at once for a --service that is neither announced
     nor installed here, unless --topic says where it is.
@@ -54,6 +55,12 @@ def call(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...]
     if service_id is None and not arguments:
         raise click.UsageError("give a TOOL name, or --service ID")
     tool_name, arguments = (None, arguments) if service_id else (arguments[0], arguments[1:])
+    if tool_name is not None and (config_pairs or topic):
+        given = "--config" if config_pairs else "--topic"
+        raise click.UsageError(
+            f"{given} goes with --service, not with a tool name: a tool brings its own config values and topic. "
+            f"Call the service instead (tghost call --service ID {given} ...), or declare a tool with those "
+            "config values in a config file ('Tools from configuration' in the README)")
     if json_args is not None and arguments:
         raise click.UsageError("give arguments as KEY=VALUE pairs or --json, not both")
     args = parse_pairs(arguments, "ARGUMENTS") if json_args is None else _json_object(json_args)
