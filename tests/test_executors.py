@@ -386,7 +386,7 @@ def test_an_unknown_isolation_is_refused_naming_the_service() -> None:
         id = "odd"
         isolation = "fiber"
 
-    with pytest.raises(ValueError, match="service 'odd': isolation 'fiber' is not 'thread' or 'process'"):
+    with pytest.raises(ValueError, match="service 'odd': field 'isolation': 'fiber' is not 'thread' or 'process'"):
         Odd().descriptor()
 
 
