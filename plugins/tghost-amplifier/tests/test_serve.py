@@ -146,12 +146,11 @@ def test_each_tool_module_is_a_plugin_of_kind_amplifier_and_each_tool_a_service_
         assert notes.services == ["shout", "where"] and notes.tools == ["shout", "where"]
         shout = catalog.tools["shout"]
         assert (shout.service, shout.description) == ("shout", "Shout a text back, upper-cased.")
-        assert shout.input_schema == {"type": "object", "required": ["text"], "additionalProperties": False,
+        assert shout.input_schema == {"type": "object", "required": ["text"],
                                       "properties": {"text": {"type": "string", "description": "What to shout"}}}
         assert [(a.name, a.type, a.description) for a in shout.arguments] == [("text", "string", "What to shout")]
-        # from get_schema(); closed, as tghost refuses unknown arguments (docs/plugin-api.md, "Arguments")
-        assert catalog.tools["where"].input_schema == {
-            "type": "object", "properties": {}, "additionalProperties": False}
+        # from get_schema(), unchanged: an Amplifier module's schema is served as the module wrote it
+        assert catalog.tools["where"].input_schema == {"type": "object", "properties": {}}
         assert catalog.descriptors["shout"].version == "2.1"
     finally:
         catalog.shutdown()
