@@ -16,6 +16,7 @@ import pytest
 import tghost
 from tghost.broker import EmbeddedBroker, PulsarSettings
 from tghost.client import ToolCallError, ToolServiceClient
+from tghost.serve import ServeSettings
 from tghost.testing import LocalHost
 
 from .conftest import HostProcess, PluginDir
@@ -155,6 +156,24 @@ async def test_end_grace_answers_the_calls_still_running_unavailable(pulsar_brok
             await call
     assert info.value.error_type == "unavailable"
     assert "before the call finished" in info.value.message
+
+
+async def test_requests_waiting_for_a_slot_are_answered_unavailable_at_once(pulsar_broker: EmbeddedBroker) -> None:
+    release = asyncio.Event()
+    settings = ServeSettings(max_concurrency=1)
+    async with LocalHost(pulsar_broker.url, [held_service(release)], settings) as host:
+        worker = host.server.workers[0]
+        running = asyncio.create_task(host.call("drained", {"hold": True}, timeout=60))
+        await until(lambda: worker.in_flight == 1, "the call is running")
+        caller = await host.caller("drained")
+        waiting = [asyncio.create_task(outcome(caller)) for _ in range(3)]
+        await until(lambda: worker.in_flight == 4, "three calls wait for the slot")
+        stopping = asyncio.create_task(host.server.stop(grace=60))
+        assert await asyncio.gather(*waiting) == ["unavailable"] * 3  # while the held call still runs
+        assert not running.done()
+        release.set()
+        assert await running == "done"
+        assert await stopping == 0
 
 
 # ---- tghost run: SIGTERM under load, with two hosts and with one ----
