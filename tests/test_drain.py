@@ -220,6 +220,16 @@ async def hold_on(victim: HostProcess, caller: ToolServiceClient, gate: Path) ->
     return held
 
 
+async def sigterm_while_holding_a_call(host: HostProcess, caller: ToolServiceClient,
+                                       gate: Path) -> list[asyncio.Task[str]]:
+    """Start ``host`` serving, hold a call on it, SIGTERM it and wait until it drains."""
+    await serving([host], caller)
+    held = await hold_on(host, caller, gate)
+    host.process.send_signal(signal.SIGTERM)
+    await asyncio.to_thread(host.wait_for, "stopping: no new requests")
+    return held
+
+
 async def test_sigterm_under_load_with_two_hosts_leaves_no_call_unanswered(
     gated_env: dict[str, str], host_process: Callable[..., HostProcess], caller: ToolServiceClient
 ) -> None:
@@ -250,10 +260,7 @@ async def test_a_single_draining_host_answers_every_call_sent_during_the_drain(
     gated_env: dict[str, str], host_process: Callable[..., HostProcess], caller: ToolServiceClient
 ) -> None:
     host = host_process("--grace", "30", env=gated_env)
-    await serving([host], caller)
-    held = await hold_on(host, caller, gate_of(gated_env))
-    host.process.send_signal(signal.SIGTERM)
-    await asyncio.to_thread(host.wait_for, "stopping: no new requests")
+    held = await sigterm_while_holding_a_call(host, caller, gate_of(gated_env))
     load = SteadyLoad(caller)
     await until(lambda: load.sent >= 100, "calls during the drain")
     counts = await load.stop()
@@ -267,10 +274,7 @@ async def test_a_second_sigterm_ends_the_grace_and_the_running_call_is_answered_
     gated_env: dict[str, str], host_process: Callable[..., HostProcess], caller: ToolServiceClient
 ) -> None:
     host = host_process("--grace", "120", env=gated_env)
-    await serving([host], caller)
-    held = await hold_on(host, caller, gate_of(gated_env))
-    host.process.send_signal(signal.SIGTERM)
-    await asyncio.to_thread(host.wait_for, "stopping: no new requests")
+    held = await sigterm_while_holding_a_call(host, caller, gate_of(gated_env))
     host.process.send_signal(signal.SIGTERM)
     assert await asyncio.gather(*held) == ["unavailable"]
     assert await asyncio.to_thread(host.finish) == 0
