@@ -16,6 +16,7 @@ import pytest
 import tghost
 from tghost.broker import EmbeddedBroker, PulsarSettings
 from tghost.client import ToolCallError, ToolServiceClient
+from tghost.handoff import PeerWatch
 from tghost.serve import ServeSettings
 from tghost.testing import LocalHost
 
@@ -94,6 +95,24 @@ async def until(condition: Callable[[], bool], what: str, timeout: float = 20.0)
             return
         await asyncio.sleep(0.02)
     raise AssertionError(f"{what}: not within {timeout}s")
+
+
+def test_peer_watch_tells_another_consumer_by_the_order_of_requests_and_never_for_a_lone_one() -> None:
+    lone: list[bool] = []
+    shared: list[bool] = []
+    alone = PeerWatch(lambda: lone.append(True))
+    for i in range(50):  # the draining consumer gets every request, before or after the watch sees it
+        first, second = (alone._seen, alone.mine) if i % 2 else (alone.mine, alone._seen)
+        first(f"r{i}")
+        second(f"r{i}")
+    assert not lone and not alone.peer_found
+    two = PeerWatch(lambda: shared.append(True))
+    two._seen("r0")  # dealt to another consumer: the draining one never gets it
+    two._seen("r1")
+    two.mine("r1")
+    assert shared == [True] and two.peer_found
+    two.mine("r3")
+    assert shared == [True]  # told once
 
 
 # ---- in process: Server.remove (a watched uninstall calls it) and Server.end_grace ----

@@ -28,13 +28,15 @@ import pulsar.asyncio
 
 from . import hop
 
-__all__ = ["PEER_WAIT", "PeerWatch"]
+__all__ = ["PEER_WAIT", "WATCH_TIMEOUT", "PeerWatch"]
 
 log = logging.getLogger(__name__)
 
 #: Seconds a request the watch saw may stay away from the draining consumer before it counts as
 #: taken by another host, when no later request arrives to tell by order.
 PEER_WAIT = 1.0
+#: Seconds the watch's subscription may take; a host that cannot watch stays subscribed.
+WATCH_TIMEOUT = 2.0
 #: Messages the watch's consumer may buffer (it only notes ids; a burst beyond is not needed).
 WATCH_QUEUE = 1000
 

@@ -422,11 +422,16 @@ class ServiceWorker:
             await self._watch_peers(self._client)
 
     async def _watch_peers(self, client: pulsar.asyncio.Client) -> None:
+        """Without a watch (no broker now, or it does not answer in time) the consumer stays
+        subscribed and answers ``unavailable`` until :meth:`close`."""
+        if not self.is_connected():
+            return
         peers = handoff.PeerWatch(self._hand_off)
         try:
-            self._peers = await peers.start(client, self.descriptor.request_queue, self.subscription)
-        except Exception as exc:  # no watch: stay subscribed and answer 'unavailable' until close
-            log.debug("service %s: cannot watch for other hosts while draining: %s", self.descriptor.id, exc)
+            async with asyncio.timeout(handoff.WATCH_TIMEOUT):
+                self._peers = await peers.start(client, self.descriptor.request_queue, self.subscription)
+        except Exception as exc:
+            log.debug("service %s: cannot watch for other hosts while draining: %r", self.descriptor.id, exc)
 
     def _hand_off(self) -> None:
         """Another host shares the subscription: close the request consumer now (once)."""
