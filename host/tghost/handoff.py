@@ -60,6 +60,7 @@ class PeerWatch:
         self._consumer: pulsar.asyncio.Consumer | None = None
         self.peer_found = False
         """Whether another consumer was seen taking a request (then ``found`` was called)."""
+        self._closed = False
 
     async def start(self, client: pulsar.asyncio.Client, topic: str, subscription: str) -> PeerWatch:
         """Read every request on ``topic`` on an Exclusive subscription of its own,
@@ -76,7 +77,7 @@ class PeerWatch:
         return self
 
     def _seen(self, request_id: str | None) -> None:
-        if request_id is None or self.peer_found:
+        if request_id is None or self.peer_found or self._closed:
             return
         if request_id in self._early:
             self._early.discard(request_id)
@@ -91,7 +92,7 @@ class PeerWatch:
     def mine(self, request_id: str | None) -> None:
         """The draining consumer received ``request_id``: a request the watch saw before it, and
         that the draining consumer did not receive, went to another consumer."""
-        if request_id is None or self.peer_found:
+        if request_id is None or self.peer_found or self._closed:
             return
         claimed = self._unclaimed.pop(request_id, None)
         if claimed is None:
@@ -108,7 +109,9 @@ class PeerWatch:
         self._found()
 
     async def close(self) -> None:
-        """Close the watch's consumer (its subscription goes with it); errors are logged."""
+        """Close the watch's consumer (its subscription goes with it) and tell nothing more;
+        errors are logged."""
+        self._closed = True
         if self._consumer is None:
             return
         consumer, self._consumer = self._consumer, None

@@ -426,11 +426,13 @@ class ServiceWorker:
         subscribed and answers ``unavailable`` until :meth:`close`."""
         if not self.is_connected():
             return
-        peers = handoff.PeerWatch(self._hand_off)
+        self._peers = peers = handoff.PeerWatch(self._hand_off)  # told of every request from now on
         try:
             async with asyncio.timeout(handoff.WATCH_TIMEOUT):
-                self._peers = await peers.start(client, self.descriptor.request_queue, self.subscription)
+                await peers.start(client, self.descriptor.request_queue, self.subscription)
         except Exception as exc:
+            self._peers = None
+            await peers.close()
             log.debug("service %s: cannot watch for other hosts while draining: %r", self.descriptor.id, exc)
 
     def _hand_off(self) -> None:
