@@ -1,8 +1,14 @@
-"""The physical floor for the round trip: a raw ``pulsar.asyncio`` echo server, no tghost host.
+"""The floors for the round trip: raw echo servers on the Pulsar client, no tghost host.
 
-``python -m bench.echo_server URL TOPIC`` subscribes (Shared) to ``non-persistent://tg/request/TOPIC``
-and answers each request on the response topic with the seed 000 envelope, echoing the ``id``
-property and the ``text`` argument; batching off. Runs until killed.
+``python -m bench.echo_server URL TOPIC [sync|asyncio]`` subscribes (Shared) to
+``non-persistent://tg/request/TOPIC`` and answers each request on the response topic with the
+seed 000 envelope, echoing the ``id`` property and the ``text`` argument; batching off. Runs
+until killed.
+
+- ``sync`` (the reference floor): one thread of the sync ``pulsar.Client``: receive,
+  acknowledge, send (waiting for the broker's receipt), next.
+- ``asyncio``: ``pulsar.asyncio``, one task per request (receive, send, acknowledge: a thread
+  hop into the loop for each).
 """
 
 from __future__ import annotations
@@ -17,16 +23,32 @@ from tghost import wire
 from tghost.descriptors import request_queue, response_queue
 
 
+def answer(message: pulsar.Message) -> bytes:
+    """The seed 000 response echoing the request's ``text`` argument."""
+    return wire.encode_response(str(wire.decode_request(message.data()).arguments.get("text", "")))
+
+
+def serve_sync(url: str, topic: str) -> None:
+    """The floor: receive, acknowledge, send, one request after another, forever."""
+    client = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    producer = client.create_producer(response_queue(topic), batching_enabled=False, block_if_queue_full=True)
+    consumer = client.subscribe(request_queue(topic), f"{topic}-request", consumer_type=pulsar.ConsumerType.Shared,
+                                receiver_queue_size=1000)
+    while True:
+        message = consumer.receive()
+        consumer.acknowledge(message)
+        producer.send(answer(message), properties={"id": message.properties()["id"]})
+
+
 async def reply(producer: pulsar.asyncio.Producer, consumer: pulsar.asyncio.Consumer, message: pulsar.Message) -> None:
     """Answer one request with its ``text`` argument and acknowledge it."""
-    text = wire.decode_request(message.data()).arguments.get("text", "")
-    await producer.send(wire.encode_response(str(text)), properties={"id": message.properties()["id"]})
+    await producer.send(answer(message), properties={"id": message.properties()["id"]})
     await consumer.acknowledge(message)
 
 
-async def serve(url: str, topic: str) -> None:
+async def serve_asyncio(url: str, topic: str) -> None:
     """Answer every request concurrently (one task each), forever."""
-    client = pulsar.asyncio.Client(url)
+    client = pulsar.asyncio.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
     producer = await client.create_producer(response_queue(topic), batching_enabled=False, block_if_queue_full=True)
     consumer = await client.subscribe(request_queue(topic), f"{topic}-request",
                                       consumer_type=pulsar.ConsumerType.Shared, receiver_queue_size=1000)
@@ -38,4 +60,7 @@ async def serve(url: str, topic: str) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(serve(sys.argv[1], sys.argv[2]))
+    if sys.argv[3:4] == ["asyncio"]:
+        asyncio.run(serve_asyncio(sys.argv[1], sys.argv[2]))
+    else:
+        serve_sync(sys.argv[1], sys.argv[2])

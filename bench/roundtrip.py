@@ -1,11 +1,24 @@
-"""Round trip: one client process, three servers, one embedded broker.
+"""Round trip: one client process, one embedded broker, every server running at once.
 
-(a) a raw ``pulsar.asyncio`` echo server (bench/echo_server.py): the physical floor;
-(b) ``tghost run`` serving a generated echo plugin; (a) and (b) are called with the same
-    ``ToolServiceClient`` code, so only the server differs;
-(c) the same host, called through ``ToolDirectory.invoke`` (catalog lookup, seed 001 check).
-Per server: serial p50/p99 latency, throughput at concurrency 1/16/64, the server process's
-CPU time per call over the throughput runs, and the ratios to (a).
+Servers (each called by the same raw sync caller, so only the server differs):
+
+- (a) the floor: a raw sync ``pulsar.Client`` echo (bench/echo_server.py ``sync``): receive,
+  acknowledge, send; the reference every ratio is taken to;
+- (a2) a raw ``pulsar.asyncio`` echo (``asyncio``), for context;
+- (b) ``tghost run`` serving a generated echo plugin (``--isolation thread``, the default);
+- (b2) the same plugin under ``tghost run --isolation process``.
+
+Callers of (b) (the caller side): (r) the raw sync caller, (t) ``tghost.client.ToolServiceClient``,
+(d) ``ToolDirectory.invoke`` (catalog lookup, seed 001 check).
+
+The raw sync caller is a ``pulsar.Client`` (no tghost): ``producer.send`` (it waits for the
+broker's receipt), then the reply, routed by its ``id`` property by a message listener, is
+awaited on a ``concurrent.futures.Future``; concurrency N is N threads.
+
+Each row is measured ``reps`` times, the rows interleaved (a, a2, b, b2, t, d, then again), and
+the table gives the median of each column: serial p50/p99 latency, throughput at concurrency
+1/16/64, the server process's CPU time per call over the throughput runs, and the ratios to (a)
+(server rows) or to (r) (caller rows).
 """
 
 from __future__ import annotations
@@ -13,10 +26,20 @@ from __future__ import annotations
 import asyncio
 import statistics
 import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import pulsar
+
+from tghost import wire
 from tghost.broker import PulsarSettings
+from tghost.descriptors import request_queue, response_queue
 from tghost.directory import ToolDirectory
 
 from .common import (
@@ -36,12 +59,12 @@ from .common import (
     report,
     serial_ms,
     service_client,
-    tghost_run,
+    since_ms,
     throughput,
 )
 
-RAW_TOPIC = "bench-raw-echo"
 LEVELS = (1, 16, 64)
+ECHO_PAYLOAD = wire.encode_request("bench", {}, ECHO_ARGS)
 
 
 @dataclass(frozen=True)
@@ -49,56 +72,185 @@ class Sizes:
     serial: int  # timed serial calls
     warmup: int  # untimed calls first
     per_level: int  # calls per concurrency level
+    reps: int  # times each row is measured (interleaved); the table has the medians
 
 
-FULL, QUICK = Sizes(1000, 100, 2000), Sizes(50, 5, 100)
+FULL, QUICK = Sizes(1000, 100, 2000, 3), Sizes(50, 5, 100, 1)
 
 
-async def measure(server: str, call: Call, pid: int, sizes: Sizes) -> dict[str, Any]:
-    """Once the server answers: serial latency, then throughput per level and CPU per call."""
-    await ready(call)
+class RawCaller:
+    """The raw sync caller: a ``pulsar.Client`` producer on the request topic and a listener on
+    the response topic that completes the waiting call's future by ``id``."""
+
+    def __init__(self, url: str, topic: str) -> None:
+        self._pending: dict[str, Future[bytes]] = {}
+        self._client = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+        self._consumer = self._client.subscribe(response_queue(topic), f"raw-caller-{uuid.uuid4().hex}",
+                                                message_listener=self._route)
+        self._producer = self._client.create_producer(request_queue(topic), batching_enabled=False)
+
+    def _route(self, consumer: pulsar.Consumer, message: pulsar.Message) -> None:
+        future = self._pending.pop(message.properties().get("id", ""), None)
+        consumer.acknowledge(message)
+        if future is not None:
+            future.set_result(message.data())
+
+    def call(self) -> None:
+        """One echo call; raises on an error reply or a timeout (``CALL_TIMEOUT`` seconds)."""
+        request_id, future = uuid.uuid4().hex, Future[bytes]()
+        self._pending[request_id] = future
+        self._producer.send(ECHO_PAYLOAD, properties={"id": request_id})
+        response = wire.decode_response(future.result(CALL_TIMEOUT))
+        if response.error:
+            raise RuntimeError(response.error)
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def sync_serial_ms(call: Callable[[], None], n: int, warmup: int) -> list[float]:
+    """Latency (ms) of ``n`` sync calls one after another, after ``warmup`` untimed ones."""
+    for _ in range(warmup):
+        call()
+    samples = []
+    for _ in range(n):
+        started = time.perf_counter()
+        call()
+        samples.append(since_ms(started))
+    return samples
+
+
+def sync_throughput(call: Callable[[], None], total: int, concurrency: int) -> tuple[float, int]:
+    """(calls/s, errors) for ``total`` sync calls made by ``concurrency`` threads at once."""
+    todo, lock, errors = iter(range(total)), threading.Lock(), [0]
+
+    def caller() -> None:
+        while True:
+            with lock:
+                if next(todo, None) is None:
+                    return
+            try:
+                call()
+            except Exception:
+                errors[0] += 1
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        for done in [pool.submit(caller) for _ in range(concurrency)]:
+            done.result()
+    return round(total / (time.perf_counter() - started)), errors[0]
+
+
+async def measure_async(call: Call, pid: int, sizes: Sizes) -> dict[str, Any]:
+    """Serial latency, then throughput per level and server CPU per call, for an async caller."""
     latencies = await serial_ms(call, sizes.serial, sizes.warmup)
-    row: dict[str, Any] = {"server": server, "p50_ms": round(statistics.median(latencies), 3),
-                           "p99_ms": round(percentile(latencies, 99), 3)}
+    row: dict[str, Any] = {"p50_ms": statistics.median(latencies), "p99_ms": percentile(latencies, 99)}
     (cpu,), errors = cpu_seconds([pid]), 0
     for level in LEVELS:
         row[f"c{level}_calls_s"], failed = await throughput(call, sizes.per_level, level)
         errors += failed
-    row["server_cpu_us_call"] = round((cpu_seconds([pid])[0] - cpu) / (len(LEVELS) * sizes.per_level) * 1e6)
+    row["server_cpu_us_call"] = (cpu_seconds([pid])[0] - cpu) / (len(LEVELS) * sizes.per_level) * 1e6
     return {**row, "errors": errors}
 
 
-async def raw(url: str, sizes: Sizes) -> dict[str, Any]:
-    """(a) the raw echo server."""
-    with process([sys.executable, "-m", "bench.echo_server", url, RAW_TOPIC]) as server:
-        async with service_client(url, RAW_TOPIC) as svc:
-            return await measure("a raw pulsar.asyncio", echo_call(svc), server.pid, sizes)
+def measure_sync(call: Callable[[], None], pid: int, sizes: Sizes) -> dict[str, Any]:
+    """:func:`measure_async` for the raw sync caller."""
+    latencies = sync_serial_ms(call, sizes.serial, sizes.warmup)
+    row: dict[str, Any] = {"p50_ms": statistics.median(latencies), "p99_ms": percentile(latencies, 99)}
+    (cpu,), errors = cpu_seconds([pid]), 0
+    for level in LEVELS:
+        row[f"c{level}_calls_s"], failed = sync_throughput(call, sizes.per_level, level)
+        errors += failed
+    row["server_cpu_us_call"] = (cpu_seconds([pid])[0] - cpu) / (len(LEVELS) * sizes.per_level) * 1e6
+    return {**row, "errors": errors}
 
 
-async def hosted(url: str, sizes: Sizes) -> list[dict[str, Any]]:
-    """(b) ``tghost run`` through ToolServiceClient, then (c) the same host through the directory."""
-    with host_env(url, {"echo": ECHO}) as env, tghost_run(env) as host:
-        async with service_client(url, "echo") as svc:
-            direct = await measure("b tghost run", echo_call(svc), host.pid, sizes)
-        async with ToolDirectory(PulsarSettings(url), env["TGHOST_DESCRIPTORS_TOPIC"]) as directory:
-            await directory.wait_for("echo", READY_TIMEOUT)
-            call = lambda: directory.invoke("echo", ECHO_ARGS, timeout=CALL_TIMEOUT)  # noqa: E731
-            return [direct, await measure("c ToolDirectory.invoke", call, host.pid, sizes)]
+def sync_ready(call: Callable[[], None]) -> None:
+    """Call until a call answers (a request sent before the server subscribed is dropped)."""
+    deadline = time.monotonic() + READY_TIMEOUT
+    while True:
+        try:
+            call()
+            return
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
 
 
-def with_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Add p50 and concurrency-64 throughput relative to the first row (the raw floor)."""
-    floor = rows[0]
-    return [{**row, "p50_vs_a": ratio(row["p50_ms"], floor["p50_ms"]),
-             "c64_vs_a": ratio(row["c64_calls_s"], floor["c64_calls_s"])} for row in rows]
+@contextmanager
+def servers(url: str) -> Iterator[dict[str, tuple[int, str]]]:
+    """Every server, running: label -> (pid, topic)."""
+    with ExitStack() as stack:
+        found = {}
+        for label, mode in (("a raw sync pulsar.Client echo", "sync"), ("a2 raw pulsar.asyncio echo", "asyncio")):
+            topic = f"bench-{mode}-echo"
+            proc = stack.enter_context(process([sys.executable, "-m", "bench.echo_server", url, topic, mode]))
+            found[label] = (proc.pid, topic)
+        for label, isolation in (("b tghost run", "thread"), ("b2 tghost run --isolation process", "process")):
+            topic = f"echo-{isolation}"
+            source = ECHO.replace("@tghost.tool\n", f'@tghost.tool(service="{topic}")\n')
+            env = stack.enter_context(host_env(url, {"echo": source}))
+            env["TGHOST_ISOLATION"] = isolation
+            proc = stack.enter_context(process([sys.executable, "-m", "tghost", "run", "--log-level", "warning"], env))
+            found[label] = (proc.pid, topic)
+            found[label + " env"] = (0, env["TGHOST_DESCRIPTORS_TOPIC"])
+        yield found
+
+
+def medians(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per column, the median over repetitions (latencies to 0.001 ms, the rest whole)."""
+    row: dict[str, Any] = {}
+    for key in samples[0]:
+        value = statistics.median(s[key] for s in samples)
+        row[key] = round(value, 3) if key.endswith("_ms") else round(value)
+    return row
+
+
+async def run(url: str, sizes: Sizes) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(server rows, caller rows), each the medians over ``sizes.reps`` interleaved repetitions."""
+    with servers(url) as found:
+        raw = {label: RawCaller(url, topic) for label, (_, topic) in found.items() if not label.endswith(" env")}
+        host_pid, host_topic = found["b tghost run"]
+        try:
+            for caller in raw.values():
+                await asyncio.to_thread(sync_ready, caller.call)
+            async with service_client(url, host_topic) as svc, ToolDirectory(
+                    PulsarSettings(url), found["b tghost run env"][1]) as directory:
+                await ready(echo_call(svc))
+                await directory.wait_for("echo", READY_TIMEOUT)
+                invoke: Call = lambda: directory.invoke("echo", ECHO_ARGS, timeout=CALL_TIMEOUT)  # noqa: E731
+                samples: dict[str, list[dict[str, Any]]] = {}
+                for _ in range(sizes.reps):
+                    for label, caller in raw.items():
+                        samples.setdefault(label, []).append(
+                            await asyncio.to_thread(measure_sync, caller.call, found[label][0], sizes))
+                    samples.setdefault("t tghost.client", []).append(
+                        await measure_async(echo_call(svc), host_pid, sizes))
+                    samples.setdefault("d ToolDirectory.invoke", []).append(
+                        await measure_async(invoke, host_pid, sizes))
+        finally:
+            for caller in raw.values():
+                caller.close()
+    rows = {label: medians(s) for label, s in samples.items()}
+    floor = rows["a raw sync pulsar.Client echo"]
+    server_rows = [{"server (raw sync caller)": label, **row, "p50_vs_a": ratio(row["p50_ms"], floor["p50_ms"]),
+                    "c64_vs_a": ratio(row["c64_calls_s"], floor["c64_calls_s"])}
+                   for label, row in rows.items() if label[0] in "ab"]
+    reference = rows["b tghost run"]
+    caller_rows = [{"caller (of b tghost run)": label, **row, "p50_vs_r": ratio(row["p50_ms"], reference["p50_ms"]),
+                    "c64_vs_r": ratio(row["c64_calls_s"], reference["c64_calls_s"])}
+                   for label, row in [("r raw sync caller", reference), *rows.items()] if label[0] in "rtd"]
+    return server_rows, caller_rows
 
 
 def main(quick: bool = False) -> None:
     sizes = QUICK if quick else FULL
     with broker() as running:
-        rows = [asyncio.run(raw(running.url, sizes)), *asyncio.run(hosted(running.url, sizes))]
-    report("roundtrip", f"Round trip: {sizes.serial} serial calls, {sizes.per_level} calls per concurrency level "
-           f"{', '.join(map(str, LEVELS))} (calls/s); server CPU µs per call", with_ratios(rows), asdict(sizes))
+        server_rows, caller_rows = asyncio.run(run(running.url, sizes))
+    what = (f"{sizes.serial} serial calls, {sizes.per_level} calls per concurrency level {', '.join(map(str, LEVELS))} "
+            f"(calls/s), server CPU µs per call; medians of {sizes.reps} interleaved repetitions")
+    report("roundtrip", f"Round trip, servers: {what}", server_rows, asdict(sizes))
+    report("roundtrip-callers", f"Round trip, callers of tghost run: {what}", caller_rows, asdict(sizes))
 
 
 if __name__ == "__main__":

@@ -23,7 +23,15 @@ import pulsar.asyncio
 import pytest
 
 from tghost import broker as broker_module
-from tghost.broker import CLIENT_LOG, BrokerUnavailable, EmbeddedBroker, NotPulsarBroker, PulsarSettings, free_port
+from tghost.broker import (
+    CLIENT_LOG,
+    BrokerUnavailable,
+    EmbeddedBroker,
+    NotPulsarBroker,
+    PulsarSettings,
+    client_logger,
+    free_port,
+)
 
 
 def tghost(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -38,8 +46,9 @@ async def until(condition: Callable[[], bool], timeout: float = 60.0) -> None:
 
 
 def test_client_kwargs_without_auth_or_tls_pass_only_the_logger_and_tls_defaults() -> None:
-    assert PulsarSettings("pulsar://localhost:6650").client_kwargs() == {
-        "logger": CLIENT_LOG, "tls_allow_insecure_connection": False, "tls_validate_hostname": False}
+    kwargs = PulsarSettings("pulsar://localhost:6650").client_kwargs()
+    assert isinstance(kwargs.pop("logger"), type(client_logger()))
+    assert kwargs == {"tls_allow_insecure_connection": False, "tls_validate_hostname": False}
 
 
 def test_client_kwargs_map_each_option_to_the_pulsar_client_argument() -> None:
@@ -47,7 +56,7 @@ def test_client_kwargs_map_each_option_to_the_pulsar_client_argument() -> None:
                               tls_allow_insecure=True, tls_validate_hostname=True)
     kwargs = settings.client_kwargs()
     assert isinstance(kwargs.pop("authentication"), pulsar.AuthenticationToken)
-    assert kwargs.pop("logger") is CLIENT_LOG
+    assert isinstance(kwargs.pop("logger"), type(client_logger()))
     assert kwargs == {"tls_trust_certs_file_path": "/etc/ca.pem", "tls_allow_insecure_connection": True,
                       "tls_validate_hostname": True}
 
@@ -113,6 +122,57 @@ def test_commands_on_a_port_that_is_not_pulsar_fail_with_one_clear_line(
 
 
 # -- the C++ client's log --------------------------------------------------------------------
+
+
+def test_the_client_logger_is_native_unless_the_pulsar_logger_shows_debug(caplog: pytest.LogCaptureFixture) -> None:
+    """A Python logger gets every C++ line, DEBUG included, on the hot path; so only ``--log-level
+    debug`` gets one (then every line reaches the pulsar logger, as the next test shows)."""
+    caplog.set_level(logging.INFO, logger="pulsar")
+    assert isinstance(client_logger(), pulsar.FileLogger)
+    caplog.set_level(logging.DEBUG, logger="pulsar")
+    assert client_logger() is CLIENT_LOG
+
+
+def test_the_native_client_log_brings_warnings_and_errors_as_info_and_nothing_of_a_call(
+        pulsar_broker: EmbeddedBroker) -> None:
+    """In a fresh process (the C++ client keeps its first client's logger): a call's round trip
+    logs nothing; the client's WARN and ERROR lines for an empty topic's last message id
+    arrive as INFO lines of the ``pulsar`` logger, without the native timestamp."""
+    script = f"""
+import asyncio, logging, sys, threading, pulsar
+from tghost.broker import PulsarSettings
+logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(levelname)s %(name)s %(message)s")
+async def main():
+    client = await PulsarSettings("{pulsar_broker.url}").connect()
+    producer = await client.create_producer("non-persistent://tg/test/native-log", batching_enabled=False)
+    consumer = await client.subscribe("non-persistent://tg/test/native-log", "native-log")
+    print("calls start")
+    for _ in range(20):
+        await producer.send(b"x")
+        await consumer.acknowledge(await consumer.receive())
+    print("calls end")
+    reader = await client.create_reader("persistent://tg/test/native-log-empty", pulsar.MessageId.earliest)
+    try:
+        await reader.has_message_available()
+    except pulsar.asyncio.PulsarException:
+        pass
+    await asyncio.to_thread(seen.wait, 10)  # the log reader thread forwards it a moment later
+    await client.close()
+class Seen(logging.Handler):
+    def emit(self, record):
+        if "getLastMessageId" in record.getMessage():
+            seen.set()
+seen = threading.Event()
+logging.getLogger("pulsar").addHandler(Seen())
+asyncio.run(main())
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    lines = result.stdout.splitlines()
+    during = lines[lines.index("calls start") + 1:lines.index("calls end")]
+    assert during == []
+    errors = [line for line in lines if "getLastMessageId" in line]
+    assert errors and all(line.startswith("INFO pulsar ConsumerImpl:") for line in errors), result.stdout
+    assert not any(line.startswith(("WARNING pulsar", "ERROR pulsar")) for line in lines)
 
 
 def test_the_client_log_reaches_the_pulsar_logger_one_level_down(caplog: pytest.LogCaptureFixture) -> None:

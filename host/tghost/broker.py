@@ -12,8 +12,10 @@ import contextlib
 import itertools
 import logging
 import os
+import re
 import socket
 import tempfile
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -24,6 +26,8 @@ from urllib.parse import urlsplit
 import pulsar
 import pulsar.asyncio
 
+from . import hop
+
 __all__ = [
     "CLIENT_LOG",
     "DEFAULT_URL",
@@ -32,6 +36,7 @@ __all__ = [
     "ClientLog",
     "NotPulsarBroker",
     "PulsarSettings",
+    "client_logger",
     "endpoints",
     "free_port",
     "is_loopback",
@@ -89,12 +94,12 @@ class PulsarSettings:
 
     def client_kwargs(self) -> dict[str, Any]:
         """The keyword arguments for ``pulsar.asyncio.Client`` (and ``pulsar.Client``): ``logger``
-        (the C++ client's log through Python logging, see :class:`ClientLog`), ``authentication``
+        (the C++ client's log through Python logging, see :func:`client_logger`), ``authentication``
         (only with a token), ``tls_trust_certs_file_path`` (only with a path),
         ``tls_allow_insecure_connection`` and ``tls_validate_hostname``.
         """
         kwargs: dict[str, Any] = {
-            "logger": CLIENT_LOG,
+            "logger": client_logger(),
             "tls_allow_insecure_connection": self.tls_allow_insecure,
             "tls_validate_hostname": self.tls_validate_hostname,
         }
@@ -185,6 +190,54 @@ class ClientLog(logging.Logger):
 CLIENT_LOG = ClientLog()
 
 
+def client_logger() -> logging.Logger | pulsar.FileLogger:
+    """The ``logger`` for a new Pulsar client: :data:`CLIENT_LOG` while the ``pulsar`` logger is
+    enabled for DEBUG (``--log-level debug``), else a native logger that keeps the C++ client's
+    WARN and ERROR lines only and forwards them to :data:`CLIENT_LOG` (so they arrive as INFO).
+
+    Why: a Python logger gets every line the C++ client writes, DEBUG included (about nine per
+    request and reply), each taking the GIL from a client thread; that was a measured share of
+    every call's cost (docs/benchmarks.md). The native logger writes its lines to a pipe that one
+    daemon thread per process reads (:class:`_LogPipe`). The C++ client keeps the logger of the
+    first client a process creates for all its clients. Without ``/dev/fd``, :data:`CLIENT_LOG`.
+    """
+    if logging.getLogger("pulsar").isEnabledFor(logging.DEBUG) or not os.path.isdir("/dev/fd"):
+        return CLIENT_LOG
+    return pulsar.FileLogger(pulsar.LoggerLevel.Warn, _LogPipe.path())
+
+
+class _LogPipe:
+    """This process's pipe for the C++ client's native log: its write end's ``/dev/fd/N`` path is
+    the file the client opens; a daemon thread reads the lines and hands each to :data:`CLIENT_LOG`
+    without the native logger's timestamp, level and thread id (the ``File:line | message`` rest,
+    as a Python logger would have been given it). A child process (fork) makes its own."""
+
+    _lock = threading.Lock()
+    _owner: tuple[int, str] | None = None  # (pid, path)
+
+    @classmethod
+    def path(cls) -> str:
+        with cls._lock:
+            if cls._owner is None or cls._owner[0] != os.getpid():
+                read, write = os.pipe()
+                threading.Thread(target=cls._forward, args=(read,), name="pulsar-client-log", daemon=True).start()
+                cls._owner = (os.getpid(), f"/dev/fd/{write}")
+            return cls._owner[1]
+
+    @staticmethod
+    def _forward(read: int) -> None:
+        with open(read, "rb", buffering=0) as lines:
+            for line in iter(lines.readline, b""):
+                text = line.decode(errors="replace").rstrip()
+                parsed = _NATIVE_LINE.match(text)
+                level = logging.ERROR if parsed and parsed["level"] == "ERROR" else logging.WARNING
+                CLIENT_LOG.log(level, "%s", parsed["rest"] if parsed else text)
+
+
+#: A line of the C++ client's native logger: ``2026-11-25 01:33:15.997 WARN  [1402...] File:1731 | ...``.
+_NATIVE_LINE = re.compile(r"^\S+ \S+ (?P<level>[A-Z]+)\s+\[\d+\] (?P<rest>.*)$")
+
+
 class _Client(pulsar.asyncio.Client):  # type: ignore[misc]
     """``pulsar.asyncio.Client`` that cannot hit pulsar-lite's consumer-id collisions, and whose
     ``close`` lets the C++ client's last callbacks land.
@@ -226,13 +279,16 @@ class _Client(pulsar.asyncio.Client):  # type: ignore[misc]
     async def subscribe(self, topic: Any, subscription_name: str,
                         consumer_type: pulsar.ConsumerType = pulsar.ConsumerType.Exclusive,
                         **kwargs: Any) -> pulsar.asyncio.Consumer:
+        """``pulsar.asyncio.Client.subscribe``, plus ``message_listener``: a
+        :data:`tghost.hop.Listener` gets every message on a C++ thread (see
+        :func:`tghost.hop.subscribe_listening`; ``receive`` is not allowed then)."""
         if consumer_type == pulsar.ConsumerType.Exclusive or not self._spread:
-            return await super().subscribe(topic, subscription_name, consumer_type, **kwargs)
+            return await _subscribe_on(self, topic, subscription_name, consumer_type, kwargs)
         shared = await self._shared_client()
         attempts = max(1, int(self.settings.operation_timeout // SHARED_SUBSCRIBE_TIMEOUT))
         for attempt in itertools.count(1):
             try:
-                return await shared.subscribe(topic, subscription_name, consumer_type, **kwargs)
+                return await _subscribe_on(shared, topic, subscription_name, consumer_type, kwargs)
             except pulsar.asyncio.PulsarException as exc:
                 if exc.error() not in (pulsar.Result.Timeout, pulsar.Result.ConsumerBusy) or attempt >= attempts:
                     raise
@@ -259,6 +315,17 @@ class _Client(pulsar.asyncio.Client):  # type: ignore[misc]
         if self._slot is not None:
             self._slot.release()
         await asyncio.sleep(self.CLOSE_DRAIN)
+
+
+async def _subscribe_on(client: pulsar.asyncio.Client, topic: Any, subscription_name: str,
+                        consumer_type: pulsar.ConsumerType, kwargs: dict[str, Any]) -> pulsar.asyncio.Consumer:
+    """Subscribe on ``client`` itself (never :class:`_Client`'s spreading), with a message
+    listener when ``kwargs`` has ``message_listener``."""
+    options = dict(kwargs)
+    listener = options.pop("message_listener", None)
+    if listener is not None:
+        return await hop.subscribe_listening(client, topic, subscription_name, consumer_type, listener, **options)
+    return await pulsar.asyncio.Client.subscribe(client, topic, subscription_name, consumer_type, **options)
 
 
 #: Seconds (whole) a non-exclusive subscribe may take on a loopback URL before it is retried with

@@ -1,8 +1,9 @@
 """call: the caller's side of the wire contract, as TrustGraph's ``ToolServiceClient``.
 
 Sends request envelopes with an ``id`` property and routes the responses, which every
-caller of a service sees on its shared response topic, back by that ``id``.
-Never imports serve or discover.
+caller of a service sees on its shared response topic, back by that ``id``. Requests go out
+with the producer's ``send_async``; responses arrive through a C++ message listener and cross
+into the event loop once (:class:`tghost.hop.Mailbox`). Never imports serve or discover.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 import pulsar
 import pulsar.asyncio
 
-from . import wire
+from . import hop, wire
 
 __all__ = ["ToolCallError", "ToolServiceClient"]
 
@@ -47,10 +48,10 @@ class ToolServiceClient:
         self._client = client
         self.request_queue = request_queue
         self.response_queue = response_queue
-        self._pending: dict[str, asyncio.Queue[wire.Response]] = {}
+        self._pending: dict[str, asyncio.Queue[wire.Response | Exception]] = {}
         self._producer: pulsar.asyncio.Producer | None = None
         self._consumer: pulsar.asyncio.Consumer | None = None
-        self._dispatch: asyncio.Task[None] | None = None
+        self._mailbox: hop.Mailbox | None = None
 
     async def start(self) -> ToolServiceClient:
         """Subscribe to the response queue first (non-persistent topics keep nothing), then
@@ -59,32 +60,25 @@ class ToolServiceClient:
         Raises:
             pulsar.asyncio.PulsarException: the broker refused the subscription or producer.
         """
-        self._consumer = await self._client.subscribe(
-            self.response_queue, f"tghost-caller-{uuid.uuid4().hex}",
-            consumer_type=pulsar.ConsumerType.Exclusive,
+        self._mailbox = hop.Mailbox(asyncio.get_running_loop())
+        self._consumer = await hop.subscribe_listening(
+            self._client, self.response_queue, f"tghost-caller-{uuid.uuid4().hex}",
+            pulsar.ConsumerType.Exclusive, self._on_response,
         )
         self._producer = await self._client.create_producer(self.request_queue, batching_enabled=False)
-        self._dispatch = asyncio.create_task(self._route(), name=f"responses {self.response_queue}")
         return self
 
-    async def _route(self) -> None:
-        assert self._consumer is not None
-        while True:
-            try:
-                message = await self._consumer.receive()
-            except pulsar.asyncio.PulsarException as exc:
-                if exc.error() == pulsar.Result.AlreadyClosed:
-                    return
-                log.warning("receive on %s failed (%s); retrying", self.response_queue, exc)
-                await asyncio.sleep(0.5)
-                continue
-            queue = self._pending.get(message.properties().get("id", ""))
-            if queue is not None:
-                try:
-                    queue.put_nowait(wire.decode_response(message.data()))
-                except wire.BadRequest as exc:
-                    queue.put_nowait(wire.Response("", True, {"type": wire.BAD_REQUEST, "message": str(exc)}))
-            await self._consumer.acknowledge(message)
+    def _on_response(self, consumer: Any, message: Any) -> None:
+        """The C++ listener thread: acknowledge, and hand a waited-for response to the loop."""
+        hop.acknowledge(consumer, message)
+        queue = self._pending.get(message.properties().get("id", ""))
+        if queue is not None:
+            self._mailbox.put(_deliver, queue, message.data())  # type: ignore[union-attr]
+
+    def _on_sent(self, queue: asyncio.Queue[wire.Response | Exception], result: Any) -> None:
+        """The C++ thread, once the broker has the request: a failure goes to the waiting call."""
+        if result != pulsar.Result.Ok:
+            self._mailbox.put(queue.put_nowait, pulsar.asyncio.PulsarException(result))  # type: ignore[union-attr]
 
     async def stream(
         self,
@@ -100,17 +94,20 @@ class ToolServiceClient:
 
         Raises:
             ToolCallError: the service answered with an error, or (type ``timeout``) not in time.
+            pulsar.asyncio.PulsarException: the request could not be sent.
         """
         assert self._producer is not None, "call start() first"
         request_id = uuid.uuid4().hex
-        queue: asyncio.Queue[wire.Response] = asyncio.Queue()
+        queue: asyncio.Queue[wire.Response | Exception] = asyncio.Queue()
         self._pending[request_id] = queue
         try:
             async with asyncio.timeout(timeout):
-                await self._producer.send(wire.encode_request(user, config, arguments),
-                                          properties={"id": request_id})
+                hop.send(self._producer, wire.encode_request(user, config, arguments), {"id": request_id},
+                         lambda result, _: self._on_sent(queue, result))
                 while True:
                     response = await queue.get()
+                    if isinstance(response, Exception):
+                        raise response
                     if response.error:
                         raise ToolCallError(response.error["type"], response.error["message"])
                     if response.response:
@@ -140,11 +137,7 @@ class ToolServiceClient:
                                                              timeout=timeout)])
 
     async def close(self) -> None:
-        """Stop routing responses and close the producer and consumer."""
-        if self._dispatch is not None:
-            self._dispatch.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._dispatch
+        """Close the producer and the consumer (responses still arriving are dropped)."""
         for closable in (self._producer, self._consumer):
             if closable is not None:
                 with contextlib.suppress(Exception):
@@ -155,3 +148,11 @@ class ToolServiceClient:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+def _deliver(queue: asyncio.Queue[wire.Response | Exception], data: bytes) -> None:
+    """A response for a waiting call, decoded (an undecodable one is a ``bad-request`` error)."""
+    try:
+        queue.put_nowait(wire.decode_response(data))
+    except wire.BadRequest as exc:
+        queue.put_nowait(wire.Response("", True, {"type": wire.BAD_REQUEST, "message": str(exc)}))

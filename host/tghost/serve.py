@@ -3,6 +3,11 @@
 One :class:`ServiceWorker` per service: a Shared subscription ``<id>-request`` on its request
 topic, a non-batching producer on its response topic and its own worker threads. Never
 imports the directory, and never lets one service's faults stop another from answering.
+
+The hot path (docs/benchmarks.md): a request on a non-persistent topic arrives through a C++
+message listener and crosses into the event loop once (:class:`tghost.hop.Mailbox`); the reply
+goes out with the producer's ``send_async``; the request is acknowledged once the broker has
+the reply. A persistent topic is read with ``receive`` instead, one request per free slot.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from typing import Any
 import pulsar
 import pulsar.asyncio
 
-from . import executors, wire
+from . import executors, handoff, hop, wire
 from .descriptors import ToolServiceDescriptor
 from .executors.thread import ThreadExecutor
 from .hookspecs import Authorize
@@ -47,6 +52,10 @@ log = logging.getLogger(__name__)
 #: once; pulsar-client's default of 1000 lost a third of them.) A persistent topic keeps what no
 #: host has taken, so its consumer buffers nothing (size 0) and receives only when a slot is free.
 RECEIVER_QUEUE = 10_000
+#: Chunks of one stream sent before the host waits for the broker to have them all.
+STREAM_WINDOW = 64
+#: The cancel message of a request cancelled by shutdown while it waited for a slot.
+NOT_STARTED = "not started"
 
 
 @dataclass(frozen=True)
@@ -152,6 +161,12 @@ class ServiceWorker:
         self._loop_task: asyncio.Task[None] | None = None
         self._consumer: pulsar.asyncio.Consumer | None = None
         self._producer: pulsar.asyncio.Producer | None = None
+        self._mailbox: hop.Mailbox | None = None
+        self._stopping = False
+        self._client: pulsar.asyncio.Client | None = None
+        self._waiting: set[asyncio.Task[None]] = set()  # requests waiting for a slot
+        self._peers: handoff.PeerWatch | None = None
+        self._unsubscribing: asyncio.Task[None] | None = None
 
     @property
     def subscription(self) -> str:
@@ -168,28 +183,46 @@ class ServiceWorker:
         return len(self._tasks)
 
     async def start(self, client: pulsar.asyncio.Client) -> None:
-        """Create the response producer, then subscribe and start receiving.
+        """Create the response producer, start the executor, then subscribe and start receiving.
 
         Raises:
             pulsar.asyncio.PulsarException: the broker refused the producer or subscription.
         """
+        self._mailbox = hop.Mailbox(asyncio.get_running_loop())
+        self._client = client
         self._producer = await client.create_producer(
             self.descriptor.response_queue, batching_enabled=False, block_if_queue_full=True
         )
-        self._consumer = await client.subscribe(
-            self.descriptor.request_queue,
-            self.subscription,
-            consumer_type=pulsar.ConsumerType.Shared,
-            **self._consumer_options(),
-        )
         await self.executor.start()
-        self._loop_task = asyncio.create_task(self._receive_loop(), name=f"receive {self.descriptor.id}")
+        try:
+            self._consumer = await client.subscribe(
+                self.descriptor.request_queue,
+                self.subscription,
+                consumer_type=pulsar.ConsumerType.Shared,
+                **self._consumer_options(),
+            )
+        except BaseException:
+            await self.executor.close()
+            raise
+        if self.persistent:
+            self._loop_task = asyncio.create_task(self._receive_loop(), name=f"receive {self.descriptor.id}")
 
     def _consumer_options(self) -> dict[str, Any]:
         if not self.persistent:
-            return {"receiver_queue_size": RECEIVER_QUEUE}
+            return {"receiver_queue_size": RECEIVER_QUEUE, "message_listener": self._on_message}
         return {"receiver_queue_size": 0,
                 "dead_letter_policy": pulsar.ConsumerDeadLetterPolicy(self.max_redeliveries + 1)}
+
+    def _on_message(self, consumer: Any, message: Any) -> None:
+        """The C++ listener thread: hand the request to the loop (:class:`tghost.hop.Mailbox`)."""
+        self._mailbox.put(self._received, message)  # type: ignore[union-attr]
+
+    def _received(self, message: Any) -> None:
+        """A request (a raw ``_pulsar.Message``) is in: handle it in its own task."""
+        self.counters["received"] += 1
+        task = asyncio.create_task(self._handle(message))
+        self._tasks.add(task)
+        task.add_done_callback(self._finished)
 
     async def _receive_loop(self) -> None:
         assert self._consumer is not None
@@ -205,10 +238,7 @@ class ServiceWorker:
                 log.warning("service %s: receive failed (%s); retrying", self.descriptor.id, exc)
                 await asyncio.sleep(0.5)
                 continue
-            self.counters["received"] += 1
-            task = asyncio.create_task(self._handle(message))
-            self._tasks.add(task)
-            task.add_done_callback(self._finished)
+            self._received(message._message)
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
@@ -218,7 +248,7 @@ class ServiceWorker:
         if self._room is not None:
             self._room.release()
 
-    async def _handle(self, message: pulsar.Message) -> None:
+    async def _handle(self, message: Any) -> None:
         started = time.perf_counter()
         record = CallRecord(self.descriptor.id, message.properties().get("id"))
         log.debug("service %s: request %s received", self.descriptor.id, record.request_id)
@@ -229,41 +259,55 @@ class ServiceWorker:
                 record.status = UNANSWERABLE
                 log.warning("service %s: request without 'id' property cannot be answered; "
                             "acknowledged and dropped", self.descriptor.id)
+            elif self._stopping:
+                if self._peers is not None:
+                    self._peers.mine(record.request_id)
+                await self._fail(record, wire.UNAVAILABLE, f"this host stopped serving {self.descriptor.id!r} "
+                                 "(it is shutting down) before the call started; retry")
             elif self._admitted >= self.max_concurrency + self.max_queue:
                 await self._fail(record, wire.OVERLOADED, f"service {self.descriptor.id!r} has "
                                  f"{self.max_concurrency} calls running and {self.max_queue} waiting; retry later")
             else:
                 await self._admit(record, message)
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
             acknowledge = not self.persistent
-            await self._cut_off(record)
+            await self._cut_off(record, started=NOT_STARTED not in exc.args)
             raise
         except Exception:
             log.exception("service %s: could not reply to request %s", self.descriptor.id, record.request_id)
         finally:
             if acknowledge:
-                with contextlib.suppress(Exception):
-                    await self._consumer.acknowledge(message)  # type: ignore[union-attr]
+                hop.acknowledge(self._consumer._consumer, message)  # type: ignore[union-attr]
             record.duration = time.perf_counter() - started
             self._tasks.discard(asyncio.current_task())  # type: ignore[arg-type]  # answered: no longer in flight
             self._notify(record)
 
-    async def _admit(self, record: CallRecord, message: pulsar.Message) -> None:
+    async def _admit(self, record: CallRecord, message: Any) -> None:
         self._admitted += 1
+        waiting = asyncio.current_task()
         try:
-            async with self._slots:
+            self._waiting.add(waiting)  # type: ignore[arg-type]
+            try:
+                await self._slots.acquire()
+            finally:
+                self._waiting.discard(waiting)  # type: ignore[arg-type]
+            try:
                 await self._answer(record, message)
+            finally:
+                self._slots.release()
         finally:
             self._admitted -= 1
 
-    async def _cut_off(self, record: CallRecord) -> None:
-        """A call cancelled by shutdown: a persistent request goes back to the broker unanswered
-        (another host takes it when this consumer closes); any other is answered ``unavailable``."""
+    async def _cut_off(self, record: CallRecord, started: bool) -> None:
+        """A call cancelled by shutdown (``started``: in ``invoke``, else waiting for a slot): a
+        persistent request goes back to the broker unanswered (another host takes it when this
+        consumer closes); any other is answered ``unavailable``."""
         if self.persistent:
             record.status = RETURNED
         elif record.request_id is not None:
+            when = "finished" if started else "started"
             with contextlib.suppress(Exception):
-                await self._fail(record, wire.UNAVAILABLE, "the host shut down before the call finished; retry")
+                await self._fail(record, wire.UNAVAILABLE, f"the host shut down before the call {when}; retry")
 
     def _notify(self, record: CallRecord) -> None:
         for listener in self._listeners:
@@ -273,14 +317,15 @@ class ServiceWorker:
                 log.exception("service %s: call listener %r failed", self.descriptor.id, listener)
 
     async def _send(self, request_id: str, payload: bytes) -> None:
-        await self._producer.send(payload, properties={"id": request_id})  # type: ignore[union-attr]
+        """Send one reply and wait until the broker has it."""
+        await hop.receipt(self._mailbox, self._producer, payload, {"id": request_id})  # type: ignore[arg-type]
 
     async def _fail(self, record: CallRecord, error_type: str, message: str) -> None:
         """Answer the request with an error reply and record its type as the call's status."""
         record.status = error_type
         await self._send(record.request_id or "", wire.encode_error(error_type, message))
 
-    async def _answer(self, record: CallRecord, message: pulsar.Message) -> None:
+    async def _answer(self, record: CallRecord, message: Any) -> None:
         """Check the request, invoke under the timeout, and send the reply (or error)."""
         deadline = asyncio.timeout(self.timeout)
         try:
@@ -302,7 +347,7 @@ class ServiceWorker:
         log.exception("service %s: invoke raised", self.descriptor.id, exc_info=exc)
         await self._fail(record, wire.TOOL_SERVICE_ERROR, f"{type(exc).__name__}: {exc}")
 
-    def _checked(self, record: CallRecord, message: pulsar.Message) -> executors.Call:
+    def _checked(self, record: CallRecord, message: Any) -> executors.Call:
         """The call to make, once the request passes every check before ``invoke``.
 
         Raises:
@@ -331,44 +376,117 @@ class ServiceWorker:
         return request.user, request.config, self.service.check_arguments(request.arguments)
 
     async def _stream(self, request_id: str, call: executors.Call) -> None:
-        """Send one response, or for a generator one per chunk then an empty final one."""
+        """Send one response, or for a generator one per chunk then an empty final one.
+
+        Chunks go out without waiting for each receipt (one producer keeps their order); at most
+        :data:`STREAM_WINDOW` are unconfirmed at a time, and the call ends once the broker has all.
+        """
         result = await self.executor.invoke(call)
         if isinstance(result, str):
             await self._send(request_id, wire.encode_response(result))
             return
-        async with contextlib.aclosing(result):
-            async for chunk in result:
-                await self._send(request_id, wire.encode_response(chunk, False))
+        unconfirmed: list[asyncio.Future[None]] = []
+        try:
+            async with contextlib.aclosing(result):
+                async for chunk in result:
+                    unconfirmed.append(hop.receipt(self._mailbox, self._producer,  # type: ignore[arg-type]
+                                                   wire.encode_response(chunk, False), {"id": request_id}))
+                    if len(unconfirmed) >= STREAM_WINDOW:
+                        await asyncio.gather(*unconfirmed)
+                        unconfirmed.clear()
+        finally:
+            if unconfirmed:
+                await asyncio.gather(*unconfirmed, return_exceptions=True)
         await self._send(request_id, wire.encode_response("", True))
 
     async def stop_receiving(self) -> None:
-        """Stop taking new requests; in-flight ones go on."""
+        """Stop taking new requests; in-flight ones go on (see :meth:`drain`).
+
+        Every request that reached this host and did not start (waiting for a slot, or arriving
+        now) is answered ``unavailable`` at once. A non-persistent topic's request consumer is
+        closed as soon as another host is seen sharing the subscription
+        (:class:`tghost.handoff.PeerWatch`), so the broker routes new requests there; a host that
+        is the only one stays subscribed until :meth:`close` and answers them ``unavailable`` (the
+        broker would drop them otherwise). A persistent topic's requests stay with the broker, for
+        another host or this service's next start: its consumer prefetches nothing and stops
+        asking.
+        """
+        self._stopping = True
+        for task in list(self._waiting):
+            task.cancel(NOT_STARTED)
         if self._loop_task is not None:
             self._loop_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._loop_task
+        elif self._consumer is not None and self._client is not None:
+            await self._watch_peers(self._client)
 
-    async def drain(self, grace: float) -> int:
-        """Wait up to ``grace`` seconds for in-flight calls; cancel the rest. Returns how many."""
-        if self._tasks:
-            _, pending = await asyncio.wait(set(self._tasks), timeout=grace)
-            for task in pending:
-                task.cancel()
-            if pending:
-                await asyncio.wait(pending, timeout=1.0)  # let them answer 'unavailable'
-            return len(pending)
-        return 0
+    async def _watch_peers(self, client: pulsar.asyncio.Client) -> None:
+        """Without a watch (no broker now, or it does not answer in time) the consumer stays
+        subscribed and answers ``unavailable`` until :meth:`close`."""
+        if not self.is_connected():
+            return
+        self._peers = peers = handoff.PeerWatch(self._hand_off)  # told of every request from now on
+        try:
+            async with asyncio.timeout(handoff.WATCH_TIMEOUT):
+                await peers.start(client, self.descriptor.request_queue, self.subscription)
+        except Exception as exc:
+            self._peers = None
+            await peers.close()
+            log.debug("service %s: cannot watch for other hosts while draining: %r", self.descriptor.id, exc)
+
+    def _hand_off(self) -> None:
+        """Another host shares the subscription: close the request consumer now (once)."""
+        if self._unsubscribing is None:
+            log.info("service %s: another host serves it; stopped receiving its requests here", self.descriptor.id)
+            self._unsubscribing = asyncio.create_task(self._unsubscribe())
+
+    async def _unsubscribe(self) -> None:
+        """Close the request consumer, then the watch. On a hand-off this runs as the draining
+        consumer has just received a request: a Shared subscription deals requests out in turn,
+        so the next ones go to the other hosts while the close reaches the broker (a request the
+        broker sends to a consumer that is closing is dropped by the client, unanswered)."""
+        if self._consumer is not None:
+            await self._quietly("close the consumer", self._consumer.close())
+        if self._peers is not None:
+            await self._peers.close()
+
+    async def drain(self, grace: float, over: asyncio.Event | None = None) -> int:
+        """Wait up to ``grace`` seconds (or until ``over`` is set: a second Ctrl-C) for in-flight
+        calls; cancel the rest, which are answered ``unavailable`` (persistent: returned to the
+        broker). Returns how many were cancelled."""
+        if not self._tasks:
+            return 0
+        finished = asyncio.ensure_future(asyncio.wait(set(self._tasks)))
+        ended = asyncio.ensure_future((over or asyncio.Event()).wait())
+        await asyncio.wait({finished, ended}, timeout=grace, return_when=asyncio.FIRST_COMPLETED)
+        finished.cancel()
+        ended.cancel()
+        pending = [task for task in self._tasks if not task.done()]
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending, timeout=1.0)  # let them answer 'unavailable'
+        return len(pending)
 
     async def close(self) -> None:
         """Close the consumer and producer, and let go of the executor's workers (a thread still in a
         plugin runs on; worker processes stop); errors are logged, not raised."""
-        for closable in (self._consumer, self._producer):
-            if closable is not None:
-                try:
-                    await closable.close()
-                except Exception as exc:
-                    log.debug("service %s: close failed: %s", self.descriptor.id, exc)
+        if self._unsubscribing is None:
+            self._unsubscribing = asyncio.create_task(self._unsubscribe())
+        await self._unsubscribing
+        if self._tasks:  # 'unavailable' answers to requests that arrived while stopping
+            await asyncio.wait(set(self._tasks), timeout=1.0)
+        if self._producer is not None:
+            await self._quietly("flush the producer", self._producer.flush())
+            await self._quietly("close the producer", self._producer.close())
         await self.executor.close()
+
+    async def _quietly(self, what: str, closing: Any) -> None:
+        try:
+            await closing
+        except Exception as exc:
+            log.debug("service %s: could not %s: %s", self.descriptor.id, what, exc)
 
 
 class Server:
@@ -395,6 +513,7 @@ class Server:
         self.workers = self._workers(services, descriptors)
         self.watchdog: LoopWatchdog | None = None
         self._client: pulsar.asyncio.Client | None = None
+        self._grace_over = asyncio.Event()
 
     def _workers(self, services: dict[str, ToolService],
                  descriptors: dict[str, ToolServiceDescriptor]) -> list[ServiceWorker]:
@@ -432,34 +551,43 @@ class Server:
         results = await asyncio.gather(*(worker.start(self._client) for worker in workers), return_exceptions=True)
         failed = next((r for r in results if isinstance(r, BaseException)), None)
         if failed is not None:
-            await self._shut(workers, 0)
+            await self._shut(workers, 0, self._grace_over)
             raise failed
         self.workers += workers
 
     async def remove(self, service_ids: Iterable[str], grace: float | None = None) -> int:
-        """Stop serving ``service_ids`` as :meth:`stop` does for all: stop receiving, give in-flight
-        calls ``grace`` seconds (default ``settings.grace``), close. Unknown ids are ignored.
+        """Stop serving ``service_ids`` as :meth:`stop` does for all: hand off and stop receiving,
+        give in-flight calls ``grace`` seconds (default ``settings.grace``), close. Unknown ids are
+        ignored.
 
         Returns the number of calls cancelled because the grace period ran out.
         """
         ids = set(service_ids)
         leaving = [worker for worker in self.workers if worker.descriptor.id in ids]
         self.workers = [worker for worker in self.workers if worker.descriptor.id not in ids]
-        return await self._shut(leaving, self.settings.grace if grace is None else grace)
+        return await self._shut(leaving, self.settings.grace if grace is None else grace, self._grace_over)
+
+    def end_grace(self) -> None:
+        """End every grace period now, and any later one at once (a second Ctrl-C or SIGTERM):
+        calls still running are answered ``unavailable`` (persistent: returned to the broker)."""
+        self._grace_over.set()
 
     @staticmethod
-    async def _shut(workers: list[ServiceWorker], grace: float) -> int:
+    async def _shut(workers: list[ServiceWorker], grace: float, over: asyncio.Event) -> int:
         await asyncio.gather(*(w.stop_receiving() for w in workers))
-        cancelled = sum(await asyncio.gather(*(w.drain(grace) for w in workers)))
+        cancelled = sum(await asyncio.gather(*(w.drain(grace, over) for w in workers)))
         await asyncio.gather(*(w.close() for w in workers))
         return cancelled
 
     async def stop(self, grace: float | None = None) -> int:
-        """Stop receiving, let in-flight calls finish within ``grace`` seconds, then close.
+        """Stop receiving (requests that did not start are answered ``unavailable``, and another
+        host takes the new ones: see :meth:`ServiceWorker.stop_receiving`), let in-flight calls
+        finish within ``grace`` seconds or until :meth:`end_grace`, then close.
 
         Returns the number of calls cancelled because the grace period ran out.
         """
-        cancelled = await self._shut(self.workers, self.settings.grace if grace is None else grace)
+        cancelled = await self._shut(self.workers, self.settings.grace if grace is None else grace,
+                                     self._grace_over)
         if self.watchdog is not None:
             self.watchdog.stop()
         return cancelled

@@ -1,0 +1,150 @@
+"""hop: the Pulsar client's threads meet the event loop here, once per message.
+
+``pulsar.asyncio`` hops from the C++ client's threads into the loop for every receive, every
+send and every acknowledgement. The hot paths (serve, call) instead get each message from a
+C++ *message listener* and cross into the loop through a :class:`Mailbox`: one
+``call_soon_threadsafe`` per batch of messages, however many arrive while the loop is busy.
+Replies go out with the C++ producer's ``send_async``; acknowledgements need no hop at all.
+
+The functions take the ``pulsar.asyncio`` objects tghost already holds and use the C++
+objects under them (``_client``, ``_producer``, ``_consumer``: pulsar-client 3.x).
+Never knows about services, tools or the wire format.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import Callable
+from typing import Any
+
+import _pulsar
+import pulsar
+import pulsar.asyncio
+import pulsar.schema
+
+__all__ = ["Listener", "Mailbox", "acknowledge", "receipt", "send", "subscribe_listening"]
+
+#: Called on a C++ listener thread with the raw ``_pulsar.Consumer`` and ``_pulsar.Message``;
+#: must not block (hand the message to a :class:`Mailbox`).
+Listener = Callable[[Any, Any], None]
+
+_BYTES = pulsar.schema.BytesSchema()
+
+
+class Mailbox:
+    """Calls handed in from any thread, run on ``loop`` in arrival order.
+
+    :meth:`put` appends to a deque and, only when no drain is already scheduled, schedules one
+    with ``loop.call_soon_threadsafe``: a burst of messages costs one wake-up of the loop. An
+    exception in a call is the loop's exception handler's (logged); the next calls still run.
+    Calls put after the loop closed are dropped.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._calls: collections.deque[tuple[Callable[..., None], tuple[Any, ...]]] = collections.deque()
+        self._scheduled = False
+
+    def put(self, call: Callable[..., None], *args: Any) -> None:
+        """Run ``call(*args)`` on the loop soon; safe from any thread, never blocks."""
+        self._calls.append((call, args))
+        if not self._scheduled:
+            self._scheduled = True
+            try:
+                self.loop.call_soon_threadsafe(self._drain)
+            except RuntimeError:  # the loop is closed: nothing will run these
+                self._calls.clear()
+
+    def _drain(self) -> None:
+        self._scheduled = False  # before taking: a put after this schedules a new drain
+        calls = self._calls
+        while calls:
+            call, args = calls.popleft()
+            try:
+                call(*args)
+            except Exception as exc:
+                self.loop.call_exception_handler({"message": f"mailbox call {call!r} failed", "exception": exc})
+
+
+async def subscribe_listening(
+    client: pulsar.asyncio.Client,
+    topic: str,
+    subscription: str,
+    consumer_type: pulsar.ConsumerType,
+    listener: Listener,
+    receiver_queue_size: int = 1000,
+    dead_letter_policy: pulsar.ConsumerDeadLetterPolicy | None = None,
+) -> pulsar.asyncio.Consumer:
+    """Subscribe with a C++ message listener (``pulsar.asyncio`` has no such option): every
+    message goes to ``listener`` on the client's listener thread; ``receive`` is not allowed.
+
+    Returns the ``pulsar.asyncio.Consumer`` around the C++ consumer (for ``close`` and
+    ``is_connected``; its ``_consumer`` is what :func:`acknowledge` takes).
+
+    Raises:
+        pulsar.asyncio.PulsarException: the broker refused the subscription.
+    """
+    conf = _pulsar.ConsumerConfiguration()
+    conf.consumer_type(consumer_type)
+    conf.receiver_queue_size(receiver_queue_size)
+    conf.schema(_BYTES.schema_info())
+    if dead_letter_policy is not None:
+        conf.dead_letter_policy(dead_letter_policy.policy())
+    conf.message_listener(listener)
+    loop = asyncio.get_running_loop()
+    created: asyncio.Future[Any] = loop.create_future()
+    client._client.subscribe_async_v2(topic, subscription, conf,
+                                      lambda value: loop.call_soon_threadsafe(_settle, created, value))
+    return pulsar.asyncio.Consumer(await created, _BYTES)
+
+
+def _settle(future: asyncio.Future[Any], value: Any) -> None:
+    if future.done():
+        return
+    if isinstance(value, _pulsar.Error):
+        future.set_exception(pulsar.asyncio.PulsarException(value.error, value.message))
+    else:
+        future.set_result(value)
+
+
+def send(producer: pulsar.asyncio.Producer, payload: bytes, properties: dict[str, str],
+         done: Callable[[Any, Any], None] = lambda result, message_id: None) -> None:
+    """Send ``payload`` with ``properties`` without waiting: ``done(result, message_id)`` runs on
+    a C++ thread once the broker has it (``result`` is ``pulsar.Result.Ok``) or it failed.
+    Messages of one producer go out in the order sent. Blocks only when the producer's
+    queue of pending messages is full and it was created with ``block_if_queue_full``."""
+    builder = _pulsar.MessageBuilder()
+    builder.content(payload)
+    for key, value in properties.items():
+        builder.property(key, value)
+    producer._producer.send_async(builder.build(), done)
+
+
+def receipt(mailbox: Mailbox, producer: pulsar.asyncio.Producer, payload: bytes,
+            properties: dict[str, str]) -> asyncio.Future[None]:
+    """:func:`send`, and a future on the mailbox's loop that is done once the broker has the
+    message (or fails with ``pulsar.asyncio.PulsarException``); one mailbox hop."""
+    future: asyncio.Future[None] = mailbox.loop.create_future()
+    send(producer, payload, properties, lambda result, _: mailbox.put(_received, future, result))
+    return future
+
+
+def _received(future: asyncio.Future[None], result: Any) -> None:
+    if future.done():
+        return
+    if result == _pulsar.Result.Ok:
+        future.set_result(None)
+    else:
+        future.set_exception(pulsar.asyncio.PulsarException(result))
+
+
+def acknowledge(consumer: Any, message: Any) -> None:
+    """Acknowledge a raw ``_pulsar.Message`` on a raw ``_pulsar.Consumer`` without waiting (the
+    client groups acknowledgements and flushes them at close); errors are the client's to log."""
+    consumer.acknowledge_async(message, _ignore)
+
+
+def _ignore(result: Any) -> None:
+    """Acknowledgement results: the C++ client logs failures, and a persistent request that was
+    not acknowledged is delivered again (the wire contract allows a duplicate reply)."""
