@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-BENCHMARKS = ["roundtrip", "streaming", "discovery", "plugins", "scaleout", "amplifier", "isolation", "edges"]
+BENCHMARKS = ["roundtrip", "streaming", "discovery", "plugins", "scaleout", "amplifier", "isolation", "edges", "drain"]
 
 
 def main() -> None:

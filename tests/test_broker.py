@@ -155,7 +155,9 @@ async def test_the_real_client_errors_arrive_as_info(pulsar_broker: EmbeddedBrok
         with contextlib.suppress(pulsar.asyncio.PulsarException):
             await reader.has_message_available()
         async with asyncio.timeout(10):  # the C++ client logs from its own threads, a moment later
-            while not any("getLastMessageId" in r.getMessage() for r in caplog.records if r.name == "pulsar"):
+            # its DEBUG "Sending getLastMessageId" line comes first; wait for the failure's line
+            while not any("getLastMessageId" in r.getMessage() and r.levelno >= logging.INFO
+                          for r in caplog.records if r.name == "pulsar"):
                 await asyncio.sleep(0.05)
     finally:
         await client.close()

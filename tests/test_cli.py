@@ -23,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tghost.broker import EmbeddedBroker, PulsarSettings, free_port
 from tghost.cli import pulsar_options
+from tghost.serve import ServeSettings
 
 from .conftest import HostProcess, PluginDir
 from .test_discover import GREETER
@@ -210,6 +211,50 @@ def test_call_rejects_malformed_arguments_with_usage_exit_2() -> None:
     assert result.returncode == 2 and "is not KEY=VALUE" in result.stderr
 
 
+def test_call_of_a_service_neither_announced_nor_installed_fails_at_once_unless_a_topic_is_given(
+    env: dict[str, str]
+) -> None:
+    typo = tghost("call", "--service", "no-such-svc", "text=hi", env=env)
+    assert typo.returncode == 1 and typo.stdout == ""
+    assert "Error: service 'no-such-svc' is neither announced nor installed here" in typo.stderr
+    assert "--topic T" in typo.stderr
+    anyway = tghost("call", "--service", "no-such-svc", "--topic", f"nobody-{uuid.uuid4().hex[:8]}",
+                    "--timeout", "0.5", "text=hi", env=env)  # sent: nobody answers
+    assert anyway.returncode == 1 and "error: timeout: no complete answer" in anyway.stderr
+
+
+def test_call_waits_as_long_as_the_service_says_else_as_long_as_a_host_does(
+    env: dict[str, str], tmp_path: Path, host_process: Callable[..., HostProcess]
+) -> None:
+    config = tmp_path / "silent.toml"  # an external service that nobody serves, announcing a 0.5 s timeout
+    config.write_text('[external-services.silent]\nrequest-queue = "non-persistent://tg/request/silent-x"\n'
+                      'response-queue = "non-persistent://tg/response/silent-x"\ntimeout = 0.5\n'
+                      '[tools.hush]\nservice = "silent"\ndescription = "Never answers."\n')
+    host = host_process("--config", str(config), "--load-plugins", "", env=env)
+    host.wait_for("announced")
+    result = tghost("call", "hush", env=env)
+    assert result.returncode == 1 and "no complete answer from non-persistent://tg/request/silent-x within 0.5s" \
+        in result.stderr
+    host.process.send_signal(signal.SIGINT)
+    assert host.finish() == 0
+    unannounced = tghost("call", "--help", env=env).stdout
+    assert f"else {ServeSettings.timeout:g}, a host's default" in " ".join(unannounced.split())
+    assert ServeSettings.timeout == ServeSettings().timeout  # the default the host serves with
+
+
+@pytest.mark.parametrize("option", [("--config", "style=pun"), ("--topic", "joke")])
+def test_call_of_a_tool_with_a_service_option_is_a_usage_error_saying_what_to_use(option: tuple[str, str]) -> None:
+    result = tghost("call", "tell-joke", *option, "topic=cats")
+    assert result.returncode == 2
+    assert f"{option[0]} goes with --service, not with a tool name" in result.stderr
+    assert f"tghost call --service ID {option[0]}" in result.stderr
+
+
+def test_call_refuses_an_argument_given_twice() -> None:
+    result = tghost("call", "tell-joke", "topic=cats", "topic:=\"dogs\"")
+    assert result.returncode == 2 and "'topic' is given twice" in result.stderr
+
+
 def test_tools_json_lists_what_a_running_host_announced(env: dict[str, str],
                                                         host_process: Callable[..., HostProcess]) -> None:
     host = host_process("--host-id", "alpha", env=env)
@@ -218,6 +263,10 @@ def test_tools_json_lists_what_a_running_host_announced(env: dict[str, str],
     assert set(tools) == {"echo", "unhurried", "failing", "ask-staff"}
     assert tools["ask-staff"]["service"] == "kb" and tools["ask-staff"]["providers"] == ["alpha"]
     assert tools["ask-staff"]["config"] == {"collection": "staff"} and tools["ask-staff"]["group"] == ["hr"]
+    assert tools["ask-staff"]["collection"] == "staff"  # the whole descriptor: config values at the top level
+    assert tools["ask-staff"]["input-schema"] == {
+        "type": "object", "title": "lookupArguments", "additionalProperties": False, "required": ["question"],
+        "properties": {"question": {"type": "string", "title": "Question"}}}
     assert [row["name"] for row in json.loads(tghost("tools", "--json", "--group", "hr", env=env).stdout)] == [
         "ask-staff"]
     table = tghost("tools", env=env).stdout

@@ -94,6 +94,37 @@ def test_an_invalid_descriptor_names_the_plugin_and_field(plugin_dir: PluginDir)
     assert "double" in catalog.services
 
 
+@pytest.mark.parametrize(("register", "named"), [
+    ('register(search.tool("bad name", collection="a"))',
+     "plugin 'badname': service 'kb': tool 'bad name': field 'name'"),
+    ('register({"name": "bad name", "description": "B", "service": "kb", "collection": "b"})',
+     "plugin 'badname': tool 'bad name': field 'name'"),
+    # A plugin that catches the error is reported all the same.
+    ('try:\n        register({"name": "bad name", "description": "B", "service": "kb"})\n'
+     '    except ValueError:\n        pass', "plugin 'badname': tool 'bad name': field 'name'"),
+    ("register(42)", "plugin 'badname': register() takes a ToolService or @tghost.tool function, got 42"),
+])
+def test_a_descriptor_error_is_one_line_naming_plugin_tool_and_field_however_registered(
+    plugin_dir: PluginDir, caplog: pytest.LogCaptureFixture, register: str, named: str,
+) -> None:
+    hook = "tghost_register_services" if "42" in register else "tghost_register_tools"
+    source = KB.replace("@tghost.hookimpl\ndef tghost_register_tools(register):", "def unused(register):")
+    plugin_dir.add("badname", source + f"\n@tghost.hookimpl\ndef {hook}(register):\n    {register}\n"
+                   if hook == "tghost_register_tools" else GOOD.replace("register(double)", register))
+    with caplog.at_level("ERROR", logger="tghost.discover"):
+        [report] = discover(plugin_dir.entry_points()).plugins
+    [error] = report.errors
+    assert error.startswith(named) and "\n" not in error
+    assert "raised" not in error and report.tracebacks == []  # the plugin's own code raised nothing
+    assert [r.getMessage() for r in caplog.records] == [error]  # the log line is the same one line
+
+
+def test_a_plugin_that_raises_is_reported_as_raised_with_its_traceback(plugin_dir: PluginDir) -> None:
+    plugin_dir.add("raiser", GOOD.replace("register(double)", "raise KeyError('oops')"))
+    [report] = discover(plugin_dir.entry_points()).plugins
+    assert report.errors == ["tghost_register_services raised KeyError: 'oops'"] and report.tracebacks
+
+
 def test_registering_something_that_is_not_a_service_is_reported(plugin_dir: PluginDir) -> None:
     plugin_dir.add("notservice", GOOD.replace("register(double)", "register(42)"))
     [report] = discover(plugin_dir.entry_points()).plugins

@@ -6,7 +6,9 @@ started here is stopped at the end of its test, and none uses the default port o
 from __future__ import annotations
 
 import contextlib
+import io
 import json
+import logging
 import os
 import queue
 import signal
@@ -16,10 +18,12 @@ import sys
 import threading
 import time
 import urllib.request
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pulsar
 import pytest
 
 from tghost import embedded
@@ -371,3 +375,25 @@ def test_the_broker_log_is_rotated_and_capped(tmp_path: Path, monkeypatch: pytes
     assert [p.name for p in logs] == ["broker.log", "broker.log.1", "broker.log.2"]
     longest_line = max(len(line) + 1 for p in logs for line in p.read_text().splitlines())
     assert all(p.stat().st_size <= 400 + longest_line for p in logs)
+
+
+def test_routine_pulsar_lite_warnings_stay_in_its_log_and_off_the_terminal(tmp_path: Path) -> None:
+    """pulsar-lite warns 'No dispatcher found for subscription' for each message published after a
+    reader went (every 'tghost tools' or 'tghost call' leaves two, and each heartbeat then warns):
+    the foreground broker keeps them in its log and out of its terminal."""
+    terminal = io.StringIO()
+    with EmbeddedBroker(tmp_path, free_port(), echo=terminal) as broker:
+        client = pulsar.Client(broker.url, logger=logging.getLogger("test.pulsar"))
+        try:
+            topic = f"persistent://tg/test/readers-{uuid.uuid4().hex[:8]}"
+            producer = client.create_producer(topic, batching_enabled=False)
+            producer.send(b"one")
+            reader = client.create_reader(topic, pulsar.MessageId.earliest)
+            assert reader.read_next(10_000).data() == b"one"
+            reader.close()
+            producer.send(b"two")  # pulsar-lite still looks for the closed reader's dispatcher
+        finally:
+            client.close()
+        assert until(lambda: "No dispatcher found for subscription" in broker.log_path.read_text())
+    assert "started pulsar-lite pid" in terminal.getvalue()  # what is not routine still shows
+    assert "No dispatcher found" not in terminal.getvalue(), terminal.getvalue()

@@ -13,24 +13,48 @@ from pathlib import Path
 from tghost.broker import EmbeddedBroker
 
 from .conftest import HostProcess
+from .test_docs import block, commands
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+#: The README's commands for the example agent (section "Announcements and the tool directory").
+AGENT = ".venv/bin/tghost run --config examples/tools.toml &   # plus a config-declared tool"
 
 
 def test_the_example_agent_follows_the_seed_001_workflow(
     pulsar_broker: EmbeddedBroker, tmp_path: Path, host_process: Callable[..., HostProcess]
 ) -> None:
+    (run, _), (agent_argv, _) = commands("README.md", AGENT)
+    assert run[:4] == [sys.executable, "-m", "tghost", "run"] and agent_argv == [sys.executable, "examples/agent.py"]
     env = {**os.environ, "TGHOST_PULSAR_URL": pulsar_broker.url, "XDG_CONFIG_HOME": str(tmp_path),
            "TGHOST_DESCRIPTORS_TOPIC": f"persistent://tg/config/agent-{uuid.uuid4().hex[:8]}"}
-    host = host_process("--config", str(EXAMPLES / "tools.toml"), env=env)
+    host = host_process(*run[4:], env=env, cwd=EXAMPLES.parent)
     host.wait_for("announced")
-    agent = subprocess.run([sys.executable, str(EXAMPLES / "agent.py")], env=env, capture_output=True,
-                           text=True, timeout=60)
+    agent = subprocess.run(agent_argv, env=env, capture_output=True, text=True, timeout=60, cwd=EXAMPLES.parent)
     assert agent.returncode == 0, agent.stderr
     out = agent.stdout
     assert "query-orders" in out.splitlines()[0]  # the config-declared tool was discovered too
     assert "called query-customers(" in out and "state 'undefined' -> 'analysis'" in out
     assert "called calculate(" in out and "-> '15960'" in out and "state 'analysis' -> 'results'" in out
     assert "in state 'results': stopping" in out  # knowledge tools are not offered in "results"
+    host.process.send_signal(signal.SIGINT)
+    assert host.finish() == 0
+
+
+def test_the_readme_tools_file_adds_a_tool_over_a_plugins_service(
+    pulsar_broker: EmbeddedBroker, tmp_path: Path, host_process: Callable[..., HostProcess]
+) -> None:
+    config = tmp_path / "tools.toml"
+    config.write_text(block("README.md", "# tools.toml"))
+    env = {**os.environ, "TGHOST_PULSAR_URL": pulsar_broker.url, "XDG_CONFIG_HOME": str(tmp_path),
+           "TGHOST_LOAD_PLUGINS": "knowledge",
+           "TGHOST_DESCRIPTORS_TOPIC": f"persistent://tg/config/tools-{uuid.uuid4().hex[:8]}"}
+    host = host_process("--config", str(config), env=env)
+    host.wait_for("config .*: added tools query-orders")
+    host.wait_for("announced")
+    called = subprocess.run([sys.executable, "-m", "tghost", "call", "query-orders", "question=late delivery",
+                             "--group", "knowledge"], env=env, capture_output=True, text=True, timeout=60)
+    assert called.returncode == 0 and "[1] " in called.stdout, called.stdout + called.stderr
     host.process.send_signal(signal.SIGINT)
     assert host.finish() == 0

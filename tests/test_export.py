@@ -108,14 +108,15 @@ def test_trustgraph_export_with_a_group_holds_only_that_groups_tools_and_their_s
     assert set(config["tool"]) == {"forecast"} and set(config["tool-service"]) == {"weather"}
 
 
-def test_openai_export_builds_parameters_from_the_arguments_list_or_the_schema(live: dict[str, str]) -> None:
+def test_openai_export_gives_the_schema_the_host_checks_for_an_arguments_list_or_a_signature(
+        live: dict[str, str]) -> None:
     definitions = {d["function"]["name"]: d for d in export(live, "--format", "openai")}
     assert set(definitions) == {"forecast", "greet"}
     assert all(d["type"] == "function" for d in definitions.values())
     forecast = definitions["forecast"]["function"]
     assert forecast["description"] == "Forecast the weather in a city."
     assert forecast["parameters"] == {
-        "type": "object", "required": ["city", "days"],
+        "type": "object", "required": ["city", "days"], "additionalProperties": False,
         "properties": {"city": {"type": "string", "description": "The city."},
                        "days": {"type": "integer", "description": "Days ahead."}}}
     greet = definitions["greet"]["function"]["parameters"]
@@ -123,6 +124,8 @@ def test_openai_export_builds_parameters_from_the_arguments_list_or_the_schema(l
     jsonschema.validate({"name": "Ada"}, greet)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({}, greet)
+    with pytest.raises(jsonschema.ValidationError):  # unknown arguments are refused, as the host refuses them
+        jsonschema.validate({"name": "Ada", "mood": "sunny"}, greet)
 
 
 def test_mcp_export_lists_tool_objects_filtered_by_group(live: dict[str, str]) -> None:

@@ -21,6 +21,7 @@ from tghost.scaffold import BadPluginName, PluginNames
 
 from .conftest import HostProcess
 from .test_cli import READY, tghost
+from .test_docs import commands
 
 #: pip, with no look at an index for its own new version: tests stay offline, and stderr stays pip's answer.
 OFFLINE_PIP = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
@@ -57,34 +58,52 @@ def test_new_refuses_to_overwrite_a_plugin_without_force(tmp_path: Path) -> None
     assert "@tghost.tool" in module.read_text()
 
 
+#: The README's "Write your first tool" session, run as written (tests/test_docs.py).
+FIRST_TOOL = "$ . .venv/bin/activate                  # tghost and its python on PATH"
+
+
 def test_generated_plugin_installs_passes_its_own_test_and_serves(
     tmp_path: Path, pulsar_broker: EmbeddedBroker, host_process: Callable[..., HostProcess]
 ) -> None:
-    made = tghost("new", "demo", "--dir", str(tmp_path))
-    assert made.returncode == 0, made.stderr
-    root = tmp_path / "tghost-demo"
-    assert f"cd {root}" in made.stdout and "tghost call demo-word-count" in made.stdout
-    assert sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()) == [
-        "README.md", "pyproject.toml", "tests/test_demo.py", "tghost_demo/__init__.py"]
+    activate, run, new, cd, install, own_test_run, (call, shown) = commands("README.md", FIRST_TOOL)
+    tghost_cmd = [sys.executable, "-m", "tghost"]
+    assert activate[0] == [".", ".venv/bin/activate"] and run[0] == [*tghost_cmd, "run", "--watch-plugins"]
+    assert install[0] == [*tghost_cmd, "install", "-e", ".[test]"]
+    assert own_test_run[0] == [sys.executable, "-m", "pytest"]
+    name = new[0][4]
+    names = PluginNames.parse(name)
+    assert cd[0] == ["cd", names.dist] and call[:5] == [*tghost_cmd, "call", names.tool]
 
     site = tmp_path / "site"  # a private install target: the test venv stays as it was
+    site.mkdir()
+    examples = ",".join(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
+    env = _env(site, pulsar_broker, tmp_path, TGHOST_DISABLE_PLUGINS=examples)
+    host = host_process(*run[0][len(tghost_cmd) + 1:], "--watch-interval", "0.5", "--log-level", "info", env=env)
+    host.wait_for(READY)
+
+    made = tghost(*new[0][len(tghost_cmd):], "--dir", str(tmp_path))
+    assert made.returncode == 0, made.stderr
+    root = tmp_path / names.dist
+    assert f"cd {root}" in made.stdout and f"tghost call {names.tool}" in made.stdout
+    assert sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()) == [
+        "README.md", "pyproject.toml", f"tests/test_{names.module.removeprefix('tghost_')}.py",
+        f"{names.module}/__init__.py"]
+
+    # Not editable, into the private target; offline.
     installed = tghost("install", "--no-index", "--no-deps", "--no-build-isolation", "--target", str(site), str(root),
                        env=OFFLINE_PIP, timeout=180)
     assert installed.returncode == 0, installed.stdout + installed.stderr
-    assert (site / "tghost_demo" / "__init__.py").is_file()
+    assert (site / names.module / "__init__.py").is_file()
 
-    examples = ",".join(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
-    env = _env(site, pulsar_broker, tmp_path, TGHOST_DISABLE_PLUGINS=examples)
-    own_test = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(root / "tests")],
+    own_test = subprocess.run([*own_test_run[0], "-q", "-p", "no:cacheprovider", str(root / "tests")],
                               cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
     assert own_test.returncode == 0, own_test.stdout + own_test.stderr
     assert "3 passed" in own_test.stdout
 
-    host = host_process("--log-level", "info", env=env)
-    host.wait_for(READY)
-    called = tghost("call", "demo-word-count", "text=the quick brown fox", env=env)
+    host.wait_for(f"installed: serving .*tools: {names.tool}")  # by the running host, no restart
+    called = subprocess.run(call, env=env, capture_output=True, text=True, timeout=60)
     assert called.returncode == 0, called.stderr
-    assert called.stdout.strip() == "4"
+    assert called.stdout == shown == "4\n"
     host.process.send_signal(signal.SIGINT)
     assert host.finish() == 0
 

@@ -16,13 +16,13 @@ import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint, entry_points
-from typing import Any
+from typing import Any, NoReturn
 
 import pluggy
 from pydantic import ValidationError
 
 from . import hookspecs
-from .descriptors import ToolDescriptor, ToolServiceDescriptor, describe_validation_error
+from .descriptors import DescriptorError, ToolDescriptor, ToolServiceDescriptor, describe_validation_error
 from .service import ToolService
 
 __all__ = [
@@ -33,6 +33,7 @@ __all__ = [
     "PluginSelection",
     "authorizer",
     "catalog_of",
+    "catalog_of_plugin",
     "discover",
 ]
 
@@ -81,11 +82,14 @@ class PluginReport:
         return "failed" if self.failed else "loaded"
 
     def fail(self, message: str, exc: BaseException | None = None) -> None:
-        """Record an error (and its traceback); log it with the plugin's name."""
+        """Record an error as one line (and the traceback of ``exc``, the exception the plugin's
+        own code raised, if any); log it with the plugin's name, once."""
+        message = " ".join(line.strip() for line in message.splitlines() if line.strip())
         self.errors.append(message)
         if exc is not None:
             self.tracebacks.append("".join(traceback.format_exception(exc)))
-        log.error("plugin %r: %s", self.name, message, exc_info=exc)
+        named = message if message.startswith(f"plugin {self.name!r}: ") else f"plugin {self.name!r}: {message}"
+        log.error("%s", named, exc_info=exc)
 
     def origin_json(self) -> dict[str, Any]:
         """Where an announced descriptor came from: entry point, distribution, version."""
@@ -159,6 +163,8 @@ class PluginSelection:
 class _Contribution:
     services: list[tuple[ToolService, ToolServiceDescriptor]] = field(default_factory=list)
     tools: list[ToolDescriptor] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    """Descriptor errors ``register()`` found, one line each, even if the plugin caught the raise."""
 
 
 @dataclass
@@ -221,8 +227,7 @@ def discover(
         PluginLoadError: ``strict`` (default: ``TGHOST_STRICT_PLUGINS=1``) and any plugin failed.
     """
     selection = selection or PluginSelection.from_settings()
-    pm = pluggy.PluginManager("tghost")
-    pm.add_hookspecs(hookspecs)
+    pm = _plugin_manager()
     installed = sorted(entry_points(group=ENTRY_POINT_GROUP) if eps is None else eps,
                        key=lambda ep: ep.name)
     blocked = [_blocked(ep, reason) for ep in installed if (reason := selection.blocked_reason(ep.name))]
@@ -232,23 +237,58 @@ def discover(
     added = _add_plugins(pm, reports, selection, config or {})
     blocked += [report for report in added if report.blocked is not None]
     reports |= {report.name: report for report in added if report.blocked is None}
-    contributions = _call_hooks(pm, reports)
     missing = selection.missing([*(ep.name for ep in installed), *(report.name for report in added)])
-    catalog = Catalog(plugins=sorted([*reports.values(), *blocked, *missing], key=lambda r: r.name))
-    for name, contribution in contributions.items():
-        _admit(catalog, reports[name], contribution)
-    _check_tool_references(catalog)
+    catalog = _assemble(pm, reports, [*blocked, *missing])
     roots = {report.name: report for report in catalog.plugins}
     for sid, service in catalog.services.items():
         origin = catalog.service_origin[sid]
         _mark_entry_point(service, roots.get(origin.added_by or origin.name, origin), config or {})
-    catalog.authorize = authorizer((impl.plugin_name, impl.function)
-                                   for impl in pm.hook.tghost_authorize.get_hookimpls())
-    catalog.shutdown_hooks = [(impl.plugin_name, impl.function) for impl in pm.hook.tghost_shutdown.get_hookimpls()]
     failures = [f"{r.name}: {e}" for r in catalog.plugins for e in r.errors]
     if failures and (_strict_from_env() if strict is None else strict):
         catalog.shutdown()
         raise PluginLoadError("TGHOST_STRICT_PLUGINS is set and plugins failed:\n" + "\n".join(failures))
+    return catalog
+
+
+def _plugin_manager() -> pluggy.PluginManager:
+    pm = pluggy.PluginManager("tghost")
+    pm.add_hookspecs(hookspecs)
+    return pm
+
+
+def _assemble(pm: pluggy.PluginManager, reports: dict[str, PluginReport], others: Iterable[PluginReport]) -> Catalog:
+    """Call the registration hooks of the registered plugins (``reports``, by name) and admit
+    what they contribute into a catalog that also lists ``others`` (blocked or missing plugins),
+    with their ``tghost_authorize`` and ``tghost_shutdown`` hooks."""
+    contributions = _call_hooks(pm, reports)
+    catalog = Catalog(plugins=sorted([*reports.values(), *others], key=lambda r: r.name))
+    for name, contribution in contributions.items():
+        _admit(catalog, reports[name], contribution)
+    _check_tool_references(catalog)
+    catalog.authorize = authorizer((impl.plugin_name, impl.function)
+                                   for impl in pm.hook.tghost_authorize.get_hookimpls())
+    catalog.shutdown_hooks = [(impl.plugin_name, impl.function) for impl in pm.hook.tghost_shutdown.get_hookimpls()]
+    return catalog
+
+
+def catalog_of_plugin(plugin: object, name: str | None = None) -> Catalog:
+    """The catalog one plugin contributes, loaded as :func:`discover` loads an entry point's
+    module: its ``tghost_register_services`` and ``tghost_register_tools`` hooks (tools and their
+    config values included), ``tghost_authorize`` and ``tghost_shutdown``. For tests: no entry
+    point, no install. ``plugin`` is the module (or any object) with the hook implementations;
+    ``name`` defaults to its ``__name__``. ``tghost_register_plugins`` is not called.
+
+    Raises:
+        ValueError: the plugin failed to register; the message is its errors, one line each.
+    """
+    pm = _plugin_manager()
+    plugin_name = name or str(getattr(plugin, "__name__", type(plugin).__name__))
+    pm.register(plugin, name=plugin_name)
+    catalog = _assemble(pm, {plugin_name: PluginReport(plugin_name, "(in process)")}, [])
+    errors = [error for report in catalog.plugins for error in report.errors]
+    if errors:
+        catalog.shutdown()
+        raise ValueError("; ".join(errors))
     return catalog
 
 
@@ -427,8 +467,15 @@ def _call_hooks(
             kwargs = {"register": registrar(report, pending)}
             try:
                 impl.function(*(kwargs[arg] for arg in impl.argnames))
+            except DescriptorError as exc:  # a bad descriptor, from register() or service.tool(): not a raise
+                pending.errors = pending.errors or [str(exc)]
             except Exception as exc:
                 report.fail(f"{hook_name} raised {type(exc).__name__}: {exc}", exc)
+                contributions.pop(impl.plugin_name, None)
+                continue
+            if pending.errors:
+                for error in pending.errors:
+                    report.fail(f"plugin {report.name!r}: {error}; plugin skipped")
                 contributions.pop(impl.plugin_name, None)
                 continue
             contributions[impl.plugin_name].services += pending.services
@@ -439,15 +486,14 @@ def _call_hooks(
 def _service_registrar(report: PluginReport, into: _Contribution) -> Callable[[Any], None]:
     def register(service: Any) -> None:
         if not isinstance(service, ToolService):
-            raise TypeError(f"register() takes a ToolService or @tghost.tool function, got {service!r}")
-        origin = f"plugin '{report.name}': service '{getattr(service, 'id', '?')}'"
+            _refuse(into, f"register() takes a ToolService or @tghost.tool function, got {service!r}")
         try:
             descriptor = service.descriptor
             if descriptor.version is None and report.version:
                 descriptor = descriptor.model_copy(update={"version": report.version})
             defaults = service.default_tools()
-        except ValidationError as exc:
-            raise describe_validation_error(exc, origin) from None
+        except DescriptorError as exc:
+            _refuse(into, str(exc))
         into.services.append((service, descriptor))
         into.tools.extend(defaults)
 
@@ -459,13 +505,19 @@ def _tool_registrar(report: PluginReport, into: _Contribution) -> Callable[[Any]
         if isinstance(tool, ToolDescriptor):
             into.tools.append(tool)
             return
-        origin = f"plugin '{report.name}': tool '{tool.get('name', '?') if isinstance(tool, dict) else '?'}'"
+        origin = f"tool '{tool.get('name', '?') if isinstance(tool, dict) else '?'}'"
         try:
             into.tools.append(ToolDescriptor.model_validate(tool))
         except ValidationError as exc:
-            raise describe_validation_error(exc, origin) from None
+            _refuse(into, str(describe_validation_error(exc, origin)))
 
     return register
+
+
+def _refuse(into: _Contribution, message: str) -> NoReturn:
+    """Note a descriptor error (one line) and raise it into the plugin's hook, which ends there."""
+    into.errors.append(message)
+    raise DescriptorError(message)
 
 
 def _admit(catalog: Catalog, report: PluginReport, contribution: _Contribution) -> None:

@@ -1,6 +1,6 @@
 """embedded: the local pulsar-lite broker's life. Starts it in the foreground or detached (its own
 session, shared by every process on its URL, outliving whoever started it), finds it by the record
-in its data directory, and stops it (DESIGN.md, "The broker").
+in its data directory, and stops it (README.md, "The broker").
 
 Never opens a Pulsar client: it knows ports, processes and files.
 """
@@ -442,6 +442,8 @@ class EmbeddedBroker:
         if self._pump is not None:
             self._pump.close()
             self._pump = None
+        if self.process is not None and self.process.stdout is not None:
+            self.process.stdout.close()  # read to its end by the pump; unclosed, it warns (ResourceWarning)
         if self._lock is not None:
             self._lock.release()
             self._lock = None
@@ -453,9 +455,17 @@ class EmbeddedBroker:
         self.stop()
 
 
+#: pulsar-lite 0.2.0 warnings that are routine, not a problem: kept in ``broker.log``, never
+#: echoed to a terminal. It warns once per message published to a topic whose reader has gone
+#: (every directory's readers: each ``tghost tools`` or ``tghost call`` leaves two, and each
+#: heartbeat after it then warns).
+ROUTINE_WARNINGS = ("No dispatcher found for subscription 'reader-",)
+
+
 class _LogPump:
     """Copies pulsar-lite's output into ``broker.log`` (rotated by ``RotatingFileHandler``) in a
-    daemon thread, keeping the last lines for error messages."""
+    daemon thread, keeping the last lines for error messages; echoes every line but the
+    :data:`ROUTINE_WARNINGS`."""
 
     def __init__(self, source: IO[bytes], path: Path, echo: IO[str] | None) -> None:
         self._handler = logging.handlers.RotatingFileHandler(path, maxBytes=LOG_MAX_BYTES, backupCount=LOG_BACKUPS)
@@ -474,7 +484,7 @@ class _LogPump:
 
     def write(self, line: str) -> None:
         self._handler.handle(logging.makeLogRecord({"msg": line, "levelno": logging.INFO}))
-        if self._echo is not None:
+        if self._echo is not None and not any(routine in line for routine in ROUTINE_WARNINGS):
             with contextlib.suppress(OSError, ValueError):
                 print(line, file=self._echo, flush=True)
 

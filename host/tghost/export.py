@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from .arguments import schema_of_arguments
 from .descriptors import ToolDescriptor
 from .directory import DirectoryTool, ToolDirectory
 
@@ -29,17 +30,11 @@ def select_tools(
 
 def input_schema(tool: ToolDescriptor) -> dict[str, Any]:
     """The JSON Schema (draft 2020-12 object schema) of the tool's arguments: its ``input-schema``
-    if it has one, else built from its seed 000 ``arguments`` list, every argument required,
-    each property carrying the argument's ``type`` and (if not empty) ``description``."""
+    if it has one (a tghost host announces the schema it checks, :attr:`tghost.ToolService.arguments_schema`),
+    else built from its seed 000 ``arguments`` list (:func:`tghost.arguments.schema_of_arguments`)."""
     if tool.input_schema is not None:
         return dict(tool.input_schema)
-    properties: dict[str, Any] = {}
-    for argument in tool.arguments:
-        prop: dict[str, Any] = {"type": argument.type}
-        if argument.description:
-            prop["description"] = argument.description
-        properties[argument.name] = prop
-    return {"type": "object", "properties": properties, "required": [a.name for a in tool.arguments]}
+    return schema_of_arguments(tool.arguments)
 
 
 def title(tool: ToolDescriptor) -> str:

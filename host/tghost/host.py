@@ -42,6 +42,15 @@ def _log_catalog(catalog: Catalog, url: str) -> None:
              len(catalog.descriptors) + len(catalog.external), len(catalog.tools), url)
 
 
+def _on_signal(stop: asyncio.Event, server: Server) -> None:
+    """The first SIGINT/SIGTERM stops the host; a second one ends the grace period now."""
+    if not stop.is_set():
+        stop.set()
+        return
+    log.warning("second signal: ending the grace period now; calls still running are answered 'unavailable'")
+    server.end_grace()
+
+
 async def run_host(
     catalog: Catalog,
     pulsar_settings: PulsarSettings,
@@ -57,8 +66,11 @@ async def run_host(
     SIGINT/SIGTERM arrives.
 
     On stop the host first withdraws its announcements, so agents stop routing to it, then
-    stops taking requests, gives in-flight calls ``serve_settings.grace`` seconds, and
-    closes. Returns the number of calls cancelled at the end of the grace. ``listeners`` get
+    stops taking requests (answering those that did not start ``unavailable``, and leaving new
+    ones to the other hosts: :meth:`tghost.serve.Server.stop`), gives in-flight calls
+    ``serve_settings.grace`` seconds, and closes. A second SIGINT/SIGTERM ends the grace at once
+    (:meth:`tghost.serve.Server.end_grace`). Returns the number of calls cancelled at the end
+    of the grace. ``listeners`` get
     every call's record (metrics, audit); ``monitor`` watches the host once it serves. With
     ``watch``, plugins installed or uninstalled meanwhile are served or withdrawn live
     (:class:`tghost.watch.PluginWatcher`; ``catalog`` changes with them).
@@ -68,11 +80,11 @@ async def run_host(
         pulsar.asyncio.PulsarException: the broker refused a subscription or producer.
     """
     stop = stop or asyncio.Event()
+    server = Server(catalog.services, catalog.descriptors, serve_settings, listeners, authorize=catalog.authorize)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, _on_signal, stop, server)
     client = await pulsar_settings.connect()
-    server = Server(catalog.services, catalog.descriptors, serve_settings, listeners, authorize=catalog.authorize)
     try:
         await server.start(client)
         _log_catalog(catalog, pulsar_settings.url)
@@ -86,7 +98,8 @@ async def run_host(
             await watcher.stop()
         if announcer is not None:
             await announcer.withdraw()
-        log.info("stopping: no new requests; waiting up to %ss for %d in-flight call(s)",
+        log.info("stopping: no new requests; waiting up to %ss for %d in-flight call(s) (a second Ctrl-C ends "
+                 "the wait)",
                  serve_settings.grace, sum(w.in_flight for w in server.workers))
         cancelled = await server.stop()
         if cancelled:

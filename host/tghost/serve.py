@@ -23,7 +23,7 @@ from typing import Any
 import pulsar
 import pulsar.asyncio
 
-from . import executors, hop, wire
+from . import executors, handoff, hop, wire
 from .descriptors import ToolServiceDescriptor
 from .executors.thread import ThreadExecutor
 from .hookspecs import Authorize
@@ -54,6 +54,8 @@ log = logging.getLogger(__name__)
 RECEIVER_QUEUE = 10_000
 #: Chunks of one stream sent before the host waits for the broker to have them all.
 STREAM_WINDOW = 64
+#: The cancel message of a request cancelled by shutdown while it waited for a slot.
+NOT_STARTED = "not started"
 
 
 @dataclass(frozen=True)
@@ -161,6 +163,10 @@ class ServiceWorker:
         self._producer: pulsar.asyncio.Producer | None = None
         self._mailbox: hop.Mailbox | None = None
         self._stopping = False
+        self._client: pulsar.asyncio.Client | None = None
+        self._waiting: set[asyncio.Task[None]] = set()  # requests waiting for a slot
+        self._peers: handoff.PeerWatch | None = None
+        self._unsubscribing: asyncio.Task[None] | None = None
 
     @property
     def subscription(self) -> str:
@@ -183,6 +189,7 @@ class ServiceWorker:
             pulsar.asyncio.PulsarException: the broker refused the producer or subscription.
         """
         self._mailbox = hop.Mailbox(asyncio.get_running_loop())
+        self._client = client
         self._producer = await client.create_producer(
             self.descriptor.response_queue, batching_enabled=False, block_if_queue_full=True
         )
@@ -253,6 +260,8 @@ class ServiceWorker:
                 log.warning("service %s: request without 'id' property cannot be answered; "
                             "acknowledged and dropped", self.descriptor.id)
             elif self._stopping:
+                if self._peers is not None:
+                    self._peers.mine(record.request_id)
                 await self._fail(record, wire.UNAVAILABLE, f"this host stopped serving {self.descriptor.id!r} "
                                  "(it is shutting down) before the call started; retry")
             elif self._admitted >= self.max_concurrency + self.max_queue:
@@ -260,9 +269,9 @@ class ServiceWorker:
                                  f"{self.max_concurrency} calls running and {self.max_queue} waiting; retry later")
             else:
                 await self._admit(record, message)
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
             acknowledge = not self.persistent
-            await self._cut_off(record)
+            await self._cut_off(record, started=NOT_STARTED not in exc.args)
             raise
         except Exception:
             log.exception("service %s: could not reply to request %s", self.descriptor.id, record.request_id)
@@ -275,20 +284,30 @@ class ServiceWorker:
 
     async def _admit(self, record: CallRecord, message: Any) -> None:
         self._admitted += 1
+        waiting = asyncio.current_task()
         try:
-            async with self._slots:
+            self._waiting.add(waiting)  # type: ignore[arg-type]
+            try:
+                await self._slots.acquire()
+            finally:
+                self._waiting.discard(waiting)  # type: ignore[arg-type]
+            try:
                 await self._answer(record, message)
+            finally:
+                self._slots.release()
         finally:
             self._admitted -= 1
 
-    async def _cut_off(self, record: CallRecord) -> None:
-        """A call cancelled by shutdown: a persistent request goes back to the broker unanswered
-        (another host takes it when this consumer closes); any other is answered ``unavailable``."""
+    async def _cut_off(self, record: CallRecord, started: bool) -> None:
+        """A call cancelled by shutdown (``started``: in ``invoke``, else waiting for a slot): a
+        persistent request goes back to the broker unanswered (another host takes it when this
+        consumer closes); any other is answered ``unavailable``."""
         if self.persistent:
             record.status = RETURNED
         elif record.request_id is not None:
+            when = "finished" if started else "started"
             with contextlib.suppress(Exception):
-                await self._fail(record, wire.UNAVAILABLE, "the host shut down before the call finished; retry")
+                await self._fail(record, wire.UNAVAILABLE, f"the host shut down before the call {when}; retry")
 
     def _notify(self, record: CallRecord) -> None:
         for listener in self._listeners:
@@ -381,31 +400,81 @@ class ServiceWorker:
         await self._send(request_id, wire.encode_response("", True))
 
     async def stop_receiving(self) -> None:
-        """Stop taking new requests; in-flight ones go on. A persistent topic's requests stay with
-        the broker (for another host); one that still arrives on a non-persistent topic's
-        subscription before :meth:`close` is answered ``unavailable`` at once."""
+        """Stop taking new requests; in-flight ones go on (see :meth:`drain`).
+
+        Every request that reached this host and did not start (waiting for a slot, or arriving
+        now) is answered ``unavailable`` at once. A non-persistent topic's request consumer is
+        closed as soon as another host is seen sharing the subscription
+        (:class:`tghost.handoff.PeerWatch`), so the broker routes new requests there; a host that
+        is the only one stays subscribed until :meth:`close` and answers them ``unavailable`` (the
+        broker would drop them otherwise). A persistent topic's requests stay with the broker, for
+        another host or this service's next start: its consumer prefetches nothing and stops
+        asking.
+        """
         self._stopping = True
+        for task in list(self._waiting):
+            task.cancel(NOT_STARTED)
         if self._loop_task is not None:
             self._loop_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._loop_task
+        elif self._consumer is not None and self._client is not None:
+            await self._watch_peers(self._client)
 
-    async def drain(self, grace: float) -> int:
-        """Wait up to ``grace`` seconds for in-flight calls; cancel the rest. Returns how many."""
-        if self._tasks:
-            _, pending = await asyncio.wait(set(self._tasks), timeout=grace)
-            for task in pending:
-                task.cancel()
-            if pending:
-                await asyncio.wait(pending, timeout=1.0)  # let them answer 'unavailable'
-            return len(pending)
-        return 0
+    async def _watch_peers(self, client: pulsar.asyncio.Client) -> None:
+        """Without a watch (no broker now, or it does not answer in time) the consumer stays
+        subscribed and answers ``unavailable`` until :meth:`close`."""
+        if not self.is_connected():
+            return
+        self._peers = peers = handoff.PeerWatch(self._hand_off)  # told of every request from now on
+        try:
+            async with asyncio.timeout(handoff.WATCH_TIMEOUT):
+                await peers.start(client, self.descriptor.request_queue, self.subscription)
+        except Exception as exc:
+            self._peers = None
+            await peers.close()
+            log.debug("service %s: cannot watch for other hosts while draining: %r", self.descriptor.id, exc)
+
+    def _hand_off(self) -> None:
+        """Another host shares the subscription: close the request consumer now (once)."""
+        if self._unsubscribing is None:
+            log.info("service %s: another host serves it; stopped receiving its requests here", self.descriptor.id)
+            self._unsubscribing = asyncio.create_task(self._unsubscribe())
+
+    async def _unsubscribe(self) -> None:
+        """Close the request consumer, then the watch. On a hand-off this runs as the draining
+        consumer has just received a request: a Shared subscription deals requests out in turn,
+        so the next ones go to the other hosts while the close reaches the broker (a request the
+        broker sends to a consumer that is closing is dropped by the client, unanswered)."""
+        if self._consumer is not None:
+            await self._quietly("close the consumer", self._consumer.close())
+        if self._peers is not None:
+            await self._peers.close()
+
+    async def drain(self, grace: float, over: asyncio.Event | None = None) -> int:
+        """Wait up to ``grace`` seconds (or until ``over`` is set: a second Ctrl-C) for in-flight
+        calls; cancel the rest, which are answered ``unavailable`` (persistent: returned to the
+        broker). Returns how many were cancelled."""
+        if not self._tasks:
+            return 0
+        finished = asyncio.ensure_future(asyncio.wait(set(self._tasks)))
+        ended = asyncio.ensure_future((over or asyncio.Event()).wait())
+        await asyncio.wait({finished, ended}, timeout=grace, return_when=asyncio.FIRST_COMPLETED)
+        finished.cancel()
+        ended.cancel()
+        pending = [task for task in self._tasks if not task.done()]
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending, timeout=1.0)  # let them answer 'unavailable'
+        return len(pending)
 
     async def close(self) -> None:
         """Close the consumer and producer, and let go of the executor's workers (a thread still in a
         plugin runs on; worker processes stop); errors are logged, not raised."""
-        if self._consumer is not None:
-            await self._quietly("close the consumer", self._consumer.close())
+        if self._unsubscribing is None:
+            self._unsubscribing = asyncio.create_task(self._unsubscribe())
+        await self._unsubscribing
         if self._tasks:  # 'unavailable' answers to requests that arrived while stopping
             await asyncio.wait(set(self._tasks), timeout=1.0)
         if self._producer is not None:
@@ -444,6 +513,7 @@ class Server:
         self.workers = self._workers(services, descriptors)
         self.watchdog: LoopWatchdog | None = None
         self._client: pulsar.asyncio.Client | None = None
+        self._grace_over = asyncio.Event()
 
     def _workers(self, services: dict[str, ToolService],
                  descriptors: dict[str, ToolServiceDescriptor]) -> list[ServiceWorker]:
@@ -481,34 +551,43 @@ class Server:
         results = await asyncio.gather(*(worker.start(self._client) for worker in workers), return_exceptions=True)
         failed = next((r for r in results if isinstance(r, BaseException)), None)
         if failed is not None:
-            await self._shut(workers, 0)
+            await self._shut(workers, 0, self._grace_over)
             raise failed
         self.workers += workers
 
     async def remove(self, service_ids: Iterable[str], grace: float | None = None) -> int:
-        """Stop serving ``service_ids`` as :meth:`stop` does for all: stop receiving, give in-flight
-        calls ``grace`` seconds (default ``settings.grace``), close. Unknown ids are ignored.
+        """Stop serving ``service_ids`` as :meth:`stop` does for all: hand off and stop receiving,
+        give in-flight calls ``grace`` seconds (default ``settings.grace``), close. Unknown ids are
+        ignored.
 
         Returns the number of calls cancelled because the grace period ran out.
         """
         ids = set(service_ids)
         leaving = [worker for worker in self.workers if worker.descriptor.id in ids]
         self.workers = [worker for worker in self.workers if worker.descriptor.id not in ids]
-        return await self._shut(leaving, self.settings.grace if grace is None else grace)
+        return await self._shut(leaving, self.settings.grace if grace is None else grace, self._grace_over)
+
+    def end_grace(self) -> None:
+        """End every grace period now, and any later one at once (a second Ctrl-C or SIGTERM):
+        calls still running are answered ``unavailable`` (persistent: returned to the broker)."""
+        self._grace_over.set()
 
     @staticmethod
-    async def _shut(workers: list[ServiceWorker], grace: float) -> int:
+    async def _shut(workers: list[ServiceWorker], grace: float, over: asyncio.Event) -> int:
         await asyncio.gather(*(w.stop_receiving() for w in workers))
-        cancelled = sum(await asyncio.gather(*(w.drain(grace) for w in workers)))
+        cancelled = sum(await asyncio.gather(*(w.drain(grace, over) for w in workers)))
         await asyncio.gather(*(w.close() for w in workers))
         return cancelled
 
     async def stop(self, grace: float | None = None) -> int:
-        """Stop receiving, let in-flight calls finish within ``grace`` seconds, then close.
+        """Stop receiving (requests that did not start are answered ``unavailable``, and another
+        host takes the new ones: see :meth:`ServiceWorker.stop_receiving`), let in-flight calls
+        finish within ``grace`` seconds or until :meth:`end_grace`, then close.
 
         Returns the number of calls cancelled because the grace period ran out.
         """
-        cancelled = await self._shut(self.workers, self.settings.grace if grace is None else grace)
+        cancelled = await self._shut(self.workers, self.settings.grace if grace is None else grace,
+                                     self._grace_over)
         if self.watchdog is not None:
             self.watchdog.stop()
         return cancelled

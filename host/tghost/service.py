@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import json
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -17,12 +18,15 @@ from typing import Any, get_type_hints, overload
 import docstring_parser
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
+from . import arguments as policy
 from . import wire
 from .descriptors import (
     Argument,
     ConfigParam,
+    DescriptorError,
     ToolDescriptor,
     ToolServiceDescriptor,
+    describe_validation_error,
     request_queue,
     response_queue,
 )
@@ -73,9 +77,12 @@ class ToolService:
     """Base class for a tool service, in the manner of seed 000's ``DynamicToolService``.
 
     Set ``id`` (required) and optionally ``topic`` (default: ``id``), ``description``,
-    ``config_params`` (``ConfigParam`` or plain names, meaning optional), ``arguments``,
-    ``input_schema`` (a JSON Schema the host checks the arguments against before ``invoke``),
-    ``timeout`` (seconds), ``max_concurrency``, ``version``, ``persistent`` and ``isolation``. Override
+    ``config_params`` (``ConfigParam`` or plain names, meaning optional), ``arguments`` (seed 000
+    ``Argument`` list, each one required), ``input_schema`` (a JSON Schema object; default: derived
+    from ``arguments``), ``allow_unknown_arguments`` (default ``False``: arguments the schema does
+    not name are answered ``invalid-arguments``), ``timeout`` (seconds), ``max_concurrency``,
+    ``version``, ``persistent`` and ``isolation``. The host checks every call's arguments against
+    :attr:`arguments_schema` before ``invoke`` (:mod:`tghost.arguments`; docs/plugin-api.md). Override
     ``invoke(user, config, arguments)``: plain or ``async``, returning a string or a
     JSON-able value, or a (sync or async) generator to stream chunks.
 
@@ -95,6 +102,7 @@ class ToolService:
     config_params: Sequence[ConfigParam | str] = ()
     arguments: Sequence[Argument] = ()
     input_schema: dict[str, Any] | None = None
+    allow_unknown_arguments: bool = False
     timeout: float | None = None
     max_concurrency: int | None = None
     version: str | None = None
@@ -110,33 +118,49 @@ class ToolService:
         """
         raise NotImplementedError(f"{type(self).__name__} must implement invoke()")
 
-    def check_arguments(self, arguments: dict[str, Any]) -> dict[str, Any]:
-        """Check ``arguments`` against ``input_schema`` and return what ``invoke`` receives.
+    @functools.cached_property
+    def arguments_schema(self) -> dict[str, Any]:
+        """The JSON Schema the arguments are checked against and every tool announces as its
+        ``input-schema``: ``input_schema``, else one derived from ``arguments`` (every argument
+        required), with ``additionalProperties: false`` unless ``allow_unknown_arguments`` or the
+        schema sets it itself."""
+        schema = self.input_schema if self.input_schema is not None else policy.schema_of_arguments(self.arguments)
+        return policy.closed_schema(schema, self.allow_unknown_arguments)
 
-        The host calls this before ``invoke``. Without an ``input_schema`` the arguments pass
-        as they are. The validator is compiled once per service (JSON Schema draft from the
-        schema's ``$schema``, default the latest).
+    def check_arguments(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        """Check ``arguments`` against :attr:`arguments_schema` and return what ``invoke`` receives:
+        the arguments with the policy's conversions (``"10"`` for a number is ``10``;
+        :func:`tghost.arguments.coerce`). The validator is compiled once per service (JSON Schema
+        draft from the schema's ``$schema``, default the latest).
 
         Raises:
-            InvalidArguments: the arguments break the schema; the message names each field path.
-            jsonschema.SchemaError: ``input_schema`` itself is not a valid JSON Schema.
+            InvalidArguments: an argument is unknown, missing or breaks the schema; the message
+                names each field path.
+            jsonschema.SchemaError: the schema itself is not a valid JSON Schema.
         """
-        validator = self._arguments_validator
-        if validator is not None:
-            errors = sorted(validator.iter_errors(arguments), key=lambda e: list(map(str, e.absolute_path)))
-            if errors:
-                raise InvalidArguments.at((list(e.absolute_path), e.message) for e in errors[:_MAX_ERRORS])
+        schema = self.arguments_schema
+        arguments = policy.coerce(arguments, schema)
+        problems = policy.unknown(arguments, schema)
+        if not problems:
+            errors = sorted(self._arguments_validator.iter_errors(arguments),
+                            key=lambda e: list(map(str, e.absolute_path)))
+            problems = list(policy.jsonschema_problems(errors))
+        if problems:
+            raise InvalidArguments.at(problems[:_MAX_ERRORS])
         return arguments
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled without the compiled validator (it holds local functions); a worker process
+        compiles its own on first use."""
+        return {k: v for k, v in self.__dict__.items() if k != "_arguments_validator"}
 
     @functools.cached_property
     def _arguments_validator(self) -> Any:
-        if self.input_schema is None:
-            return None
-        import jsonschema  # here, not at import: only class services with an input_schema need it
+        import jsonschema  # here, not at import: only class services need it
 
-        validator_class = jsonschema.validators.validator_for(self.input_schema)
-        validator_class.check_schema(self.input_schema)
-        return validator_class(self.input_schema)
+        validator_class = jsonschema.validators.validator_for(self.arguments_schema)
+        validator_class.check_schema(self.arguments_schema)
+        return validator_class(self.arguments_schema)
 
     @property
     def runs_in_thread(self) -> bool:
@@ -148,44 +172,61 @@ class ToolService:
         """The seed 000 tool-service descriptor.
 
         Raises:
-            pydantic.ValidationError: a field is invalid.
-            jsonschema.SchemaError: ``input_schema`` is not a valid JSON Schema.
-            ValueError: ``isolation`` is not ``"thread"``, ``"process"`` or ``None``.
+            DescriptorError: a field is invalid, ``input_schema`` (or a type in ``arguments``) is
+                not a valid JSON Schema, or ``isolation`` is not ``"thread"``, ``"process"`` or
+                ``None``; one line naming the service and the field.
         """
-        _ = self._arguments_validator  # compiled here, so a bad schema fails at registration
+        import jsonschema  # here, not at import: registration needs it, a plugin's import does not
+
+        origin = f"service '{getattr(self, 'id', '?')}'"
         if self.isolation not in (None, "thread", "process"):
-            raise ValueError(f"service {self.id!r}: isolation {self.isolation!r} is not 'thread' or 'process'")
-        topic = self.topic or self.id
-        fields = {
-            "id": self.id,
-            "request-queue": _persistent_queue(topic) if self.persistent else request_queue(topic),
-            "response-queue": response_queue(topic),
-            "config-params": [_config_param(p) for p in self.config_params],
-            "description": self.description,
-            "timeout": self.timeout,
-            "max-concurrency": self.max_concurrency,
-            "version": self.version,
-        }
-        return ToolServiceDescriptor.model_validate({k: v for k, v in fields.items() if v is not None})
+            raise DescriptorError(f"{origin}: field 'isolation': {self.isolation!r} is not 'thread' or 'process'")
+        try:
+            _ = self._arguments_validator  # compiled here, so a bad schema fails at registration
+            topic = self.topic or self.id
+            fields = {
+                "id": self.id,
+                "request-queue": _persistent_queue(topic) if self.persistent else request_queue(topic),
+                "response-queue": response_queue(topic),
+                "config-params": [_config_param(p) for p in self.config_params],
+                "description": self.description,
+                "timeout": self.timeout,
+                "max-concurrency": self.max_concurrency,
+                "version": self.version,
+            }
+            return ToolServiceDescriptor.model_validate({k: v for k, v in fields.items() if v is not None})
+        except ValidationError as exc:
+            raise describe_validation_error(exc, origin) from None
+        except AttributeError as exc:  # no ``id``
+            raise DescriptorError(f"{origin}: field '{exc.name}': not set (a ToolService needs an id)") from None
+        except jsonschema.SchemaError as exc:
+            field = "input_schema" if self.input_schema is not None else "arguments"
+            where = "/".join(map(str, exc.path)) or "(schema)"
+            raise DescriptorError(f"{origin}: field '{field}': not a valid JSON Schema at {where}: "
+                                  f"{exc.message}") from None
 
     def tool(self, name: str, description: str | None = None, **fields: Any) -> ToolDescriptor:
-        """A tool descriptor over this service, with this service's arguments and schema.
+        """A tool descriptor over this service, with this service's ``arguments`` (derived from
+        the schema when empty) and :attr:`arguments_schema` as its ``input-schema``.
 
         ``fields`` holds seed 000/001 keys (``group``, ``state``, ``available_in_states``)
         and the tool's config values, e.g. ``collection="customers"``.
 
         Raises:
-            pydantic.ValidationError: a field is invalid.
+            DescriptorError: a field is invalid; one line naming the service, the tool and the field.
         """
+        schema = self.arguments_schema
         base: dict[str, Any] = {
             "name": name,
             "description": description or self.description,
             "service": self.id,
-            "arguments": [a.model_dump() for a in self.arguments],
+            "arguments": [a.model_dump() for a in self.arguments or arguments_from_schema(schema)],
+            "input-schema": schema,
         }
-        if self.input_schema is not None:
-            base["input-schema"] = self.input_schema
-        return ToolDescriptor.model_validate(base | fields)
+        try:
+            return ToolDescriptor.model_validate(base | fields)
+        except ValidationError as exc:
+            raise describe_validation_error(exc, f"service '{self.id}': tool '{name}'") from None
 
     def default_tools(self) -> list[ToolDescriptor]:
         """Tools registered together with the service. None for a class-based service."""
@@ -226,6 +267,7 @@ class FunctionService(ToolService):
         max_concurrency: int | None,
         persistent: bool = False,
         isolation: str | None = None,
+        allow_unknown_arguments: bool = False,
     ) -> None:
         doc = docstring_parser.parse(fn.__doc__ or "")
         signature = inspect.signature(fn)
@@ -239,6 +281,7 @@ class FunctionService(ToolService):
         self.max_concurrency = max_concurrency
         self.persistent = persistent
         self.isolation = isolation
+        self.allow_unknown_arguments = allow_unknown_arguments
         self._tool_name = tool_name
         self._tool_fields = tool_fields
         self._context_param = next((n for n in signature.parameters if hints.get(n) is Context), None)
@@ -248,7 +291,7 @@ class FunctionService(ToolService):
         )
         self.config_params = self._config
         skipped = {*config, self._context_param}
-        self.model = _arguments_model(fn, signature, hints, doc, skipped)
+        self.model = _arguments_model(fn, signature, hints, doc, skipped, allow_unknown_arguments)
         self.input_schema = self.model.model_json_schema()
         self.arguments = arguments_from_schema(self.input_schema)
 
@@ -263,15 +306,22 @@ class FunctionService(ToolService):
         return None
 
     def check_arguments(self, arguments: dict[str, Any]) -> dict[str, Any]:
-        """Validate ``arguments`` with the signature's pydantic model; returns the parsed values.
+        """Check ``arguments`` by the same policy as a class service (:mod:`tghost.arguments`:
+        conversions, then unknown names), then with the signature's pydantic model in strict JSON
+        mode (a JSON value of the JSON type the schema says; a string for a ``datetime`` or an
+        enum, an array for a tuple). Returns the parsed values, by parameter name.
 
         Raises:
-            InvalidArguments: an argument is missing or of the wrong type (names the field).
+            InvalidArguments: an argument is unknown, missing or of the wrong type (names the field).
         """
+        arguments = policy.coerce(arguments, self.arguments_schema)
+        problems = policy.unknown(arguments, self.arguments_schema)
+        if problems:
+            raise InvalidArguments.at(problems[:_MAX_ERRORS])
         try:
-            return dict(self.model.model_validate(arguments))
+            return dict(self.model.model_validate_json(json.dumps(arguments), strict=True))
         except ValidationError as exc:
-            raise InvalidArguments.at((e["loc"], e["msg"]) for e in exc.errors()[:_MAX_ERRORS]) from None
+            raise InvalidArguments.at(_pydantic_problems(exc)) from None
 
     def invoke(self, user: str, config: dict[str, Any], arguments: dict[str, Any]) -> Any:
         """Call the function with ``arguments`` as :meth:`check_arguments` returned them, plus
@@ -299,6 +349,12 @@ class FunctionService(ToolService):
         return _module_attribute, (self.fn.__module__, self.fn.__qualname__)
 
 
+def _pydantic_problems(exc: ValidationError) -> list[policy.Problem]:
+    """pydantic's errors as problems, a missing field worded as jsonschema's are (one policy)."""
+    return [(e["loc"], "required, but not given" if e["type"] == "missing" else e["msg"])
+            for e in exc.errors()[:_MAX_ERRORS]]
+
+
 def _module_attribute(module: str, qualname: str) -> Any:
     target: Any = importlib.import_module(module)
     for part in qualname.split("."):
@@ -319,6 +375,7 @@ def _arguments_model(
     hints: dict[str, Any],
     doc: docstring_parser.Docstring,
     skipped: set[str | None],
+    allow_unknown: bool,
 ) -> type[BaseModel]:
     descriptions = {p.arg_name: p.description for p in doc.params}
     fields: dict[str, Any] = {}
@@ -328,7 +385,8 @@ def _arguments_model(
         default = ... if param.default is inspect.Parameter.empty else param.default
         fields[name] = (hints.get(name, str), Field(default, description=descriptions.get(name)))
     model_name = re.sub(r"\W", "_", fn.__name__) + "Arguments"
-    return create_model(model_name, __config__=ConfigDict(extra="ignore"), **fields)
+    config = ConfigDict(extra="ignore" if allow_unknown else "forbid")
+    return create_model(model_name, __config__=config, **fields)
 
 
 def arguments_from_schema(schema: dict[str, Any]) -> tuple[Argument, ...]:
@@ -368,6 +426,7 @@ def tool(
     max_concurrency: int | None = None,
     persistent: bool = False,
     isolation: str | None = None,
+    allow_unknown_arguments: bool = False,
     **tool_fields: Any,
 ) -> FunctionService | Callable[[Callable[..., Any]], FunctionService]:
     """Turn a typed function into a tool service (and, usually, its tool).
@@ -379,7 +438,9 @@ def tool(
     come from the docstring's Args section. Parameters named in ``config`` are filled from
     the tool's config values instead (required when they have no default); a parameter
     annotated :class:`Context` receives the user and config. ``timeout`` (seconds),
-    ``max_concurrency``, ``persistent`` and ``isolation`` are as on :class:`ToolService`. ``tool_fields`` are
+    ``max_concurrency``, ``persistent``, ``isolation`` and ``allow_unknown_arguments`` (unknown
+    arguments are then dropped, as the function has no parameter for them) are as on
+    :class:`ToolService`. ``tool_fields`` are
     extra seed 001 tool keys such as ``group`` or ``state``.
 
     Returns:
@@ -401,6 +462,7 @@ def tool(
             max_concurrency=max_concurrency,
             persistent=persistent,
             isolation=isolation,
+            allow_unknown_arguments=allow_unknown_arguments,
         )
 
     return decorate(fn) if fn is not None else decorate

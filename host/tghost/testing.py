@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import inspect
 import json
 import os
 import time
@@ -25,7 +26,7 @@ from .announcement import DEFAULT_TOPIC, EPOCH_SECONDS, epoch_of, epoch_topic
 from .broker import PulsarSettings, free_port
 from .client import ToolServiceClient
 from .conformance import Conformance, Finding, RawWire, check_conformance
-from .discover import Catalog, catalog_of
+from .discover import Catalog, catalog_of, catalog_of_plugin
 from .embedded import EmbeddedBroker
 from .serve import CallListener, Server, ServeSettings
 from .service import ToolService
@@ -52,24 +53,41 @@ def pulsar_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Embedded
 
 
 class LocalHost:
-    """Serve ``services`` in this process on the broker at ``url``, and call them over Pulsar.
+    """Serve tool services in this process on the broker at ``url``, and call them over Pulsar.
 
-    ``async with LocalHost(url, [my_service]) as host: await host.call("my-service", {...})``.
-    ``services`` is an iterable of :class:`tghost.ToolService` or a discovered ``Catalog``.
+    ``async with LocalHost(url, [my_service]) as host: await host.call("my-tool", {...})``.
+    What it serves, as a plugin would register it:
+
+    - ``services``: :class:`tghost.ToolService` instances and ``@tghost.tool`` functions (a
+      function's own tool comes with it), with ``tools``: tool descriptors or dicts over them
+      (e.g. ``service.tool("query-customers", collection="customers")``); or a discovered
+      ``Catalog``;
+    - or ``plugin``: a plugin module (or object) whose hooks register them, loaded as the host
+      loads an entry point's module (:func:`tghost.discover.catalog_of_plugin`), so the test
+      covers ``tghost_register_tools`` too.
+
+    :meth:`call` and :meth:`stream` take a tool name, whose config values go into the request,
+    as ``ToolDirectory`` and ``tghost call TOOL`` send them; or a service id.
     With ``announce_as`` (a host id) it also announces them on ``topic`` with a ``lease``
     (seconds), signed by ``signer`` if given (:class:`tghost.trust.Signer`), on epochs of
     ``epoch_seconds``, and withdraws them on exit, as ``tghost run`` does. ``authorize`` is a
-    function with the contract of the ``tghost_authorize`` hook (a ``Catalog`` brings its own).
-    ``listeners`` are told of every call (:data:`tghost.serve.CallListener`), as metrics and the
-    audit log are.
+    function with the contract of the ``tghost_authorize`` hook (a ``Catalog`` or ``plugin``
+    brings its own). ``listeners`` are told of every call (:data:`tghost.serve.CallListener`), as
+    metrics and the audit log are.
+
+    Raises:
+        DescriptorError, ValueError: a descriptor is invalid, a name is registered twice, or the
+            plugin failed to register (the message names it).
     """
 
     def __init__(
         self,
         url: str,
-        services: Iterable[ToolService] | Catalog,
+        services: Iterable[ToolService] | Catalog = (),
         settings: ServeSettings | None = None,
         *,
+        tools: Iterable[Any] = (),
+        plugin: object | None = None,
         announce_as: str | None = None,
         lease: float = 30.0,
         topic: str = DEFAULT_TOPIC,
@@ -78,7 +96,12 @@ class LocalHost:
         epoch_seconds: float = EPOCH_SECONDS,
         listeners: Sequence[CallListener] = (),
     ) -> None:
-        self.catalog = services if isinstance(services, Catalog) else catalog_of(services, authorize=authorize)
+        if plugin is not None:
+            self.catalog = catalog_of_plugin(plugin)
+        elif isinstance(services, Catalog):
+            self.catalog = services
+        else:
+            self.catalog = catalog_of(services, tools, authorize=authorize)
         self.services, self.descriptors = self.catalog.services, self.catalog.descriptors
         self.pulsar = PulsarSettings(url)
         self.server = Server(self.services, self.descriptors, settings, listeners, authorize=self.catalog.authorize)
@@ -120,36 +143,70 @@ class LocalHost:
             self._clients[service_id] = caller
             return caller
 
+    def request(self, name: str, config: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        """The service id and config a call of ``name`` sends: for a tool, its service and its
+        config values updated with ``config``; for a service id, that service and ``config``.
+
+        Raises:
+            KeyError: no tool or service is served here by that name (the message lists them).
+        """
+        tool = self.catalog.tools.get(name)
+        if tool is not None:
+            return tool.service, {**tool.config, **(config or {})}
+        if name in self.descriptors:
+            return name, dict(config or {})
+        raise KeyError(f"no tool or service named {name!r} is served here; tools: {sorted(self.catalog.tools)}, "
+                       f"services: {sorted(self.descriptors)}")
+
     async def call(
         self,
-        service_id: str,
+        name: str,
         arguments: dict[str, Any] | None = None,
         config: dict[str, Any] | None = None,
         *,
         user: str | None = "test",
         timeout: float = 10.0,
     ) -> str:
-        """Call a served service over Pulsar and return the observation.
+        """Call tool (or service) ``name`` over Pulsar and return the observation, all chunks joined.
+
+        ``config`` is added to the tool's config values (see :meth:`request`); ``timeout`` is in
+        seconds; ``user`` goes into the request envelope.
 
         Raises:
-            tghost.client.ToolCallError: the service answered with an error or not in time.
+            tghost.ToolCallError: the service answered with an error (``.error_type``, ``.message``)
+                or not in time (``timeout``).
+            KeyError: nothing is served here by that name.
         """
-        caller = await self.caller(service_id)
-        return await caller.call(config or {}, arguments or {}, user=user, timeout=timeout)
+        return "".join([chunk async for chunk in self.stream(name, arguments, config, user=user, timeout=timeout)])
 
     async def stream(
         self,
-        service_id: str,
+        name: str,
         arguments: dict[str, Any] | None = None,
         config: dict[str, Any] | None = None,
         *,
         user: str | None = "test",
         timeout: float = 10.0,
     ) -> AsyncIterator[str]:
-        """Call a served service and yield its observation chunks as they arrive."""
+        """Call tool (or service) ``name`` and yield its observation chunks as they arrive; as :meth:`call`."""
+        service_id, merged = self.request(name, config)
         caller = await self.caller(service_id)
-        async for chunk in caller.stream(config or {}, arguments or {}, user=user, timeout=timeout):
+        async for chunk in caller.stream(merged, arguments or {}, user=user, timeout=timeout):
             yield chunk
+
+
+@pytest.hookimpl
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    """Run an ``async def`` test that uses ``pulsar_broker`` on a fresh event loop, when no other
+    plugin ran it first (pytest-asyncio and anyio turn the tests they run into plain functions,
+    or answer this hook before it): a plugin's own tests need no pytest configuration and no
+    pytest-asyncio. Returns ``True`` when it ran the test, ``None`` to leave it to pytest."""
+    test = pyfuncitem.obj
+    if not inspect.iscoroutinefunction(test) or "pulsar_broker" not in pyfuncitem.fixturenames:
+        return None
+    parameters = inspect.signature(test).parameters
+    asyncio.run(test(**{name: value for name, value in pyfuncitem.funcargs.items() if name in parameters}))
+    return True
 
 
 #: One message of a simulated history: (unix time sent, epoch topic, message key, value bytes).

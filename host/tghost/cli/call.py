@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import sys
 from collections.abc import AsyncIterator
 from typing import Any
@@ -17,11 +16,10 @@ from ..descriptors import ToolServiceDescriptor, request_queue, response_queue
 from ..directory import ToolDirectory
 from ..discover import discover
 from ..groups import DEFAULT_STATE, next_state
+from ..serve import ServeSettings
 from ..trust import TrustedKeys
 from .app import cli
 from .options import filter_options, json_value, open_directory, parse_pairs, pulsar_options, trust_options
-
-log = logging.getLogger("tghost")
 
 
 @cli.command()
@@ -32,28 +30,37 @@ log = logging.getLogger("tghost")
               help="Call a tool service by id instead of a tool by name.")
 @click.option("--topic", default=None,
               help="With --service: the short topic T (non-persistent://tg/request/T) [default: as announced, "
-                   "else from the installed plugin, else the service id].")
+                   "else from the installed plugin].")
 @click.option("--config", "config_pairs", multiple=True, metavar="KEY=VALUE",
               help="With --service: a config value; repeatable. KEY:=JSON for non-strings.")
 @click.option("--json", "json_args", default=None, metavar="ARGS",
               help="All arguments as one JSON object, instead of KEY=VALUE pairs.")
 @click.option("--user", default=None, help="The request's user (omitted if not given).")
-@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True,
-              help="Seconds to wait for the whole answer.")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Seconds to wait for the whole answer [default: the service's announced timeout, else "
+                   f"{ServeSettings.timeout:g}, a host's default].")
 @click.argument("arguments", nargs=-1, metavar="[TOOL] [KEY=VALUE | KEY:=JSON]...")
 def call(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...], state: str | None,
          trusted: TrustedKeys | None, service_id: str | None, topic: str | None, config_pairs: tuple[str, ...],
-         json_args: str | None, user: str | None, timeout: float, arguments: tuple[str, ...]) -> None:
+         json_args: str | None, user: str | None, timeout: float | None, arguments: tuple[str, ...]) -> None:
     """Call a tool by name (through the live directory), or a service with --service.
 
     A tool call merges the tool's config values into the request and is refused, with the
-    reason, when the request's --group/--state (seed 001) do not allow the tool. The
+    reason, when the request's --group/--state (seed 001) do not allow the tool. --config and
+    --topic go with --service only (a usage error with a tool name, exit 2). The
     observation is printed as it streams in. Exits 1 on a refusal, an error reply or a
-    timeout (the error goes to stderr).
+    timeout (the error goes to stderr), and at once for a --service that is neither announced
+    nor installed here, unless --topic says where it is.
     """
     if service_id is None and not arguments:
         raise click.UsageError("give a TOOL name, or --service ID")
     tool_name, arguments = (None, arguments) if service_id else (arguments[0], arguments[1:])
+    if tool_name is not None and (config_pairs or topic):
+        given = "--config" if config_pairs else "--topic"
+        raise click.UsageError(
+            f"{given} goes with --service, not with a tool name: a tool brings its own config values and topic. "
+            f"Call the service instead (tghost call --service ID {given} ...), or declare a tool with those "
+            "config values in a config file ('Tools from configuration' in the README)")
     if json_args is not None and arguments:
         raise click.UsageError("give arguments as KEY=VALUE pairs or --json, not both")
     args = parse_pairs(arguments, "ARGUMENTS") if json_args is None else _json_object(json_args)
@@ -76,22 +83,28 @@ def _json_object(text: str) -> dict[str, Any]:
     return value
 
 
+def _timeout(given: float | None, descriptor: ToolServiceDescriptor) -> float:
+    """Seconds to wait: as given, else the service's own timeout, else a host's default (as the host does)."""
+    return given or descriptor.timeout or ServeSettings.timeout
+
+
 async def _call_tool(directory: ToolDirectory, name: str, arguments: dict[str, Any], user: str | None,
-                     groups: list[str] | None, state: str | None, timeout: float) -> None:
+                     groups: list[str] | None, state: str | None, timeout: float | None) -> None:
     async with directory:
         tool = directory.check(name, groups, state)
-        await _echo_stream(directory.stream(name, arguments, user=user, groups=groups, state=state, timeout=timeout))
+        await _echo_stream(directory.stream(name, arguments, user=user, groups=groups, state=state,
+                                            timeout=_timeout(timeout, tool.service.descriptor)))
         if tool.descriptor.state is not None:
             click.echo(f"state: {state or DEFAULT_STATE} -> {next_state(tool.descriptor, state, True)}", err=True)
 
 
 async def _call_service(directory: ToolDirectory, service_id: str, topic: str | None, config: dict[str, Any],
-                        arguments: dict[str, Any], user: str | None, timeout: float) -> None:
+                        arguments: dict[str, Any], user: str | None, timeout: float | None) -> None:
     async with directory:
         announced = directory.services.get(service_id)
         descriptor = announced.descriptor if announced and not topic else _installed_service(service_id, topic)
         service = await directory.caller(descriptor)
-        await _echo_stream(service.stream(config, arguments, user=user, timeout=timeout))
+        await _echo_stream(service.stream(config, arguments, user=user, timeout=_timeout(timeout, descriptor)))
 
 
 async def _echo_stream(chunks: AsyncIterator[str]) -> None:
@@ -105,17 +118,19 @@ async def _echo_stream(chunks: AsyncIterator[str]) -> None:
 
 
 def _installed_service(service_id: str, topic: str | None) -> ToolServiceDescriptor:
-    """The service by --topic, else as an installed plugin declares it, else topic = service id."""
-    descriptor = None
-    if not topic:
-        catalog = discover(strict=False)
-        catalog.shutdown()  # only its descriptors are needed
-        descriptor = catalog.descriptors.get(service_id)
-    if descriptor is None:
-        if not topic:
-            log.warning("service %r is neither announced nor installed here; assuming topic %r (use --topic)",
-                        service_id, service_id)
-        topic = topic or service_id
-        descriptor = ToolServiceDescriptor.model_validate(
+    """The service on --topic, else as an installed plugin declares it.
+
+    Raises:
+        click.ClickException: no --topic, and no installed plugin serves ``service_id`` (exit 1).
+    """
+    if topic:
+        return ToolServiceDescriptor.model_validate(
             {"id": service_id, "request-queue": request_queue(topic), "response-queue": response_queue(topic)})
+    catalog = discover(strict=False)
+    catalog.shutdown()  # only its descriptors are needed
+    descriptor = catalog.descriptors.get(service_id)
+    if descriptor is None:
+        raise click.ClickException(
+            f"service {service_id!r} is neither announced nor installed here: check the id ('tghost tools' lists "
+            f"the live services), or give --topic T to call it on {request_queue('T')} anyway")
     return descriptor

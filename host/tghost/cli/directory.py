@@ -24,9 +24,14 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _tool_json(tool: DirectoryTool) -> dict[str, Any]:
+    """A row of ``tghost tools --json``: the whole announced tool descriptor (seed 000/001 JSON:
+    ``arguments``, ``input-schema``, config values at the top level ...), plus ``config`` (the
+    config values alone), ``available_in_states`` and ``state`` (``null`` when unset),
+    ``providers`` (host ids) and ``external``."""
     d = tool.descriptor
-    return {"name": d.name, "service": d.service, "description": d.description, "group": list(d.group),
-            "state": d.state, "available_in_states": list(d.available_in_states) if d.available_in_states else None,
+    return {**d.to_json_dict(), "name": d.name, "service": d.service, "description": d.description,
+            "group": list(d.group), "state": d.state,
+            "available_in_states": list(d.available_in_states) if d.available_in_states else None,
             "config": d.config, "arguments": [a.model_dump() for a in d.arguments],
             "providers": [p.host["id"] for p in tool.providers],
             "external": any(p.external for p in tool.service.providers)}

@@ -194,7 +194,11 @@ def filter_options(fn: F) -> F:
 
 
 def parse_pairs(pairs: tuple[str, ...], what: str) -> dict[str, Any]:
-    """``k=v`` gives the string ``v``; ``k:=v`` parses ``v`` as JSON (as httpie does)."""
+    """``k=v`` gives the string ``v``; ``k:=v`` parses ``v`` as JSON (as httpie does).
+
+    Raises:
+        click.BadParameter: a pair is malformed, its JSON does not parse, or a key is given twice.
+    """
     values: dict[str, Any] = {}
     for pair in pairs:
         key, sep, raw = pair.partition("=")
@@ -202,6 +206,8 @@ def parse_pairs(pairs: tuple[str, ...], what: str) -> dict[str, Any]:
             raise click.BadParameter(f"{pair!r} is not KEY=VALUE (or KEY:=JSON)", param_hint=what)
         if key.endswith(":"):
             key, raw = key[:-1], json_value(raw, f"{pair!r}: the value after ':='", what)
+        if key in values:
+            raise click.BadParameter(f"{key!r} is given twice; give each key once", param_hint=what)
         values[key] = raw
     return values
 

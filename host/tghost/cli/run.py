@@ -42,7 +42,7 @@ log = logging.getLogger("tghost")
 @click.option("--max-queue", type=click.IntRange(min=0), default=64, show_default=True,
               help="Requests per service that may wait for a slot before 'overloaded' replies.")
 @click.option("--grace", type=click.FloatRange(min=0), default=10.0, show_default=True,
-              help="Seconds in-flight calls get to finish on SIGINT/SIGTERM.")
+              help="Seconds in-flight calls get to finish on SIGINT/SIGTERM; a second signal ends the wait.")
 @click.option("--max-payload", type=click.IntRange(min=1), default=ServeSettings.max_payload, show_default=True,
               help="Bytes a request may have; a larger one is answered 'bad-request' and never decoded.")
 @click.option("--max-redeliveries", type=click.IntRange(min=0), default=ServeSettings.max_redeliveries,
@@ -89,8 +89,9 @@ def run(pulsar: PulsarSettings, descriptors_topic: str, data_dir: Path | None, t
 
     If nothing answers at a local --pulsar-url, an embedded pulsar-lite broker is started
     there, detached: it keeps serving every host and agent on that URL after this host stops
-    ('tghost broker stop' stops it). Stops cleanly on Ctrl-C or SIGTERM: no new requests,
-    in-flight calls finish.
+    ('tghost broker stop' stops it). Stops cleanly on Ctrl-C or SIGTERM: requests that did not
+    start are answered 'unavailable', other hosts take the new ones, in-flight calls finish
+    (a second Ctrl-C ends the wait).
     With --watch-plugins, plugins installed or uninstalled meanwhile are served or withdrawn live.
     With --isolation process, plugin code runs in worker processes that are killed and replaced
     when a call crashes, outlives its timeout, or leaks.

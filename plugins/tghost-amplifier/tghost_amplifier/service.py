@@ -74,6 +74,9 @@ class AmplifierToolService(ToolService):
         self.description = str(getattr(tool, "description", "") or "").strip() or f"The Amplifier tool {name}."
         self.input_schema = input_schema_of(tool)
         self.arguments = arguments_from_schema(self.input_schema or {})
+        # Served unchanged (its schema as the module wrote it): an Amplifier session hands a tool its
+        # input as is, so arguments its schema does not close off reach it here too.
+        self.allow_unknown_arguments = True
 
     def default_tools(self) -> list[ToolDescriptor]:
         """The tool of the same name, registered with the service (``read_file`` stays ``read_file``)."""

@@ -125,7 +125,9 @@ async def test_unknown_collection_is_invalid_config_and_names_the_known_ones(
         ({"question": 42}, "question"),
         ({"question": "late delivery", "limit": 0}, "limit"),
         ({"question": "late delivery", "limit": 11}, "limit"),
-        ({"question": "late delivery", "limit": "3"}, "limit"),
+        ({"question": "late delivery", "limit": "three"}, "limit"),
+        ({"question": "late delivery", "limit": "2.5"}, "limit"),
+        ({"question": "late delivery", "top": 3}, "top"),
         ({"question": "late delivery", "limit": True}, "limit"),
     ],
 )

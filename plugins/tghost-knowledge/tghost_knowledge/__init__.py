@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any
+from typing import Any, ClassVar
 
 import tghost
 
@@ -97,11 +97,17 @@ class KnowledgeBase(tghost.ToolService):
     id = "custom-rag"
     description = "Answer a question with the best-matching passages of a document collection (BM25 ranking)."
     config_params = (tghost.ConfigParam(name="collection", required=True),)
-    arguments = (
-        tghost.Argument(name="question", type="string", description="The question to ask, in plain words"),
-        tghost.Argument(name="limit", type="integer",
-                        description=f"Optional: how many passages, 1 to {MAX_LIMIT} (default {DEFAULT_LIMIT})"),
-    )
+    # A schema, not an ``arguments`` list: ``limit`` is optional, and an ``arguments`` list makes
+    # every argument required. The tools' seed 000 ``arguments`` are derived from it.
+    input_schema: ClassVar[dict[str, Any]] = {
+        "type": "object",
+        "properties": {
+            "question": {"type": "string", "description": "The question to ask, in plain words"},
+            "limit": {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT, "default": DEFAULT_LIMIT,
+                      "description": f"Optional: how many passages, 1 to {MAX_LIMIT} (default {DEFAULT_LIMIT})"},
+        },
+        "required": ["question"],
+    }
 
     def __init__(self) -> None:
         self._indexes: dict[str, Index] = {}

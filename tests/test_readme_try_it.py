@@ -1,0 +1,68 @@
+"""The README's "Try it" commands and its agent snippet, run as written against ``tghost run``
+serving the three example plugins the README's set-up command installs."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tghost.embedded import EmbeddedBroker
+
+from .conftest import HostProcess
+from .test_docs import block, commands
+
+README = "README.md"
+TRY_IT = "$ .venv/bin/tghost tools                      # the live tools every agent sees (--json for programs)"
+
+
+@pytest.fixture
+def env(pulsar_broker: EmbeddedBroker, tmp_path: Path) -> dict[str, str]:
+    """The README's set-up: the joke, calculator and knowledge plugins (the tox venv has more), this
+    broker, the default descriptors topic (the agent snippet's), a private config dir."""
+    return {**os.environ, "TGHOST_PULSAR_URL": pulsar_broker.url, "XDG_CONFIG_HOME": str(tmp_path),
+            "TGHOST_LOAD_PLUGINS": "joke,calculator,knowledge"}
+
+
+def test_every_try_it_command_answers(env: dict[str, str], host_process: Callable[..., HostProcess]) -> None:
+    host = host_process(env=env)
+    host.wait_for("announced")
+    ran = []
+    for argv, _ in commands(README, TRY_IT):
+        if argv[3:4] == ["watch"]:  # follows until Ctrl-C: it must list the live tools first
+            watch = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, text=True)
+            assert watch.stdout is not None
+            first = watch.stdout.readline()
+            watch.send_signal(signal.SIGINT)
+            assert watch.wait(30) == 0 and first.startswith("added"), first
+        else:
+            result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+            assert result.returncode == 0 and result.stdout.strip(), (argv, result.stdout, result.stderr)
+            ran.append(result.stdout)
+        if argv[3:5] == ["call", "calculate"]:
+            assert ran[-1] == "14\n"
+    assert len(ran) == 7 and "tell-joke" in ran[0]
+    host.process.send_signal(signal.SIGINT)
+    assert host.finish() == 0
+
+
+async def test_the_agent_snippet_offers_invokes_and_follows(
+    pulsar_broker: EmbeddedBroker, env: dict[str, str], host_process: Callable[..., HostProcess],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    host = host_process(env=env)
+    await asyncio.to_thread(host.wait_for, "announced")
+    source = block(README, "# an agent").replace("pulsar://localhost:6650", pulsar_broker.url)
+    namespace: dict[str, object] = {}
+    exec("async def agent():\n" + textwrap.indent(source, "    ") + "\n    return offered, answer", namespace)
+    with pytest.raises(TimeoutError):  # it follows the changes until stopped
+        await asyncio.wait_for(namespace["agent"](), 20)  # type: ignore[operator]
+    assert "added query-customers" in capsys.readouterr().out.splitlines()
+    host.process.send_signal(signal.SIGINT)
+    assert await asyncio.to_thread(host.finish) == 0
