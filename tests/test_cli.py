@@ -479,3 +479,20 @@ def test_watch_started_before_the_broker_waits_for_it(plugin_dir: PluginDir, tmp
     finally:
         watch.terminate()
         watch.wait(10)
+
+
+def test_a_host_stopped_while_its_broker_is_down_withdraws_nothing_and_exits(
+        plugin_dir: PluginDir, tmp_path: Path, host_process: Callable[..., HostProcess]) -> None:
+    """With no broker connection a withdraw could only wait out the client's 30 s operation
+    timeout: the host sends nothing (its entries expire with its lease) and exits 0."""
+    plugin_dir.add("echo", ECHO)
+    port = free_port()
+    env = plugin_dir.user_env(f"pulsar://127.0.0.1:{port}", tmp_path / "config", "down")
+    with EmbeddedBroker(tmp_path / "broker", port):
+        host = host_process("--grace", "0", env=env)
+        host.wait_for("announced")
+    host.wait_for("lost the broker connection")
+    host.process.send_signal(signal.SIGTERM)
+    assert host.finish() == 0
+    assert "not connected to the broker: withdrawing nothing; entries expire after the 30.0s lease" in host.log
+    assert "could not withdraw" not in host.log

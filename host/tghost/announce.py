@@ -334,12 +334,20 @@ class Announcer:
             was_connected = connected
 
     async def withdraw(self) -> None:
-        """Stop the heartbeat, then withdraw every entry and last the host itself. Errors are logged."""
+        """Stop the heartbeat, then withdraw every entry and last the host itself. Errors are logged.
+
+        With no broker connection now, nothing is sent (the send would only wait out the client's
+        operation timeout, 30 s): the entries expire after the lease (docs/protocol.md §4.4, §4.7).
+        """
         if self._heartbeat is not None:
             self._heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._heartbeat
         if self._producer is None:
+            return
+        if not self.is_connected():
+            log.warning("not connected to the broker: withdrawing nothing; entries expire after the %ss lease",
+                        self.lease)
             return
         try:
             async with self._sending:
