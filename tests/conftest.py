@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-import logging
 import os
 import queue
 import re
@@ -25,9 +24,6 @@ from tghost.discover import ENTRY_POINT_GROUP
 
 T = TypeVar("T")
 
-#: Every Pulsar client of the test process logs through Python (tghost.broker.client_logger): the
-#: C++ client keeps its first client's logger, and tests read its lines from the ``pulsar`` logger.
-logging.getLogger("pulsar").setLevel(logging.INFO)
 
 
 class PluginDir:

@@ -168,11 +168,11 @@ class ClientLog(logging.Logger):
     """Where the C++ Pulsar client's log goes: the ``pulsar`` Python logger, one level down.
 
     pulsar-client hands a Python logger every line, including DEBUG, whatever the logger's
-    level. Its errors and warnings are mostly retries it will make on its own (a broker
-    restarting, pulsar-lite answering ``UnknownError`` for an empty topic); tghost reports what
-    matters to a user in its own words (a lost broker connection, a failed call). So its ERROR and
-    WARN lines become INFO, and INFO and DEBUG become DEBUG: a command at the default WARNING level
-    prints none, ``tghost run`` (INFO) shows its errors and warnings, ``--log-level debug`` all.
+    level, so a client gets this logger only at ``--log-level debug`` (:func:`client_logger`).
+    Its errors and warnings are mostly retries it will make on its own (a broker restarting,
+    pulsar-lite answering ``UnknownError`` for an empty topic); tghost reports what matters to a
+    user in its own words (a lost broker connection, a failed call). So its ERROR and WARN lines
+    become INFO, and INFO and DEBUG become DEBUG.
     """
 
     def __init__(self) -> None:
@@ -190,18 +190,18 @@ CLIENT_LOG = ClientLog()
 
 def client_logger() -> logging.Logger | pulsar.FileLogger:
     """The ``logger`` for a new Pulsar client: :data:`CLIENT_LOG` when the ``pulsar`` logger shows
-    INFO (so the C++ client's errors and warnings can be seen), else a native logger that keeps
-    ERROR lines only and writes them to ``os.devnull``: at WARNING and above :class:`ClientLog`
-    shows none of them either.
+    DEBUG (``--log-level debug``: every line of the C++ client, its errors and warnings as INFO),
+    else a native logger that keeps ERROR lines only and writes them to ``os.devnull``.
 
     Why: a Python logger gets every line the C++ client writes, DEBUG included (about nine per
     request and reply), each taking the GIL from a client thread; that was a third of ``tghost
-    run``'s CPU per call at ``--log-level warning`` (docs/benchmarks.md). pulsar-client 3.13 has
-    no level filter for a Python logger, and its native file logger holds lines in a buffer until
-    the client's threads end, so it cannot carry warnings to a user in time. The C++ client keeps
-    the logger of the first client a process creates for every later one.
+    run``'s CPU per call (docs/benchmarks.md). pulsar-client 3.13 has no level filter for a Python
+    logger, and its native file logger holds lines in a buffer until the client's threads end, so
+    it cannot carry warnings to a user in time. What they say that matters (a lost broker, a
+    refused client, a failed call) tghost says in its own words at INFO and above. The C++ client
+    keeps the logger of the first client a process creates for every later one.
     """
-    if logging.getLogger("pulsar").isEnabledFor(logging.INFO):
+    if logging.getLogger("pulsar").isEnabledFor(logging.DEBUG):
         return CLIENT_LOG
     return pulsar.FileLogger(pulsar.LoggerLevel.Error, os.devnull)
 
