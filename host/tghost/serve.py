@@ -316,9 +316,13 @@ class ServiceWorker:
             except Exception:
                 log.exception("service %s: call listener %r failed", self.descriptor.id, listener)
 
+    def _receipt(self, request_id: str, payload: bytes) -> asyncio.Future[None]:
+        """Send one reply; the future is done once the broker has it (:func:`tghost.hop.receipt`)."""
+        return hop.receipt(self._mailbox, self._producer, payload, {"id": request_id})  # type: ignore[arg-type]
+
     async def _send(self, request_id: str, payload: bytes) -> None:
         """Send one reply and wait until the broker has it."""
-        await hop.receipt(self._mailbox, self._producer, payload, {"id": request_id})  # type: ignore[arg-type]
+        await self._receipt(request_id, payload)
 
     async def _fail(self, record: CallRecord, error_type: str, message: str) -> None:
         """Answer the request with an error reply and record its type as the call's status."""
@@ -389,8 +393,7 @@ class ServiceWorker:
         try:
             async with contextlib.aclosing(result):
                 async for chunk in result:
-                    unconfirmed.append(hop.receipt(self._mailbox, self._producer,  # type: ignore[arg-type]
-                                                   wire.encode_response(chunk, False), {"id": request_id}))
+                    unconfirmed.append(self._receipt(request_id, wire.encode_response(chunk, False)))
                     if len(unconfirmed) >= STREAM_WINDOW:
                         await asyncio.gather(*unconfirmed)
                         unconfirmed.clear()
@@ -551,7 +554,7 @@ class Server:
         results = await asyncio.gather(*(worker.start(self._client) for worker in workers), return_exceptions=True)
         failed = next((r for r in results if isinstance(r, BaseException)), None)
         if failed is not None:
-            await self._shut(workers, 0, self._grace_over)
+            await self._shut(workers, 0)
             raise failed
         self.workers += workers
 
@@ -565,17 +568,16 @@ class Server:
         ids = set(service_ids)
         leaving = [worker for worker in self.workers if worker.descriptor.id in ids]
         self.workers = [worker for worker in self.workers if worker.descriptor.id not in ids]
-        return await self._shut(leaving, self.settings.grace if grace is None else grace, self._grace_over)
+        return await self._shut(leaving, self.settings.grace if grace is None else grace)
 
     def end_grace(self) -> None:
         """End every grace period now, and any later one at once (a second Ctrl-C or SIGTERM):
         calls still running are answered ``unavailable`` (persistent: returned to the broker)."""
         self._grace_over.set()
 
-    @staticmethod
-    async def _shut(workers: list[ServiceWorker], grace: float, over: asyncio.Event) -> int:
+    async def _shut(self, workers: list[ServiceWorker], grace: float) -> int:
         await asyncio.gather(*(w.stop_receiving() for w in workers))
-        cancelled = sum(await asyncio.gather(*(w.drain(grace, over) for w in workers)))
+        cancelled = sum(await asyncio.gather(*(w.drain(grace, self._grace_over) for w in workers)))
         await asyncio.gather(*(w.close() for w in workers))
         return cancelled
 
@@ -586,8 +588,7 @@ class Server:
 
         Returns the number of calls cancelled because the grace period ran out.
         """
-        cancelled = await self._shut(self.workers, self.settings.grace if grace is None else grace,
-                                     self._grace_over)
+        cancelled = await self._shut(self.workers, self.settings.grace if grace is None else grace)
         if self.watchdog is not None:
             self.watchdog.stop()
         return cancelled
