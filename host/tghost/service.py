@@ -138,13 +138,22 @@ class ToolService:
                 names each field path.
             jsonschema.SchemaError: the schema itself is not a valid JSON Schema.
         """
-        schema = self.arguments_schema
-        arguments = policy.coerce(arguments, schema)
-        problems = policy.unknown(arguments, schema)
-        if not problems:
-            errors = sorted(self._arguments_validator.iter_errors(arguments),
-                            key=lambda e: list(map(str, e.absolute_path)))
-            problems = list(policy.jsonschema_problems(errors))
+        arguments = self._converted_and_known(arguments)
+        errors = sorted(self._arguments_validator.iter_errors(arguments), key=lambda e: list(map(str, e.absolute_path)))
+        problems = list(policy.jsonschema_problems(errors))
+        if problems:
+            raise InvalidArguments.at(problems[:_MAX_ERRORS])
+        return arguments
+
+    def _converted_and_known(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        """The first two steps of the policy, shared by both styles: ``arguments`` with the
+        conversions applied (:func:`tghost.arguments.coerce`).
+
+        Raises:
+            InvalidArguments: an argument the schema does not name (:func:`tghost.arguments.unknown`).
+        """
+        arguments = policy.coerce(arguments, self.arguments_schema)
+        problems = policy.unknown(arguments, self.arguments_schema)
         if problems:
             raise InvalidArguments.at(problems[:_MAX_ERRORS])
         return arguments
@@ -314,10 +323,7 @@ class FunctionService(ToolService):
         Raises:
             InvalidArguments: an argument is unknown, missing or of the wrong type (names the field).
         """
-        arguments = policy.coerce(arguments, self.arguments_schema)
-        problems = policy.unknown(arguments, self.arguments_schema)
-        if problems:
-            raise InvalidArguments.at(problems[:_MAX_ERRORS])
+        arguments = self._converted_and_known(arguments)
         try:
             return dict(self.model.model_validate_json(json.dumps(arguments), strict=True))
         except ValidationError as exc:
