@@ -5,8 +5,10 @@ Servers (each called by the same raw sync caller, so only the server differs):
 - (a) the floor: a raw sync ``pulsar.Client`` echo (bench/echo_server.py ``sync``): receive,
   acknowledge, send; the reference every ratio is taken to;
 - (a2) a raw ``pulsar.asyncio`` echo (``asyncio``), for context;
-- (b) ``tghost run`` serving a generated echo plugin (``--isolation thread``, the default);
-- (b2) the same plugin under ``tghost run --isolation process``.
+- (b) ``tghost run`` serving a generated echo plugin, an ``async def`` (``--isolation thread``,
+  the default), as TrustGraph's and the joke plugin's ``invoke`` are;
+- (b1) the same echo as a plain ``def``: run in the service's worker threads (the thread lane);
+- (b2) the ``async def`` echo under ``tghost run --isolation process``.
 
 Callers of (b) (the caller side): (r) the raw sync caller, (t) ``tghost.client.ToolServiceClient``,
 (d) ``ToolDirectory.invoke`` (catalog lookup, seed 001 check).
@@ -64,6 +66,13 @@ from .common import (
 )
 
 LEVELS = (1, 16, 64)
+#: The ``tghost run`` rows: (label, isolation, the echo a plain ``def``). ``async def`` runs on the
+#: event loop; a plain ``def`` in the worker threads (the thread lane, tghost/lane.py).
+HOSTS = (
+    ("b tghost run", "thread", False),
+    ("b1 tghost run, plain def", "thread", True),
+    ("b2 tghost run --isolation process", "process", False),
+)
 ECHO_PAYLOAD = wire.encode_request("bench", {}, ECHO_ARGS)
 
 
@@ -186,9 +195,11 @@ def servers(url: str) -> Iterator[dict[str, tuple[int, str]]]:
             topic = f"bench-{mode}-echo"
             proc = stack.enter_context(process([sys.executable, "-m", "bench.echo_server", url, topic, mode]))
             found[label] = (proc.pid, topic)
-        for label, isolation in (("b tghost run", "thread"), ("b2 tghost run --isolation process", "process")):
-            topic = f"echo-{isolation}"
+        for label, isolation, plain in HOSTS:
+            topic = f"echo-{isolation}{'-def' if plain else ''}"
             source = ECHO.replace("@tghost.tool\n", f'@tghost.tool(service="{topic}")\n')
+            if plain:
+                source = source.replace("async def echo", "def echo")
             env = stack.enter_context(host_env(url, {"echo": source}))
             env["TGHOST_ISOLATION"] = isolation
             proc = stack.enter_context(process([sys.executable, "-m", "tghost", "run", "--log-level", "warning"], env))

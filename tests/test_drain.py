@@ -1,12 +1,16 @@
 """Draining after SIGTERM, SIGINT, a watched uninstall or ``Server.remove``, on the embedded broker:
 calls sent at a steady rate while a host drains are all answered (``ok`` by another host, or
-``unavailable``); none is left without a reply (issue 10, item 1). Counts, not timing."""
+``unavailable``); none is left without a reply (issue 10, item 1). Counts, not timing.
+
+Every drain test runs twice (the ``style`` fixture): with an ``async def`` tool, served on the
+event loop, and with a plain ``def`` one, served by the thread lane (tghost/lane.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import collections
 import signal
+import threading
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -33,6 +37,7 @@ GATED = """
 import asyncio
 import os
 import pathlib
+import time
 
 import tghost
 
@@ -53,6 +58,16 @@ async def gated(hold: bool = False) -> str:
 def tghost_register_services(register):
     register(gated)
 """
+
+
+#: The tool of :data:`GATED` as a plain ``def`` (the thread lane).
+PLAIN_GATED = GATED.replace("async def gated", "def gated").replace("await asyncio.sleep", "time.sleep")
+
+
+@pytest.fixture(params=["async def", "def"])
+def style(request: pytest.FixtureRequest) -> str:
+    """How the drained tool is written: ``async def`` (the event loop) or ``def`` (the thread lane)."""
+    return str(request.param)
 
 
 async def outcome(caller: ToolServiceClient, arguments: dict[str, object] | None = None,
@@ -118,7 +133,21 @@ def test_peer_watch_tells_another_consumer_by_the_order_of_requests_and_never_fo
 # ---- in process: Server.remove (a watched uninstall calls it) and Server.end_grace ----
 
 
-def held_service(release: asyncio.Event) -> tghost.ToolService:
+def held_service(style: str) -> tuple[tghost.ToolService, Callable[[], None]]:
+    """The ``drained`` tool in ``style``, and what releases its held calls."""
+    if style == "def":
+        released = threading.Event()
+
+        @tghost.tool(timeout=60, service="drained")
+        def plain(hold: bool = False) -> str:
+            """Answer at once, or wait for the test's release."""
+            if hold:
+                released.wait(60)
+            return "done"
+
+        return plain, released.set
+    release = asyncio.Event()
+
     @tghost.tool(timeout=60)
     async def drained(hold: bool = False) -> str:
         """Answer at once, or wait for the test's release."""
@@ -126,7 +155,7 @@ def held_service(release: asyncio.Event) -> tghost.ToolService:
             await release.wait()
         return "done"
 
-    return drained
+    return drained, release.set
 
 
 async def hold_a_call(host: LocalHost, via: LocalHost, held: list[asyncio.Task[str]]) -> None:
@@ -139,10 +168,9 @@ async def hold_a_call(host: LocalHost, via: LocalHost, held: list[asyncio.Task[s
 
 
 async def test_server_remove_hands_new_requests_to_the_other_host_and_leaves_none_unanswered(
-    pulsar_broker: EmbeddedBroker,
+    pulsar_broker: EmbeddedBroker, style: str
 ) -> None:
-    release = asyncio.Event()
-    service = held_service(release)
+    service, release = held_service(style)
     async with LocalHost(pulsar_broker.url, [service]) as leaving, LocalHost(pulsar_broker.url, [service]) as staying:
         held: list[asyncio.Task[str]] = []
         await hold_a_call(leaving, staying, held)
@@ -151,7 +179,7 @@ async def test_server_remove_hands_new_requests_to_the_other_host_and_leaves_non
         removal = asyncio.create_task(leaving.server.remove(["drained"], grace=30))
         sent_before = load.sent
         await until(lambda: load.sent >= sent_before + 100, "calls during the drain")
-        release.set()  # the held call finishes within its grace
+        release()  # the held call finishes within its grace
         assert await removal == 0
         sent_at_end = load.sent
         await until(lambda: load.sent >= sent_at_end + 30, "calls after the drain")
@@ -162,9 +190,10 @@ async def test_server_remove_hands_new_requests_to_the_other_host_and_leaves_non
     assert counts["unavailable"] <= 5, counts  # the rest went to the other host
 
 
-async def test_end_grace_answers_the_calls_still_running_unavailable(pulsar_broker: EmbeddedBroker) -> None:
-    release = asyncio.Event()
-    async with LocalHost(pulsar_broker.url, [held_service(release)]) as host:
+async def test_end_grace_answers_the_calls_still_running_unavailable(pulsar_broker: EmbeddedBroker,
+                                                                      style: str) -> None:
+    service, release = held_service(style)
+    async with LocalHost(pulsar_broker.url, [service]) as host:
         call = asyncio.create_task(host.call("drained", {"hold": True}, timeout=60))
         await until(lambda: host.server.workers[0].in_flight == 1, "the call is running")
         stopping = asyncio.create_task(host.server.stop(grace=60))
@@ -173,14 +202,16 @@ async def test_end_grace_answers_the_calls_still_running_unavailable(pulsar_brok
         assert await stopping == 1
         with pytest.raises(ToolCallError) as info:
             await call
+        release()  # a plain def's thread runs on until the plugin returns
     assert info.value.error_type == "unavailable"
     assert "before the call finished" in info.value.message
 
 
-async def test_requests_waiting_for_a_slot_are_answered_unavailable_at_once(pulsar_broker: EmbeddedBroker) -> None:
-    release = asyncio.Event()
+async def test_requests_waiting_for_a_slot_are_answered_unavailable_at_once(pulsar_broker: EmbeddedBroker,
+                                                                            style: str) -> None:
+    service, release = held_service(style)
     settings = ServeSettings(max_concurrency=1)
-    async with LocalHost(pulsar_broker.url, [held_service(release)], settings) as host:
+    async with LocalHost(pulsar_broker.url, [service], settings) as host:
         worker = host.server.workers[0]
         running = asyncio.create_task(host.call("drained", {"hold": True}, timeout=60))
         await until(lambda: worker.in_flight == 1, "the call is running")
@@ -190,7 +221,7 @@ async def test_requests_waiting_for_a_slot_are_answered_unavailable_at_once(puls
         stopping = asyncio.create_task(host.server.stop(grace=60))
         assert await asyncio.gather(*waiting) == ["unavailable"] * 3  # while the held call still runs
         assert not running.done()
-        release.set()
+        release()
         assert await running == "done"
         assert await stopping == 0
 
@@ -199,10 +230,10 @@ async def test_requests_waiting_for_a_slot_are_answered_unavailable_at_once(puls
 
 
 @pytest.fixture
-def gated_env(plugin_dir: PluginDir, pulsar_broker: EmbeddedBroker, tmp_path: Path) -> dict[str, str]:
+def gated_env(plugin_dir: PluginDir, pulsar_broker: EmbeddedBroker, tmp_path: Path, style: str) -> dict[str, str]:
     gate = tmp_path / "gate"
     gate.mkdir()
-    plugin_dir.add("gated", GATED)
+    plugin_dir.add("gated", PLAIN_GATED if style == "def" else GATED)
     return plugin_dir.env(TGHOST_PULSAR_URL=pulsar_broker.url, TGHOST_TEST_GATE=str(gate),
                           XDG_CONFIG_HOME=str(tmp_path / "config"), TGHOST_LOAD_PLUGINS="gated",
                           TGHOST_DESCRIPTORS_TOPIC=f"persistent://tg/config/drain-{uuid.uuid4().hex[:8]}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import threading
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
@@ -70,6 +71,7 @@ class AuditLog:
         self.arguments = arguments
         self.failures = 0
         self._owned = owned
+        self._lock = threading.Lock()
 
     @classmethod
     def open(cls, target: str, *, arguments: bool = False) -> AuditLog:
@@ -83,10 +85,12 @@ class AuditLog:
         return cls(Path(target).open("a", encoding="utf-8"), arguments=arguments, owned=True)
 
     def __call__(self, record: Any) -> None:
+        """Write one line for ``record``; safe from any thread (the thread lane's workers call it)."""
         try:
             line = json.dumps(audit_entry(record, self.arguments), default=repr)
-            self.stream.write(line + "\n")
-            self.stream.flush()
+            with self._lock:
+                self.stream.write(line + "\n")
+                self.stream.flush()
         except Exception as exc:
             self.failures += 1
             if self.failures == 1:

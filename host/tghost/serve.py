@@ -27,6 +27,7 @@ from . import executors, handoff, hop, wire
 from .descriptors import ToolServiceDescriptor
 from .executors.thread import ThreadExecutor
 from .hookspecs import Authorize
+from .lane import ThreadLane
 from .service import ToolError, ToolService
 from .watchdog import LoopWatchdog
 
@@ -116,8 +117,9 @@ class CallRecord:
     arguments: dict[str, Any] | None = None
 
 
-#: Called once per request, after it is acknowledged (metrics, audit). Must not block; an
-#: exception is logged and the host goes on.
+#: Called once per request, after it is acknowledged (metrics, audit), on the event loop or on
+#: a service's worker thread (the thread lane, :mod:`tghost.lane`): must be thread-safe and must
+#: not block; an exception is logged and the host goes on.
 CallListener = Callable[[CallRecord], None]
 
 class ServiceWorker:
@@ -148,6 +150,8 @@ class ServiceWorker:
         self.max_queue = settings.max_queue
         self.max_payload = settings.max_payload
         self.max_redeliveries = settings.max_redeliveries
+        self.capacity = self.max_concurrency + self.max_queue
+        self.required_config = descriptor.required_config
         self.persistent = descriptor.request_queue.startswith("persistent://")
         self.counters = {"received": 0, "unanswerable": 0}
         self._listeners = tuple(listeners)
@@ -162,6 +166,7 @@ class ServiceWorker:
         self._consumer: pulsar.asyncio.Consumer | None = None
         self._producer: pulsar.asyncio.Producer | None = None
         self._mailbox: hop.Mailbox | None = None
+        self._lane: ThreadLane | None = None
         self._stopping = False
         self._client: pulsar.asyncio.Client | None = None
         self._waiting: set[asyncio.Task[None]] = set()  # requests waiting for a slot
@@ -180,7 +185,12 @@ class ServiceWorker:
     @property
     def in_flight(self) -> int:
         """Requests received and not yet answered (running, waiting for a slot, or being refused)."""
-        return len(self._tasks)
+        return len(self._tasks) + (self._lane.in_flight if self._lane is not None else 0)
+
+    @property
+    def stopping(self) -> bool:
+        """Whether the service stopped taking new calls (:meth:`stop_receiving`)."""
+        return self._stopping
 
     async def start(self, client: pulsar.asyncio.Client) -> None:
         """Create the response producer, start the executor, then subscribe and start receiving.
@@ -194,6 +204,8 @@ class ServiceWorker:
             self.descriptor.response_queue, batching_enabled=False, block_if_queue_full=True
         )
         await self.executor.start()
+        if isinstance(self.executor, ThreadExecutor) and self.service.runs_in_thread and not self.persistent:
+            self._lane = ThreadLane(self, self.executor, asyncio.get_running_loop())
         try:
             self._consumer = await client.subscribe(
                 self.descriptor.request_queue,
@@ -202,7 +214,7 @@ class ServiceWorker:
                 **self._consumer_options(),
             )
         except BaseException:
-            await self.executor.close()
+            await self._close_executor()
             raise
         if self.persistent:
             self._loop_task = asyncio.create_task(self._receive_loop(), name=f"receive {self.descriptor.id}")
@@ -214,8 +226,15 @@ class ServiceWorker:
                 "dead_letter_policy": pulsar.ConsumerDeadLetterPolicy(self.max_redeliveries + 1)}
 
     def _on_message(self, consumer: Any, message: Any) -> None:
-        """The C++ listener thread: hand the request to the loop (:class:`tghost.hop.Mailbox`)."""
-        self._mailbox.put(self._received, message)  # type: ignore[union-attr]
+        """The C++ listener thread: hand an answerable request to the thread lane
+        (:mod:`tghost.lane`), if the service has one and is not stopping; anything else to the
+        loop (:class:`tghost.hop.Mailbox`)."""
+        request_id = message.properties().get("id")
+        if self._lane is None or self._stopping or request_id is None:
+            self._mailbox.put(self._received, message)  # type: ignore[union-attr]
+            return
+        self.counters["received"] += 1
+        self._lane.take(CallRecord(self.descriptor.id, request_id), message)
 
     def _received(self, message: Any) -> None:
         """A request (a raw ``_pulsar.Message``) is in: handle it in its own task."""
@@ -264,9 +283,8 @@ class ServiceWorker:
                     self._peers.mine(record.request_id)
                 await self._fail(record, wire.UNAVAILABLE, f"this host stopped serving {self.descriptor.id!r} "
                                  "(it is shutting down) before the call started; retry")
-            elif self._admitted >= self.max_concurrency + self.max_queue:
-                await self._fail(record, wire.OVERLOADED, f"service {self.descriptor.id!r} has "
-                                 f"{self.max_concurrency} calls running and {self.max_queue} waiting; retry later")
+            elif self._admitted >= self.capacity:
+                await self._fail(record, wire.OVERLOADED, self.refusal(wire.OVERLOADED))
             else:
                 await self._admit(record, message)
         except asyncio.CancelledError as exc:
@@ -305,9 +323,18 @@ class ServiceWorker:
         if self.persistent:
             record.status = RETURNED
         elif record.request_id is not None:
-            when = "finished" if started else "started"
             with contextlib.suppress(Exception):
-                await self._fail(record, wire.UNAVAILABLE, f"the host shut down before the call {when}; retry")
+                await self._fail(record, wire.UNAVAILABLE, self.refusal(wire.UNAVAILABLE, started))
+
+    def refusal(self, error_type: str, started: bool = False) -> str:
+        """The text of an ``overloaded``, ``timeout`` or ``unavailable`` reply (``started``: the
+        call was cut off by shutdown while it ran, not while it waited)."""
+        if error_type == wire.OVERLOADED:
+            return (f"service {self.descriptor.id!r} has {self.max_concurrency} calls running and "
+                    f"{self.max_queue} waiting; retry later")
+        if error_type == wire.TIMEOUT:
+            return f"service {self.descriptor.id!r} did not finish within {self.timeout}s"
+        return f"the host shut down before the call {'finished' if started else 'started'}; retry"
 
     def _notify(self, record: CallRecord) -> None:
         for listener in self._listeners:
@@ -320,9 +347,29 @@ class ServiceWorker:
         """Send one reply; the future is done once the broker has it (:func:`tghost.hop.receipt`)."""
         return hop.receipt(self._mailbox, self._producer, payload, {"id": request_id})  # type: ignore[arg-type]
 
+    def send_chunk(self, record: CallRecord, payload: bytes) -> None:
+        """Send one chunk of a stream without waiting (the thread lane's streams)."""
+        hop.send(self._producer, payload, {"id": record.request_id or ""})  # type: ignore[arg-type]
+
+    def finish(self, record: CallRecord, message: Any, payload: bytes, started: float) -> None:
+        """The thread lane's last reply (a non-persistent request): send it without waiting,
+        acknowledge ``message`` and tell the call listeners (``started``: the
+        :func:`time.perf_counter` of its receipt). Safe from any thread."""
+        hop.send(self._producer, payload, {"id": record.request_id or ""})  # type: ignore[arg-type]
+        hop.acknowledge(self._consumer._consumer, message)  # type: ignore[union-attr]
+        record.duration = time.perf_counter() - started
+        self._notify(record)
+
     async def _send(self, request_id: str, payload: bytes) -> None:
-        """Send one reply and wait until the broker has it."""
-        await self._receipt(request_id, payload)
+        """Send a last reply. A persistent request's waits until the broker has it: the request is
+        acknowledged only then. A non-persistent one's is handed to the client and not waited
+        for: the broker never delivers a non-persistent request again, so the acknowledgement
+        changes nothing, and waiting would cost a hop and the client's I/O thread the GIL
+        (docs/benchmarks.md §1). The producer is flushed before it closes."""
+        if self.persistent:
+            await self._receipt(request_id, payload)
+        else:
+            hop.send(self._producer, payload, {"id": request_id})  # type: ignore[arg-type]
 
     async def _fail(self, record: CallRecord, error_type: str, message: str) -> None:
         """Answer the request with an error reply and record its type as the call's status."""
@@ -333,7 +380,7 @@ class ServiceWorker:
         """Check the request, invoke under the timeout, and send the reply (or error)."""
         deadline = asyncio.timeout(self.timeout)
         try:
-            call = self._checked(record, message)
+            call = self.check(record, message)
             async with deadline:
                 await self._stream(record.request_id or "", call)
         except ToolError as exc:
@@ -342,8 +389,7 @@ class ServiceWorker:
             if not deadline.expired():
                 await self._invoke_failed(record, exc)
             else:
-                await self._fail(record, wire.TIMEOUT,
-                                 f"service {self.descriptor.id!r} did not finish within {self.timeout}s")
+                await self._fail(record, wire.TIMEOUT, self.refusal(wire.TIMEOUT))
         except Exception as exc:
             await self._invoke_failed(record, exc)
 
@@ -351,8 +397,9 @@ class ServiceWorker:
         log.exception("service %s: invoke raised", self.descriptor.id, exc_info=exc)
         await self._fail(record, wire.TOOL_SERVICE_ERROR, f"{type(exc).__name__}: {exc}")
 
-    def _checked(self, record: CallRecord, message: Any) -> executors.Call:
-        """The call to make, once the request passes every check before ``invoke``.
+    def check(self, record: CallRecord, message: Any) -> executors.Call:
+        """The call to make, once the request passes every check before ``invoke``; sets the
+        record's ``user`` and ``arguments``. Safe from any thread.
 
         Raises:
             ToolError: with the wire error type of the failed check.
@@ -374,7 +421,7 @@ class ServiceWorker:
             reason = self._authorize(request.user, self.descriptor.id, request.config, request.arguments)
             if reason is not None:
                 raise ToolError(reason, wire.NOT_ALLOWED)
-        missing = [p for p in self.descriptor.required_config if p not in request.config]
+        missing = [p for p in self.required_config if p not in request.config]
         if missing:
             raise ToolError(f"service {self.descriptor.id!r} needs config param(s) {missing}", wire.MISSING_CONFIG)
         return request.user, request.config, self.service.check_arguments(request.arguments)
@@ -382,24 +429,31 @@ class ServiceWorker:
     async def _stream(self, request_id: str, call: executors.Call) -> None:
         """Send one response, or for a generator one per chunk then an empty final one.
 
-        Chunks go out without waiting for each receipt (one producer keeps their order); at most
-        :data:`STREAM_WINDOW` are unconfirmed at a time, and the call ends once the broker has all.
+        Chunks go out without waiting (one producer keeps their order); every
+        :data:`STREAM_WINDOW`-th chunk carries a receipt, and the next window waits for the one
+        before it, so at most two windows are unconfirmed. The call ends once the broker has all.
         """
         result = await self.executor.invoke(call)
         if isinstance(result, str):
             await self._send(request_id, wire.encode_response(result))
             return
-        unconfirmed: list[asyncio.Future[None]] = []
+        properties = {"id": request_id}
+        confirmed: asyncio.Future[None] | None = None  # the broker has every chunk up to this one
         try:
             async with contextlib.aclosing(result):
+                sent = 0
                 async for chunk in result:
-                    unconfirmed.append(self._receipt(request_id, wire.encode_response(chunk, False)))
-                    if len(unconfirmed) >= STREAM_WINDOW:
-                        await asyncio.gather(*unconfirmed)
-                        unconfirmed.clear()
+                    sent += 1
+                    payload = wire.encode_response(chunk, False)
+                    if sent % STREAM_WINDOW:
+                        hop.send(self._producer, payload, properties)  # type: ignore[arg-type]
+                        continue
+                    if confirmed is not None:
+                        await confirmed
+                    confirmed = self._receipt(request_id, payload)
         finally:
-            if unconfirmed:
-                await asyncio.gather(*unconfirmed, return_exceptions=True)
+            if confirmed is not None:
+                await asyncio.gather(confirmed, return_exceptions=True)
         await self._send(request_id, wire.encode_response("", True))
 
     async def stop_receiving(self) -> None:
@@ -415,6 +469,8 @@ class ServiceWorker:
         asking.
         """
         self._stopping = True
+        if self._lane is not None:
+            self._lane.stop()
         for task in list(self._waiting):
             task.cancel(NOT_STARTED)
         if self._loop_task is not None:
@@ -458,9 +514,9 @@ class ServiceWorker:
         """Wait up to ``grace`` seconds (or until ``over`` is set: a second Ctrl-C) for in-flight
         calls; cancel the rest, which are answered ``unavailable`` (persistent: returned to the
         broker). Returns how many were cancelled."""
-        if not self._tasks:
+        if not self.in_flight:
             return 0
-        finished = asyncio.ensure_future(asyncio.wait(set(self._tasks)))
+        finished = asyncio.ensure_future(self._all_answered())
         ended = asyncio.ensure_future((over or asyncio.Event()).wait())
         await asyncio.wait({finished, ended}, timeout=grace, return_when=asyncio.FIRST_COMPLETED)
         finished.cancel()
@@ -470,7 +526,13 @@ class ServiceWorker:
             task.cancel()
         if pending:
             await asyncio.wait(pending, timeout=1.0)  # let them answer 'unavailable'
-        return len(pending)
+        return len(pending) + (self._lane.cut_off() if self._lane is not None else 0)
+
+    async def _all_answered(self) -> None:
+        if self._tasks:
+            await asyncio.wait(set(self._tasks))
+        if self._lane is not None:
+            await self._lane.idle()
 
     async def close(self) -> None:
         """Close the consumer and producer, and let go of the executor's workers (a thread still in a
@@ -483,6 +545,11 @@ class ServiceWorker:
         if self._producer is not None:
             await self._quietly("flush the producer", self._producer.flush())
             await self._quietly("close the producer", self._producer.close())
+        await self._close_executor()
+
+    async def _close_executor(self) -> None:
+        if self._lane is not None:
+            self._lane.close()
         await self.executor.close()
 
     async def _quietly(self, what: str, closing: Any) -> None:

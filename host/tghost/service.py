@@ -325,7 +325,8 @@ class FunctionService(ToolService):
         """
         arguments = self._converted_and_known(arguments)
         try:
-            return dict(self.model.model_validate_json(json.dumps(arguments), strict=True))
+            checked = self.model.model_validate_json(json.dumps(arguments), strict=True)
+            return dict(checked.__dict__)  # the fields (unknown names are refused or ignored, never kept)
         except ValidationError as exc:
             raise InvalidArguments.at(_pydantic_problems(exc)) from None
 

@@ -12,15 +12,15 @@ import contextlib
 import inspect
 import threading
 from collections.abc import AsyncGenerator, Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 from .. import wire
 from ..service import ToolError, ToolService
 from . import THREAD, Call, Executor, Outcome, WorkerStats
 
-__all__ = ["ThreadExecutor"]
+__all__ = ["Job", "ThreadExecutor"]
 
 _DONE = object()
 
@@ -29,10 +29,14 @@ def _next_chunk(chunks: Iterator[Any]) -> Any:
     return next(chunks, _DONE)
 
 
-@dataclass
-class _Job:
-    """One piece of plugin code handed to a thread; ``abandoned`` once its caller stopped waiting."""
+@dataclass(eq=False)
+class Job:
+    """One piece of plugin code handed to a thread (:meth:`ThreadExecutor.submit`).
 
+    ``future`` holds its result; ``abandoned`` once its caller stopped waiting (:meth:`ThreadExecutor.abandon`).
+    """
+
+    future: Future[Any] = field(default_factory=Future)
     finished: bool = False
     abandoned: bool = False
 
@@ -43,6 +47,9 @@ class ThreadExecutor(Executor):
     ``stuck`` counts threads still running plugin code whose call was cancelled (timed out):
     they are not free until the plugin returns. When every thread is taken that way, a call is
     answered ``overloaded`` at once, saying so, instead of waiting for a thread that never comes.
+
+    :meth:`submit` and :meth:`abandon` are the synchronous interface, safe from any thread (the
+    thread lane, :mod:`tghost.lane`, uses them); :meth:`invoke` is the awaitable one.
     """
 
     isolation = THREAD
@@ -50,13 +57,14 @@ class ThreadExecutor(Executor):
     def __init__(self, service: ToolService, service_id: str, max_workers: int) -> None:
         super().__init__(service_id, max_workers)
         self.service = service
+        self._blocking = service.runs_in_thread
         self._pool = ThreadPoolExecutor(max_workers, thread_name_prefix=f"tghost-{service_id}")
         self._lock = threading.Lock()
-        self._taken = 0  # threads running (or about to run) plugin code, stuck ones included
+        self._running = 0  # threads running plugin code now, stuck ones included
         self._stuck = 0
 
     async def invoke(self, call: Call) -> Outcome:
-        if self.service.runs_in_thread:
+        if self._blocking:
             result = await self._in_thread(self.service.invoke, *call)
         else:
             result = self.service.invoke(*call)
@@ -80,44 +88,64 @@ class ThreadExecutor(Executor):
                 result.close()
 
     async def _in_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """``fn(*args)`` in one of the service's threads; a cancelled call leaves it stuck there."""
-        with self._lock:
-            if self._taken >= self.max_workers:
-                raise ToolError(self._starved(), wire.OVERLOADED)
-            self._taken += 1
-        job = _Job()
-        future = self._pool.submit(self._run, job, fn, *args)
+        """``fn(*args)`` in one of the service's threads; a cancelled call leaves it stuck there.
+
+        Raises:
+            ToolError: ``overloaded`` when every thread is stuck (:meth:`starved`).
+        """
+        if (starved := self.starved()) is not None:
+            raise ToolError(starved, wire.OVERLOADED)
+        job = self.submit(fn, *args)
         try:
-            return await asyncio.wrap_future(future)
+            return await asyncio.wrap_future(job.future)
         except asyncio.CancelledError:
-            with self._lock:
-                if future.cancel():  # never started: the thread is free again
-                    self._taken -= 1
-                elif not job.finished:
-                    job.abandoned = True
-                    self._stuck += 1
+            self.abandon(job)
             raise
 
-    def _run(self, job: _Job, fn: Callable[..., Any], *args: Any) -> Any:
-        try:
-            return fn(*args)
-        finally:
-            with self._lock:
-                self._taken -= 1
-                job.finished = True
-                if job.abandoned:
-                    self._stuck -= 1
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Job:
+        """Run ``fn(*args)`` on one of the service's threads as soon as one is free (queued
+        until then); returns at once, from any thread. ``job.future`` gets the result."""
+        job = Job()
+        job.future = self._pool.submit(self._run, job, fn, *args)
+        return job
 
-    def _starved(self) -> str:
+    def abandon(self, job: Job) -> bool:
+        """The caller of ``job`` stopped waiting (its timeout, a shutdown): a job not started yet
+        never starts, and one running is counted stuck until the plugin returns. Returns whether
+        it had not started."""
+        with self._lock:
+            if job.future.cancel():
+                return True
+            if not job.finished and not job.abandoned:
+                job.abandoned = True
+                self._stuck += 1
+            return False
+
+    def starved(self) -> str | None:
+        """Why no call can start now (every thread stuck in a call that timed out), or ``None``."""
+        if self._stuck < self.max_workers:
+            return None
         return (f"service {self.service_id!r} could not start the call: all {self.max_workers} of its worker "
                 f"threads are taken, {self._stuck} of them stuck in calls that timed out (Python cannot stop "
                 "a thread; they free when the plugin returns). Retry later; the host's operator can serve it "
                 "with --isolation process to have such calls killed")
 
+    def _run(self, job: Job, fn: Callable[..., Any], *args: Any) -> Any:
+        with self._lock:
+            self._running += 1
+        try:
+            return fn(*args)
+        finally:
+            with self._lock:
+                self._running -= 1
+                job.finished = True
+                if job.abandoned:
+                    self._stuck -= 1
+
     def stats(self) -> WorkerStats:
         with self._lock:
-            taken, stuck = self._taken, self._stuck
-        return WorkerStats(THREAD, self.max_workers, workers=len(self._pool._threads), busy=taken - stuck,
+            running, stuck = self._running, self._stuck
+        return WorkerStats(THREAD, self.max_workers, workers=len(self._pool._threads), busy=running - stuck,
                            stuck=stuck)
 
     async def close(self) -> None:
