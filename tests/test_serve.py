@@ -16,7 +16,7 @@ from tghost import wire
 from tghost.broker import EmbeddedBroker, PulsarSettings
 from tghost.client import ToolCallError
 from tghost.discover import catalog_of, discover
-from tghost.serve import CallRecord, Server, ServeSettings
+from tghost.serve import CallRecord, Deadlines, Server, ServeSettings
 from tghost.testing import LocalHost, RawWire
 
 from .conftest import PluginDir
@@ -556,3 +556,33 @@ async def test_a_persistent_request_delivered_beyond_even_the_answer_goes_to_the
             assert await host.call("doomed", {"text": "fine"}) == "fine"
     assert dead.properties()["id"] == "doomed" and json.loads(dead.data())["arguments"] == '{"text": "poison"}'
     assert calls == ["fine"]
+
+
+async def test_deadlines_cancel_each_late_call_once_and_tell_its_timeout_from_a_shutdown() -> None:
+    outcomes: dict[str, str] = {}
+
+    async def call(clock: Deadlines, name: str, seconds: float) -> None:
+        task: asyncio.Task[None] = asyncio.current_task()  # type: ignore[assignment]
+        clock.start(task)
+        try:
+            try:
+                await asyncio.sleep(seconds)
+            finally:
+                clock.stop(task)
+            outcomes[name] = "finished"
+        except asyncio.CancelledError:
+            outcomes[name] = "timeout" if clock.expired(task) else "cut off"
+
+    clock = Deadlines(0.1)
+    await asyncio.gather(call(clock, "quick", 0.01), call(clock, "slow", 5), call(clock, "later-quick", 0.05),
+                         call(clock, "slower", 5))
+    assert outcomes == {"quick": "finished", "slow": "timeout", "later-quick": "finished", "slower": "timeout"}
+
+    # a shutdown's cancellation on top of the timeout's is not a timeout
+    due_now = Deadlines(0.0)
+    both = asyncio.create_task(call(due_now, "both", 5))
+    await asyncio.sleep(0)  # it started its clock and waits
+    due_now._sweep(asyncio.get_running_loop())  # its deadline: cancelled once...
+    both.cancel()  # ...and by the shutdown, before it runs again
+    await both
+    assert outcomes["both"] == "cut off"

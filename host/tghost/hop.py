@@ -159,6 +159,6 @@ def acknowledge(consumer: Any, message: Any) -> None:
     close). A failure (the consumer closed) is the C++ client's to log; a persistent request
     left unacknowledged is delivered again, and the wire contract allows a duplicate reply."""
     try:
-        consumer.acknowledge(message)
+        consumer.acknowledge_async(message, None)  # no wait for the grouping tracker's answer
     except Exception as exc:  # _pulsar raises its own exception types
         log.debug("acknowledge failed: %s", exc)

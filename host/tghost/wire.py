@@ -81,7 +81,7 @@ def _loads(raw: str, complaint: str) -> Any:
 
 def _json_object(envelope: dict[str, Any], key: str) -> dict[str, Any]:
     raw = envelope.get(key)
-    if raw is None or raw == "":
+    if raw is None or raw == "" or raw == "{}":
         return {}
     if not isinstance(raw, str):
         raise BadRequest(f"'{key}' must be a JSON object encoded as a string, got {type(raw).__name__}")
@@ -135,8 +135,13 @@ def observation(result: Any) -> str:
 
 
 def encode_response(text: str, end_of_stream: bool = True) -> bytes:
-    """Encode a success response: ``{"error": null, "response": text, "end_of_stream": bool}``."""
-    return json.dumps({"error": None, "response": text, "end_of_stream": end_of_stream}).encode()
+    """Encode a success response: ``{"error": null, "response": text, "end_of_stream": bool}``
+    (the bytes ``json.dumps`` gives for that dict, put together without building it)."""
+    return b"".join((_RESPONSE_HEAD, json.dumps(text).encode(), _END_OF_STREAM[end_of_stream]))
+
+
+_RESPONSE_HEAD = b'{"error": null, "response": '
+_END_OF_STREAM = {True: b', "end_of_stream": true}', False: b', "end_of_stream": false}'}
 
 
 def encode_error(error_type: str, message: str) -> bytes:
