@@ -37,6 +37,12 @@ class ToolCallError(Exception):
         self.message = message
 
 
+#: Responses the client may buffer for its calls: a response topic is non-persistent, and the
+#: broker drops what a consumer has no room for (no flow control reaches the host), so a long
+#: stream must fit here while the caller reads it (docs/protocol.md §2.5).
+RESPONSE_QUEUE = 10_000
+
+
 class ToolServiceClient:
     """Calls one tool service: a producer on its request queue, a consumer on its response queue.
 
@@ -63,7 +69,7 @@ class ToolServiceClient:
         self._mailbox = hop.Mailbox(asyncio.get_running_loop())
         self._consumer = await hop.subscribe_listening(
             self._client, self.response_queue, f"tghost-caller-{uuid.uuid4().hex}",
-            pulsar.ConsumerType.Exclusive, self._on_response,
+            pulsar.ConsumerType.Exclusive, self._on_response, receiver_queue_size=RESPONSE_QUEUE,
         )
         self._producer = await self._client.create_producer(self.request_queue, batching_enabled=False)
         return self

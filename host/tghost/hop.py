@@ -26,7 +26,7 @@ import pulsar.asyncio
 import pulsar.schema
 
 __all__ = [
-    "SWITCH_INTERVAL", "Listener", "Mailbox", "acknowledge", "receipt", "send", "subscribe_listening",
+    "STREAM_WINDOW", "SWITCH_INTERVAL", "Listener", "Mailbox", "acknowledge", "receipt", "send", "subscribe_listening",
 ]
 
 #: Called on a C++ listener thread with the raw ``_pulsar.Consumer`` and ``_pulsar.Message``;
@@ -41,6 +41,11 @@ log = logging.getLogger(__name__)
 #: receipt) and, while the event loop is busy, wait for it up to this long; Python's default
 #: 5 ms delays replies under load (docs/benchmarks.md).
 SWITCH_INTERVAL = 0.0005
+#: Chunks of one stream sent before the sender waits for the broker to have them all. A
+#: non-persistent topic has no flow control from the consumer back to the producer: a caller's
+#: consumer whose queue is full loses what the broker sends it, so a stream is paced by the
+#: broker's receipts, and a window keeps it within a slow caller's reach.
+STREAM_WINDOW = 64
 
 
 class Mailbox:

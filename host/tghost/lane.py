@@ -32,9 +32,11 @@ import logging
 import threading
 import time
 from collections.abc import Coroutine
+from concurrent import futures
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Protocol
 
-from . import wire
+from . import hop, wire
 from .service import ToolError, ToolService
 
 if TYPE_CHECKING:
@@ -65,8 +67,9 @@ class Owner(Protocol):
     def check(self, record: CallRecord, message: Any) -> Call:
         """The call to make, once the request passes every check; raises :class:`ToolError`."""
 
-    def send_chunk(self, record: CallRecord, payload: bytes) -> None:
-        """Send one chunk of a stream (not the last reply)."""
+    def send_chunk(self, record: CallRecord, payload: bytes) -> Future[bool]:
+        """Send one chunk of a stream (not the last reply); the future is done (True: sent) once
+        the broker has it."""
 
     def finish(self, record: CallRecord, message: Any, payload: bytes, started: float) -> None:
         """Send the last reply, then acknowledge ``message`` and tell the call listeners."""
@@ -159,7 +162,8 @@ class ThreadLane:
 
     def _stream(self, call: _Call, chunks: Any) -> None:
         """Send each chunk as the plugin yields it, then the empty last reply; stops early once
-        the call is claimed by its deadline or a shutdown. Raises what the plugin raises."""
+        the call is claimed by its deadline or a shutdown. At most :data:`tghost.hop.STREAM_WINDOW`
+        chunks are unconfirmed by the broker at a time. Raises what the plugin raises."""
         if inspect.isasyncgen(chunks):
             def following() -> Any:
                 return self._on_loop(_next_async(chunks))
@@ -168,15 +172,20 @@ class ThreadLane:
                 return self._on_loop(chunks.aclose())
         else:
             following, close = functools.partial(next, chunks, _DONE), chunks.close
+        unconfirmed: list[Future[bool]] = []
         try:
             while (chunk := following()) is not _DONE:
                 payload = wire.encode_response(wire.observation(chunk), False)
                 with call.lock:
                     if call.answered:
                         return
-                    self._owner.send_chunk(call.record, payload)
+                    unconfirmed.append(self._owner.send_chunk(call.record, payload))
+                if len(unconfirmed) >= hop.STREAM_WINDOW:
+                    futures.wait(unconfirmed)
+                    unconfirmed.clear()
         finally:
             close()
+        futures.wait(unconfirmed)
         self._finish(call, None, wire.encode_response("", True))
 
     def _on_loop(self, coroutine: Coroutine[Any, Any, Any]) -> Any:

@@ -18,6 +18,7 @@ import logging
 import time
 import weakref
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,8 +56,6 @@ log = logging.getLogger(__name__)
 #: once; pulsar-client's default of 1000 lost a third of them.) A persistent topic keeps what no
 #: host has taken, so its consumer buffers nothing (size 0) and receives only when a slot is free.
 RECEIVER_QUEUE = 10_000
-#: Chunks of one stream sent before the host waits for the broker to have them all.
-STREAM_WINDOW = 64
 #: The cancel message of a request cancelled by shutdown while it waited for a slot.
 NOT_STARTED = "not started"
 
@@ -396,9 +395,13 @@ class ServiceWorker:
         """Send one reply; the future is done once the broker has it (:func:`tghost.hop.receipt`)."""
         return hop.receipt(self._mailbox, self._producer, payload, {"id": request_id})  # type: ignore[arg-type]
 
-    def send_chunk(self, record: CallRecord, payload: bytes) -> None:
-        """Send one chunk of a stream without waiting (the thread lane's streams)."""
-        hop.send(self._producer, payload, {"id": record.request_id or ""})  # type: ignore[arg-type]
+    def send_chunk(self, record: CallRecord, payload: bytes) -> Future[bool]:
+        """Send one chunk of a stream (the thread lane's streams); the future is done once the
+        broker has it (True) or refused it (False). Safe from any thread."""
+        sent: Future[bool] = Future()
+        hop.send(self._producer, payload, {"id": record.request_id or ""},  # type: ignore[arg-type]
+                 lambda result, _: sent.set_result(result == pulsar.Result.Ok))
+        return sent
 
     def finish(self, record: CallRecord, message: Any, payload: bytes, started: float) -> None:
         """The thread lane's last reply (a non-persistent request): send it without waiting,
@@ -479,31 +482,24 @@ class ServiceWorker:
     async def _stream(self, request_id: str, call: executors.Call) -> None:
         """Send one response, or for a generator one per chunk then an empty final one.
 
-        Chunks go out without waiting (one producer keeps their order); every
-        :data:`STREAM_WINDOW`-th chunk carries a receipt, and the next window waits for the one
-        before it, so at most two windows are unconfirmed. The call ends once the broker has all.
+        Chunks go out without waiting for each receipt (one producer keeps their order); at most
+        :data:`tghost.hop.STREAM_WINDOW` are unconfirmed at a time, and the call ends once the broker has all.
         """
         result = await self.executor.invoke(call)
         if isinstance(result, str):
             await self._send(request_id, wire.encode_response(result))
             return
-        properties = {"id": request_id}
-        confirmed: asyncio.Future[None] | None = None  # the broker has every chunk up to this one
+        unconfirmed: list[asyncio.Future[None]] = []
         try:
             async with contextlib.aclosing(result):
-                sent = 0
                 async for chunk in result:
-                    sent += 1
-                    payload = wire.encode_response(chunk, False)
-                    if sent % STREAM_WINDOW:
-                        hop.send(self._producer, payload, properties)  # type: ignore[arg-type]
-                        continue
-                    if confirmed is not None:
-                        await confirmed
-                    confirmed = self._receipt(request_id, payload)
+                    unconfirmed.append(self._receipt(request_id, wire.encode_response(chunk, False)))
+                    if len(unconfirmed) >= hop.STREAM_WINDOW:
+                        await asyncio.gather(*unconfirmed)
+                        unconfirmed.clear()
         finally:
-            if confirmed is not None:
-                await asyncio.gather(confirmed, return_exceptions=True)
+            if unconfirmed:
+                await asyncio.gather(*unconfirmed, return_exceptions=True)
         await self._send(request_id, wire.encode_response("", True))
 
     async def stop_receiving(self) -> None:
