@@ -5,6 +5,9 @@ Servers (each called by the same raw sync caller, so only the server differs):
 - (a) the floor: a raw sync ``pulsar.Client`` echo (bench/echo_server.py ``sync``): receive,
   acknowledge, send; the reference every ratio is taken to;
 - (a2) a raw ``pulsar.asyncio`` echo (``asyncio``), for context;
+- (a3) a raw listener echo answering on the client's listener thread (``listener``), and (a4) the
+  same after one hop into an asyncio loop (``listener-loop``): what one hand-off between threads
+  costs, which any host that runs plugin code away from the client's threads pays;
 - (b) ``tghost run`` serving a generated echo plugin, an ``async def`` (``--isolation thread``,
   the default), as TrustGraph's and the joke plugin's ``invoke`` are;
 - (b1) the same echo as a plain ``def``: run in the service's worker threads (the thread lane);
@@ -17,7 +20,7 @@ The raw sync caller is a ``pulsar.Client`` (no tghost): ``producer.send`` (it wa
 broker's receipt), then the reply, routed by its ``id`` property by a message listener, is
 awaited on a ``concurrent.futures.Future``; concurrency N is N threads.
 
-Each row is measured ``reps`` times, the rows interleaved (a, a2, b, b2, t, d, then again), and
+Each row is measured ``reps`` times, the rows interleaved (a to a4, b to b2, t, d, then again), and
 the table gives the median of each column: serial p50/p99 latency, throughput at concurrency
 1/16/64, the server process's CPU time per call over the throughput runs, and the ratios to (a)
 (server rows) or to (r) (caller rows).
@@ -66,6 +69,13 @@ from .common import (
 )
 
 LEVELS = (1, 16, 64)
+#: The raw echo rows (bench/echo_server.py): (label, mode).
+FLOORS = (
+    ("a raw sync pulsar.Client echo", "sync"),
+    ("a2 raw pulsar.asyncio echo", "asyncio"),
+    ("a3 raw listener echo, no hand-off", "listener"),
+    ("a4 raw listener echo, one hop to a loop", "listener-loop"),
+)
 #: The ``tghost run`` rows: (label, isolation, the echo a plain ``def``). ``async def`` runs on the
 #: event loop; a plain ``def`` in the worker threads (the thread lane, tghost/lane.py).
 HOSTS = (
@@ -191,7 +201,7 @@ def servers(url: str) -> Iterator[dict[str, tuple[int, str]]]:
     """Every server, running: label -> (pid, topic)."""
     with ExitStack() as stack:
         found = {}
-        for label, mode in (("a raw sync pulsar.Client echo", "sync"), ("a2 raw pulsar.asyncio echo", "asyncio")):
+        for label, mode in FLOORS:
             topic = f"bench-{mode}-echo"
             proc = stack.enter_context(process([sys.executable, "-m", "bench.echo_server", url, topic, mode]))
             found[label] = (proc.pid, topic)
