@@ -586,3 +586,37 @@ async def test_deadlines_cancel_each_late_call_once_and_tell_its_timeout_from_a_
     both.cancel()  # ...and by the shutdown, before it runs again
     await both
     assert outcomes["both"] == "cut off"
+
+
+@tghost.tool(service="huge")
+def huge_plain(stream: bool = False) -> Any:
+    """A result (or a chunk) over Pulsar's message limit, from a plain def."""
+    big = "x" * (wire.MAX_MESSAGE + 1)
+    return (chunk for chunk in ("fits", big)) if stream else big
+
+
+@tghost.tool(service="huge")
+async def huge_async(stream: bool = False) -> Any:
+    """The same from an async def."""
+    big = "x" * (wire.MAX_MESSAGE + 1)
+    if not stream:
+        return big
+
+    async def chunks() -> AsyncIterator[str]:
+        yield "fits"
+        yield big
+
+    return chunks()
+
+
+@pytest.mark.parametrize("service", [huge_plain, huge_async], ids=["def", "async def"])
+@pytest.mark.parametrize("stream", [False, True], ids=["result", "chunk"])
+async def test_a_reply_over_the_message_limit_is_answered_tool_service_error_at_once(
+        pulsar_broker: EmbeddedBroker, service: tghost.ToolService, stream: bool) -> None:
+    async with LocalHost(pulsar_broker.url, [service]), RawWire(pulsar_broker.url, service.descriptor) as raw:
+        await raw.send(wire.encode_request("u", {}, {"stream": stream}), {"id": "big"})
+        replies = await raw.replies("big", timeout=10)
+    bodies = [body for _, body in replies]
+    assert [body["response"] for body in bodies[:-1]] == (["fits"] if stream else [])
+    assert bodies[-1]["error"]["type"] == "tool-service-error"
+    assert f"over Pulsar's message limit of {wire.MAX_MESSAGE} bytes" in bodies[-1]["error"]["message"]

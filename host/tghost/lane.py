@@ -154,6 +154,8 @@ class ThreadLane:
             status, payload = None, wire.encode_response(wire.observation(result))
         except ToolError as exc:
             status, payload = exc.error_type, wire.encode_error(exc.error_type, str(exc))
+        except wire.TooLarge as exc:
+            status, payload = wire.TOOL_SERVICE_ERROR, wire.encode_error(wire.TOOL_SERVICE_ERROR, str(exc))
         except Exception as exc:
             log.exception("service %s: invoke raised", self._executor.service_id)
             status, payload = wire.TOOL_SERVICE_ERROR, wire.encode_error(wire.TOOL_SERVICE_ERROR,
@@ -189,9 +191,13 @@ class ThreadLane:
         self._finish(call, None, wire.encode_response("", True))
 
     def _on_loop(self, coroutine: Coroutine[Any, Any, Any]) -> Any:
-        """Run ``coroutine`` on the lane's event loop and wait for it here (a plain ``invoke``
-        that returned an awaitable or an async generator)."""
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+        """Run ``coroutine`` on the lane's event loop and wait for it here, at most the call's
+        timeout (a plain ``invoke`` that returned an awaitable or an async generator).
+
+        Raises:
+            TimeoutError: it did not finish in time (the deadline has answered the call).
+        """
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(self._owner.timeout)
 
     def _finish(self, call: _Call, status: str | None, payload: bytes) -> None:
         if not self._answer(call, status, payload) and status is None:

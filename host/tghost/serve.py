@@ -439,6 +439,8 @@ class ServiceWorker:
                 self._clock.stop(task)
         except ToolError as exc:
             await self._fail(record, exc.error_type, str(exc))
+        except wire.TooLarge as exc:
+            await self._fail(record, wire.TOOL_SERVICE_ERROR, str(exc))
         except asyncio.CancelledError:
             if not self._clock.expired(task):
                 raise

@@ -13,6 +13,7 @@ from typing import Any
 __all__ = [
     "BAD_REQUEST",
     "INVALID_ARGUMENTS",
+    "MAX_MESSAGE",
     "MISSING_CONFIG",
     "NOT_ALLOWED",
     "OVERLOADED",
@@ -23,6 +24,7 @@ __all__ = [
     "BadRequest",
     "Request",
     "Response",
+    "TooLarge",
     "decode_request",
     "decode_response",
     "encode_error",
@@ -45,6 +47,15 @@ REDELIVERY_LIMIT = "redelivery-limit"
 
 #: TrustGraph's DynamicToolService uses this user when the request names none.
 DEFAULT_USER = "trustgraph"
+
+
+#: Bytes: the largest message pulsar-client sends (its default, and Apache Pulsar's default
+#: ``maxMessageSize``: 5 MiB); a larger one is refused at send.
+MAX_MESSAGE = 5 * 1024 * 1024
+
+
+class TooLarge(ValueError):
+    """A response too large to send as one Pulsar message (:data:`MAX_MESSAGE`)."""
 
 
 class BadRequest(ValueError):
@@ -136,8 +147,16 @@ def observation(result: Any) -> str:
 
 def encode_response(text: str, end_of_stream: bool = True) -> bytes:
     """Encode a success response: ``{"error": null, "response": text, "end_of_stream": bool}``
-    (the bytes ``json.dumps`` gives for that dict, put together without building it)."""
-    return b"".join((_RESPONSE_HEAD, json.dumps(text).encode(), _END_OF_STREAM[end_of_stream]))
+    (the bytes ``json.dumps`` gives for that dict, put together without building it).
+
+    Raises:
+        TooLarge: the encoded response is over :data:`MAX_MESSAGE` bytes.
+    """
+    payload = b"".join((_RESPONSE_HEAD, json.dumps(text).encode(), _END_OF_STREAM[end_of_stream]))
+    if len(payload) > MAX_MESSAGE:
+        raise TooLarge(f"the {'result' if end_of_stream else 'chunk'} is {len(payload)} bytes encoded, over "
+                       f"Pulsar's message limit of {MAX_MESSAGE} bytes; return less, or stream it in smaller chunks")
+    return payload
 
 
 _RESPONSE_HEAD = b'{"error": null, "response": '
