@@ -15,8 +15,9 @@ import tghost
 from tghost import wire
 from tghost.broker import EmbeddedBroker, PulsarSettings
 from tghost.client import ToolCallError
+from tghost.deadlines import Deadlines
 from tghost.discover import catalog_of, discover
-from tghost.serve import CallRecord, Deadlines, Server, ServeSettings
+from tghost.serve import CallRecord, Server, ServeSettings
 from tghost.testing import LocalHost, RawWire
 
 from .conftest import PluginDir
