@@ -19,6 +19,7 @@ import tghost
 from tghost import wire
 from tghost.broker import EmbeddedBroker
 from tghost.client import ToolCallError
+from tghost.discover import catalog_of
 from tghost.serve import CallRecord, ServeSettings
 from tghost.testing import LocalHost, RawWire
 
@@ -191,3 +192,24 @@ async def test_a_call_still_running_when_the_grace_ends_is_answered_unavailable_
         release.set()
     assert info.value.error_type == "unavailable" and "before the call finished" in info.value.message
     assert stuck == 1
+
+
+async def test_authorize_runs_before_a_lane_call_and_a_deny_never_invokes(pulsar_broker: EmbeddedBroker) -> None:
+    invoked: list[str] = []
+
+    @tghost.tool
+    def guarded(q: str) -> str:
+        invoked.append(q)
+        return q
+
+    def only_alice(user: str, service: str) -> str | None:
+        return None if user == "alice" else f"{user} may not call {service} ({threading.current_thread().name})"
+
+    catalog = catalog_of([guarded], authorize=only_alice)
+    async with LocalHost(pulsar_broker.url, catalog) as host, RawWire(pulsar_broker.url, guarded.descriptor) as raw:
+        assert lane_of(host) is not None
+        [(_, denied)] = await raw.request({"q": "secret"}, user="bob")
+        [(_, allowed)] = await raw.request({"q": "hi"}, user="alice")
+    assert denied["error"]["type"] == "not-allowed"
+    assert denied["error"]["message"].startswith("bob may not call guarded (tghost-guarded_")  # on its worker thread
+    assert allowed["response"] == "hi" and invoked == ["hi"]

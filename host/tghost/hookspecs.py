@@ -70,5 +70,6 @@ def tghost_authorize(user: str, service: str, config: dict[str, Any], arguments:
 
     Return ``None`` for no opinion, ``True`` to allow, ``False`` or a reason string to deny.
     Any deny wins: the call is answered ``not-allowed`` (with the reason) and never invoked.
-    An implementation that raises denies too (fail closed). It runs on the event loop: keep it fast.
+    An implementation that raises denies too (fail closed). It runs on the event loop, or for a
+    plain ``def`` tool on the service's worker thread (the thread lane): keep it fast and thread-safe.
     """
