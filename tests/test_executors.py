@@ -426,7 +426,7 @@ async def test_a_host_killed_by_sigkill_leaves_no_worker_process_behind(
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+        with open(f"/proc/{pid}/stat") as stat:  # a zombie (reaped later by init) is not running
+            return stat.read().split(")")[-1].split()[0] != "Z"
+    except (ProcessLookupError, FileNotFoundError):  # gone, also between the two looks
         return False
-    with open(f"/proc/{pid}/stat") as stat:  # a zombie (reaped later by init) is not running
-        return stat.read().split(")")[-1].split()[0] != "Z"
