@@ -20,10 +20,11 @@ The raw sync caller is a ``pulsar.Client`` (no tghost): ``producer.send`` (it wa
 broker's receipt), then the reply, routed by its ``id`` property by a message listener, is
 awaited on a ``concurrent.futures.Future``; concurrency N is N threads.
 
-Each row is measured ``reps`` times, the rows interleaved (a to a4, b to b2, t, d, then again), and
-the table gives the median of each column: serial p50/p99 latency, throughput at concurrency
-1/16/64, the server process's CPU time per call over the throughput runs, and the ratios to (a)
-(server rows) or to (r) (caller rows).
+Each row is measured ``reps`` times, the rows interleaved (a to a4, b to b2, t, d, then again),
+every repetition against servers started for it alone, and the table gives the median of each
+column: serial p50/p99 latency, throughput at concurrency 1/16/64, the server process's CPU
+time per call over the throughput runs, and the ratios to (a) (server rows) or to (r) (caller
+rows).
 """
 
 from __future__ import annotations
@@ -227,8 +228,9 @@ def medians(samples: list[dict[str, Any]]) -> dict[str, Any]:
     return row
 
 
-async def run(url: str, sizes: Sizes) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(server rows, caller rows), each the medians over ``sizes.reps`` interleaved repetitions."""
+async def repetition(url: str, sizes: Sizes) -> dict[str, dict[str, Any]]:
+    """One measurement of every row, label -> row, against servers started for it alone (so a
+    process's placement on the cores, which stays for its life, varies between repetitions)."""
     with servers(url) as found:
         raw = {label: RawCaller(url, topic) for label, (_, topic) in found.items() if not label.endswith(" env")}
         host_pid, host_topic = found["b tghost run"]
@@ -240,18 +242,22 @@ async def run(url: str, sizes: Sizes) -> tuple[list[dict[str, Any]], list[dict[s
                 await ready(echo_call(svc))
                 await directory.wait_for("echo", READY_TIMEOUT)
                 invoke: Call = lambda: directory.invoke("echo", ECHO_ARGS, timeout=CALL_TIMEOUT)  # noqa: E731
-                samples: dict[str, list[dict[str, Any]]] = {}
-                for _ in range(sizes.reps):
-                    for label, caller in raw.items():
-                        samples.setdefault(label, []).append(
-                            await asyncio.to_thread(measure_sync, caller.call, found[label][0], sizes))
-                    samples.setdefault("t tghost.client", []).append(
-                        await measure_async(echo_call(svc), host_pid, sizes))
-                    samples.setdefault("d ToolDirectory.invoke", []).append(
-                        await measure_async(invoke, host_pid, sizes))
+                rows = {label: await asyncio.to_thread(measure_sync, caller.call, found[label][0], sizes)
+                        for label, caller in raw.items()}
+                rows["t tghost.client"] = await measure_async(echo_call(svc), host_pid, sizes)
+                rows["d ToolDirectory.invoke"] = await measure_async(invoke, host_pid, sizes)
+                return rows
         finally:
             for caller in raw.values():
                 caller.close()
+
+
+async def run(url: str, sizes: Sizes) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(server rows, caller rows), each the medians over ``sizes.reps`` repetitions."""
+    samples: dict[str, list[dict[str, Any]]] = {}
+    for _ in range(sizes.reps):
+        for label, row in (await repetition(url, sizes)).items():
+            samples.setdefault(label, []).append(row)
     rows = {label: medians(s) for label, s in samples.items()}
     floor = rows["a raw sync pulsar.Client echo"]
     server_rows = [{"server (raw sync caller)": label, **row, "p50_vs_a": ratio(row["p50_ms"], floor["p50_ms"]),
@@ -269,7 +275,8 @@ def main(quick: bool = False) -> None:
     with broker() as running:
         server_rows, caller_rows = asyncio.run(run(running.url, sizes))
     what = (f"{sizes.serial} serial calls, {sizes.per_level} calls per concurrency level {', '.join(map(str, LEVELS))} "
-            f"(calls/s), server CPU µs per call; medians of {sizes.reps} interleaved repetitions")
+            f"(calls/s), server CPU µs per call; medians of {sizes.reps} interleaved repetitions, "
+            "servers started anew for each")
     report("roundtrip", f"Round trip, servers: {what}", server_rows, asdict(sizes))
     report("roundtrip-callers", f"Round trip, callers of tghost run: {what}", caller_rows, asdict(sizes))
 
