@@ -144,7 +144,10 @@ def start(where: _Where, port: int | None, data_dir: Path | None, as_json: bool,
         raise click.ClickException(f"something already answers at {before.url}, and it is not an embedded broker "
                                    f"with data dir {data_dir}: pass another --port, or its --data-dir")
     try:
-        status = before if before.running else start_detached(
+        # One still starting holds the data dir before it answers and writes its record: then
+        # start_detached waits for its starter (the start lock) and reports it once it runs.
+        ready = before.running and before.answering and before.record is not None
+        status = before if ready else start_detached(
             port, data_dir, log_level=log_level, metrics_port=metrics_port, ready_timeout=ready_timeout)
     except BrokerError as exc:
         raise click.ClickException(str(exc)) from None
