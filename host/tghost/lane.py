@@ -3,8 +3,8 @@
 For a service whose plain (blocking) ``invoke`` runs in the host's worker threads, on a
 non-persistent request topic, the C++ listener thread admits each request and hands it straight
 to a worker thread (:meth:`tghost.executors.thread.ThreadExecutor.submit`); the worker checks
-it, invokes, and sends the reply, and the request is acknowledged in the send's callback. That
-is a raw sync echo's path plus one thread hop. The event loop sees only what is rare: a
+it, invokes, sends the reply and acknowledges the request. That is a raw sync echo's path plus
+one thread hop. The event loop sees only what is rare: a
 shutdown's drain. Every other service, and a stopping one's new requests, take the loop path
 (:class:`tghost.serve.ServiceWorker`).
 
@@ -128,7 +128,7 @@ class ThreadLane:
             if not full and starved is None:
                 self._waiting[call] = None
         if full or starved is not None:
-            self._answer(call, wire.OVERLOADED, starved or self._owner.refusal(wire.OVERLOADED))
+            self._refuse(call, wire.OVERLOADED, starved or self._owner.refusal(wire.OVERLOADED))
             return
         call.job = self._executor.submit(self._run, call)
 
@@ -141,7 +141,7 @@ class ThreadLane:
             call.deadline = time.monotonic() + self._owner.timeout
             self._running[call] = None
         if self._owner.stopping:
-            self._answer(call, wire.UNAVAILABLE, self._owner.refusal(wire.UNAVAILABLE))
+            self._refuse(call, wire.UNAVAILABLE, self._owner.refusal(wire.UNAVAILABLE))
             return
         status: str | None
         try:
@@ -203,11 +203,14 @@ class ThreadLane:
         if not self._answer(call, status, payload) and status is None:
             log.debug("service %s: a result came after its call was answered; dropped", self._executor.service_id)
 
-    def _answer(self, call: _Call, status: str | None, text_or_payload: str | bytes,
-                waiting_only: bool = False) -> bool:
-        """Claim ``call`` and send its last reply: ``status`` is the error type (``None``: a
-        result) and ``text_or_payload`` the error's text or the encoded reply. Returns False when
-        it was already answered (or, with ``waiting_only``, had started)."""
+    def _refuse(self, call: _Call, error_type: str, text: str, waiting_only: bool = False) -> bool:
+        """:meth:`_answer` with an error reply of ``error_type`` saying ``text``."""
+        return self._answer(call, error_type, wire.encode_error(error_type, text), waiting_only)
+
+    def _answer(self, call: _Call, status: str | None, payload: bytes, waiting_only: bool = False) -> bool:
+        """Claim ``call`` and send its last reply, the encoded ``payload``; ``status`` is the
+        error type (``None``: a result). Returns False when it was already answered (or, with
+        ``waiting_only``, had started)."""
         with call.lock:
             with self._lock:
                 if call.answered or (waiting_only and call not in self._waiting):
@@ -218,8 +221,6 @@ class ThreadLane:
                 emptied = self._emptied is not None and not self.in_flight
             if status is not None:
                 call.record.status = status
-            payload = text_or_payload if isinstance(text_or_payload, bytes) else wire.encode_error(
-                status or wire.TOOL_SERVICE_ERROR, text_or_payload)
             try:
                 self._owner.finish(call.record, call.message, payload, call.started)
             except Exception:
@@ -246,7 +247,7 @@ class ThreadLane:
                     self._wake.wait(wait)
             for call in due:
                 self._abandon(call)
-                self._answer(call, wire.TIMEOUT, self._owner.refusal(wire.TIMEOUT))
+                self._refuse(call, wire.TIMEOUT, self._owner.refusal(wire.TIMEOUT))
 
     def _abandon(self, call: _Call) -> None:
         if call.job is not None:
@@ -258,7 +259,7 @@ class ThreadLane:
         with self._lock:
             waiting = list(self._waiting)
         for call in waiting:
-            if self._answer(call, wire.UNAVAILABLE, self._owner.refusal(wire.UNAVAILABLE), waiting_only=True):
+            if self._refuse(call, wire.UNAVAILABLE, self._owner.refusal(wire.UNAVAILABLE), waiting_only=True):
                 self._abandon(call)
 
     async def idle(self) -> None:
@@ -283,7 +284,7 @@ class ThreadLane:
         cut = 0
         for call in left:
             self._abandon(call)
-            cut += self._answer(call, wire.UNAVAILABLE, self._owner.refusal(wire.UNAVAILABLE, started=True))
+            cut += self._refuse(call, wire.UNAVAILABLE, self._owner.refusal(wire.UNAVAILABLE, started=True))
         return cut
 
     def close(self) -> None:

@@ -4,10 +4,12 @@ One :class:`ServiceWorker` per service: a Shared subscription ``<id>-request`` o
 topic, a non-batching producer on its response topic and its own worker threads. Never
 imports the directory, and never lets one service's faults stop another from answering.
 
-The hot path (docs/benchmarks.md): a request on a non-persistent topic arrives through a C++
-message listener and crosses into the event loop once (:class:`tghost.hop.Mailbox`); the reply
-goes out with the producer's ``send_async``; the request is acknowledged once the broker has
-the reply. A persistent topic is read with ``receive`` instead, one request per free slot.
+The hot path (docs/benchmarks.md §1): a request on a non-persistent topic arrives through a C++
+message listener. A plain ``def`` service under thread isolation answers it on its worker
+threads (:mod:`tghost.lane`); any other crosses into the event loop once
+(:class:`tghost.hop.Mailbox`). The reply goes out with the producer's ``send_async``, and the
+request is acknowledged as it is sent. A persistent topic is read with ``receive`` instead, one
+request per free slot, and a request there is acknowledged only once the broker has its reply.
 """
 
 from __future__ import annotations
@@ -297,11 +299,8 @@ class ServiceWorker:
         except Exception:
             log.exception("service %s: could not reply to request %s", self.descriptor.id, record.request_id)
         finally:
-            if acknowledge:
-                hop.acknowledge(self._consumer._consumer, message)  # type: ignore[union-attr]
-            record.duration = time.perf_counter() - started
             self._tasks.discard(task)  # answered: no longer in flight
-            self._notify(record)
+            self._settle(record, message, started, acknowledge)
 
     async def _admit(self, record: CallRecord, message: Any, task: asyncio.Task[None]) -> None:
         self._admitted += 1
@@ -362,7 +361,13 @@ class ServiceWorker:
         acknowledge ``message`` and tell the call listeners (``started``: the
         :func:`time.perf_counter` of its receipt). Safe from any thread."""
         hop.send(self._producer, payload, {"id": record.request_id or ""})  # type: ignore[arg-type]
-        hop.acknowledge(self._consumer._consumer, message)  # type: ignore[union-attr]
+        self._settle(record, message, started)
+
+    def _settle(self, record: CallRecord, message: Any, started: float, acknowledge: bool = True) -> None:
+        """A request is answered: acknowledge it (unless it goes back to the broker), time it from
+        ``started`` (:func:`time.perf_counter`) and tell the call listeners."""
+        if acknowledge:
+            hop.acknowledge(self._consumer._consumer, message)  # type: ignore[union-attr]
         record.duration = time.perf_counter() - started
         self._notify(record)
 

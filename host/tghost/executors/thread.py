@@ -36,7 +36,7 @@ class Job:
     ``future`` holds its result; ``abandoned`` once its caller stopped waiting (:meth:`ThreadExecutor.abandon`).
     """
 
-    future: Future[Any] = field(default_factory=Future)
+    future: Future[Any] = field(init=False, repr=False)
     finished: bool = False
     abandoned: bool = False
 
@@ -109,17 +109,13 @@ class ThreadExecutor(Executor):
         job.future = self._pool.submit(self._run, job, fn, *args)
         return job
 
-    def abandon(self, job: Job) -> bool:
+    def abandon(self, job: Job) -> None:
         """The caller of ``job`` stopped waiting (its timeout, a shutdown): a job not started yet
-        never starts, and one running is counted stuck until the plugin returns. Returns whether
-        it had not started."""
+        never starts, and one running is counted stuck until the plugin returns."""
         with self._lock:
-            if job.future.cancel():
-                return True
-            if not job.finished and not job.abandoned:
+            if not job.future.cancel() and not job.finished and not job.abandoned:
                 job.abandoned = True
                 self._stuck += 1
-            return False
 
     def starved(self) -> str | None:
         """Why no call can start now (every thread stuck in a call that timed out), or ``None``."""
