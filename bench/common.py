@@ -26,11 +26,12 @@ from typing import Any
 
 import psutil
 
-from tghost.broker import EmbeddedBroker, PulsarSettings, free_port
-from tghost.client import ToolCallError, ToolServiceClient
-from tghost.descriptors import request_queue, response_queue
-from tghost.directory import Change, ToolDirectory
-from tghost.discover import ENTRY_POINT_GROUP
+from tghost.agent.client import ToolCallError, ToolServiceClient
+from tghost.agent.directory import Change, ToolDirectory
+from tghost.discovery.discover import ENTRY_POINT_GROUP
+from tghost.protocol.descriptors import request_queue, response_queue
+from tghost.pulsar.clients import PulsarSettings, free_port
+from tghost.pulsar.embedded import EmbeddedBroker
 
 RESULTS = Path(__file__).parent / "results"
 REPO = Path(__file__).resolve().parent.parent

@@ -4,7 +4,7 @@
 2. start -> visible: from launching ``tghost run`` (echo plugin) to its tool in a following directory.
 3. catch-up: from directory start until caught up with 10, 1,000 and 10,000 announced tools.
 4. filter: seed 001 filtering per request over 100 tools, cached (``directory.available``)
-   and uncached (``tghost.groups.select`` on the list each time).
+   and uncached (``tghost.protocol.groups.select`` on the list each time).
 5. long history: ``tghost tools`` and a directory's catch-up after a simulated history of 10
    hosts at the default 30 s lease, each restarted 10 times a day, against the same 10 hosts
    on a fresh broker. Days of history: env ``TGHOST_BENCH_HISTORY_DAYS`` (default 30: about
@@ -29,12 +29,12 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import tghost
-from tghost import groups as seed001
-from tghost.announce import Announcer, HostIdentity
-from tghost.announcement import current_topic
-from tghost.broker import PulsarSettings
-from tghost.directory import ToolDirectory
-from tghost.discover import Catalog, catalog_of
+from tghost.agent.directory import ToolDirectory
+from tghost.announcing.announcer import Announcer, HostIdentity
+from tghost.discovery.discover import Catalog, catalog_of
+from tghost.protocol.announcement import current_topic
+from tghost.protocol.groups import select
+from tghost.pulsar.clients import PulsarSettings
 from tghost.testing import Sent, publish_history, simulated_history
 
 from .common import ECHO, broker, following, host_env, report, since_ms, summary, tghost_run, unique_topic, until
@@ -142,8 +142,8 @@ async def filtering(url: str, repeat: int) -> list[dict[str, Any]]:
         offered = len(directory.available(groups, state))
         return [{"filter": "cached: directory.available", "tools": len(tools), "offered": offered,
                  "us_per_request": per_call_us(lambda: directory.available(groups, state), repeat)},
-                {"filter": "uncached: groups.select", "tools": len(tools), "offered": offered,
-                 "us_per_request": per_call_us(lambda: seed001.select(tools, groups, state), repeat)}]
+                {"filter": "uncached: select", "tools": len(tools), "offered": offered,
+                 "us_per_request": per_call_us(lambda: select(tools, groups, state), repeat)}]
 
 
 async def latency(url: str, runs: int) -> list[dict[str, Any]]:
@@ -193,7 +193,7 @@ async def history_case(url: str, days: float, runs: int) -> dict[str, Any]:
     topic = unique_topic()
     # The simulated past is published all at once, so its messages reach the broker long after
     # their sent_at: each directory would warn, once per host, that the host's clock is behind.
-    logging.getLogger("tghost.ledger").setLevel(logging.ERROR)
+    logging.getLogger("tghost.agent.ledger").setLevel(logging.ERROR)
     started = time.perf_counter()
     history = list(simulated_history(deployment(), HOSTS, days * 86_400 + 60, lease=LEASE,
                                      restarts_per_day=RESTARTS, topic=topic))

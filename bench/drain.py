@@ -22,8 +22,8 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
-from tghost.broker import free_port
-from tghost.client import ToolCallError, ToolServiceClient
+from tghost.agent.client import ToolCallError, ToolServiceClient
+from tghost.pulsar.clients import free_port
 
 from .common import broker, host_env, process, ready, report, service_client
 

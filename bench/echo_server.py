@@ -25,8 +25,8 @@ import threading
 import pulsar
 import pulsar.asyncio
 
-from tghost import wire
-from tghost.descriptors import request_queue, response_queue
+from tghost.protocol import wire
+from tghost.protocol.descriptors import request_queue, response_queue
 
 
 def answer(message: pulsar.Message) -> bytes:

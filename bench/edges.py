@@ -25,8 +25,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from tghost.broker import BrokerError, PulsarSettings, free_port
-from tghost.directory import ToolDirectory
+from tghost.agent.directory import ToolDirectory
+from tghost.pulsar.clients import BrokerError, PulsarSettings, free_port
 
 from .common import report
 

@@ -22,11 +22,11 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import tghost
-from tghost.client import ToolCallError
-from tghost.executors import WorkerLimits
-from tghost.executors.process import ProcessExecutor
-from tghost.executors.thread import ThreadExecutor
-from tghost.executors.worker import ObjectSource
+from tghost.agent.client import ToolCallError
+from tghost.serving.executors import WorkerLimits
+from tghost.serving.executors.child import ObjectSource
+from tghost.serving.executors.process import ProcessExecutor
+from tghost.serving.executors.thread import ThreadExecutor
 
 from .common import (
     CALL_TIMEOUT,
@@ -115,12 +115,12 @@ async def executor_rate(executor: ThreadExecutor | ProcessExecutor, sizes: Sizes
     await executor.start()
     call = ("bench", {}, {"n": sizes.burn_n})
     try:
-        await asyncio.gather(executor.invoke(call), executor.invoke(call))  # start both workers
+        await asyncio.gather(executor.run(call), executor.run(call))  # start both workers
         started = time.perf_counter()
 
         async def caller() -> None:
             for _ in range(sizes.burn_calls // 2):
-                await executor.invoke(call)
+                await executor.run(call)
 
         await asyncio.gather(caller(), caller())
         return round(sizes.burn_calls / (time.perf_counter() - started), 1)
@@ -136,11 +136,11 @@ async def executor_ms(isolation: str, sizes: Sizes) -> list[float]:
     call = ("bench", {}, {"text": "hello"})
     try:
         for _ in range(sizes.warmup):
-            await executor.invoke(call)
+            await executor.run(call)
         samples = []
         for _ in range(sizes.serial):
             started = time.perf_counter()
-            await executor.invoke(call)
+            await executor.run(call)
             samples.append(since_ms(started))
         return samples
     finally:

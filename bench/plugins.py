@@ -15,8 +15,8 @@ import sys
 import time
 from typing import Any
 
-from tghost.broker import PulsarSettings
-from tghost.directory import ToolDirectory
+from tghost.agent.directory import ToolDirectory
+from tghost.pulsar.clients import PulsarSettings
 
 from .common import broker, following, host_env, report, rss_mib, since_ms, tghost_run, unique_topic, until
 

@@ -13,7 +13,7 @@ Servers (each called by the same raw sync caller, so only the server differs):
 - (b1) the same echo as a plain ``def``: run in the service's worker threads (the thread lane);
 - (b2) the ``async def`` echo under ``tghost run --isolation process``.
 
-Callers of (b) (the caller side): (r) the raw sync caller, (t) ``tghost.client.ToolServiceClient``,
+Callers of (b) (the caller side): (r) the raw sync caller, (t) ``tghost.agent.client.ToolServiceClient``,
 (d) ``ToolDirectory.invoke`` (catalog lookup, seed 001 check).
 
 The raw sync caller is a ``pulsar.Client`` (no tghost): ``producer.send`` (it waits for the
@@ -43,10 +43,10 @@ from typing import Any
 
 import pulsar
 
-from tghost import wire
-from tghost.broker import PulsarSettings
-from tghost.descriptors import request_queue, response_queue
-from tghost.directory import ToolDirectory
+from tghost.agent.directory import ToolDirectory
+from tghost.protocol import wire
+from tghost.protocol.descriptors import request_queue, response_queue
+from tghost.pulsar.clients import PulsarSettings
 
 from .common import (
     CALL_TIMEOUT,
@@ -244,7 +244,7 @@ async def repetition(url: str, sizes: Sizes) -> dict[str, dict[str, Any]]:
                 invoke: Call = lambda: directory.invoke("echo", ECHO_ARGS, timeout=CALL_TIMEOUT)  # noqa: E731
                 rows = {label: await asyncio.to_thread(measure_sync, caller.call, found[label][0], sizes)
                         for label, caller in raw.items()}
-                rows["t tghost.client"] = await measure_async(echo_call(svc), host_pid, sizes)
+                rows["t tghost.agent.client"] = await measure_async(echo_call(svc), host_pid, sizes)
                 rows["d ToolDirectory.invoke"] = await measure_async(invoke, host_pid, sizes)
                 return rows
         finally:

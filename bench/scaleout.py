@@ -12,8 +12,8 @@ import asyncio
 import sys
 from typing import Any
 
-from tghost.broker import PulsarSettings
-from tghost.directory import ToolDirectory
+from tghost.agent.directory import ToolDirectory
+from tghost.pulsar.clients import PulsarSettings
 
 from .common import (
     ECHO,

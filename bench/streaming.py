@@ -12,7 +12,7 @@ import sys
 import time
 from typing import Any
 
-from tghost.client import ToolServiceClient
+from tghost.agent.client import ToolServiceClient
 
 from .common import (
     CALL_TIMEOUT,

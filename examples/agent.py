@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import tghost
-from tghost.groups import next_state
+from tghost.protocol.groups import next_state
 
 
 @dataclass

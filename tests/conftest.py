@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from tghost.discover import ENTRY_POINT_GROUP
+from tghost.discovery.discover import ENTRY_POINT_GROUP
 
 T = TypeVar("T")
 

@@ -25,8 +25,8 @@ import pytest
 from amplifier_core import ModuleLoader
 from amplifier_core.testing import MockCoordinator
 
-from tghost.broker import EmbeddedBroker
-from tghost.discover import ENTRY_POINT_GROUP
+from tghost.discovery.discover import ENTRY_POINT_GROUP
+from tghost.pulsar.embedded import EmbeddedBroker
 
 from .conftest import HostProcess, PluginDir
 from .test_cli import READY, live_tools, tghost

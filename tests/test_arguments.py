@@ -15,10 +15,10 @@ import jsonschema
 import pytest
 
 import tghost
-from tghost.arguments import coerce
-from tghost.client import ToolCallError
-from tghost.embedded import EmbeddedBroker
-from tghost.export import input_schema
+from tghost.adapters.export import input_schema
+from tghost.agent.client import ToolCallError
+from tghost.author.arguments import coerce
+from tghost.pulsar.embedded import EmbeddedBroker
 from tghost.testing import LocalHost
 
 

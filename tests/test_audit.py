@@ -14,12 +14,14 @@ from typing import Any
 import pytest
 
 import tghost
-from tghost.audit import AuditLog, audit_entry
-from tghost.broker import EmbeddedBroker, PulsarSettings
-from tghost.client import ToolCallError
-from tghost.directory import ToolDirectory
-from tghost.discover import catalog_of
-from tghost.serve import CallRecord, Server
+from tghost.agent.client import ToolCallError
+from tghost.agent.directory import ToolDirectory
+from tghost.discovery.discover import catalog_of
+from tghost.operate.audit import AuditLog, audit_entry
+from tghost.pulsar.clients import PulsarSettings
+from tghost.pulsar.embedded import EmbeddedBroker
+from tghost.serving.request import CallRecord
+from tghost.serving.server import Server
 from tghost.testing import LocalHost, RawWire
 
 SECRET_ARGUMENT = "argument-value-" + uuid.uuid4().hex
@@ -49,8 +51,8 @@ async def audited_calls(url: str, audit: AuditLog) -> None:
             await raw.request({"question": SECRET_ARGUMENT}, {}, user="bob")
             await raw.send(b'{"arguments": "{}"}', {})
             async with asyncio.timeout(10):
-                while sum(w.counters["received"] for w in server.workers) < 4 or any(
-                        w.in_flight for w in server.workers):
+                while sum(w.counters["received"] for w in server.endpoints) < 4 or any(
+                        w.in_flight for w in server.endpoints):
                     await asyncio.sleep(0.02)
     finally:
         await server.stop()
@@ -90,11 +92,11 @@ def test_a_failing_sink_is_logged_once_and_never_raises(caplog: pytest.LogCaptur
     stream = io.StringIO()
     audit = AuditLog(stream)
     stream.close()
-    with caplog.at_level(logging.ERROR, logger="tghost.audit"):
+    with caplog.at_level(logging.ERROR, logger="tghost.operate.audit"):
         for _ in range(3):
             audit(CallRecord("kb", "id-1", "alice"))
     assert audit.failures == 3
-    [logged] = [r.getMessage() for r in caplog.records if r.name == "tghost.audit"]
+    [logged] = [r.getMessage() for r in caplog.records if r.name == "tghost.operate.audit"]
     assert logged.startswith("audit log: cannot write (ValueError: I/O operation on closed file")
 
 

@@ -22,9 +22,10 @@ from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.memory import create_client_server_memory_streams
 
-from tghost.bridge import Bridge
-from tghost.broker import EmbeddedBroker, PulsarSettings, free_port
-from tghost.directory import ToolDirectory
+from tghost.adapters.mcp import Bridge
+from tghost.agent.directory import ToolDirectory
+from tghost.pulsar.clients import PulsarSettings, free_port
+from tghost.pulsar.embedded import EmbeddedBroker
 
 from .conftest import HostProcess, PluginDir
 from .test_cli import ECHO, SHOUT, tghost

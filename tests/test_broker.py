@@ -21,16 +21,16 @@ import pulsar
 import pulsar.asyncio
 import pytest
 
-from tghost import broker as broker_module
-from tghost.broker import (
+from tghost.pulsar import clients
+from tghost.pulsar.clients import (
     CLIENT_LOG,
     BrokerUnavailable,
-    EmbeddedBroker,
     NotPulsarBroker,
     PulsarSettings,
     client_logger,
     free_port,
 )
+from tghost.pulsar.embedded import EmbeddedBroker
 
 
 def tghost(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -153,7 +153,7 @@ def test_the_real_client_errors_arrive_as_info_at_debug_and_not_at_all_below(
     so what earlier tests in this process did must not decide what this one sees."""
     script = f"""
 import asyncio, contextlib, logging, sys, threading, pulsar, pulsar.asyncio
-from tghost.broker import PulsarSettings
+from tghost.pulsar.clients import PulsarSettings
 logging.basicConfig(level=logging.{level}, stream=sys.stdout, format="%(levelname)s %(name)s %(message)s")
 seen = threading.Event()
 class Seen(logging.Handler):
@@ -197,7 +197,7 @@ def test_commands_on_a_fresh_broker_print_no_client_log(pulsar_broker: EmbeddedB
 
 
 async def test_connect_waits_for_a_broker_that_starts_later(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger="tghost.broker")
+    caplog.set_level(logging.WARNING, logger="tghost.pulsar.clients")
     port = free_port()
     url = f"pulsar://127.0.0.1:{port}"
     connecting = asyncio.create_task(PulsarSettings(url, connect_timeout=120, retry_interval=0.5).connect())
@@ -216,7 +216,7 @@ async def test_connect_waits_for_a_broker_that_starts_later(tmp_path: Path, capl
 
 
 async def test_connect_gives_up_after_connect_timeout_naming_the_url(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger="tghost.broker")
+    caplog.set_level(logging.WARNING, logger="tghost.pulsar.clients")
     url = f"pulsar://127.0.0.1:{free_port()}"
     with pytest.raises(BrokerUnavailable, match=f"no Pulsar broker answers at {url} \\(waited 1s\\)"):
         await PulsarSettings(url, connect_timeout=1.0, retry_interval=0.25).connect()
@@ -250,7 +250,7 @@ async def test_shared_subscribers_never_collide_over_many_starts(pulsar_broker: 
 SUBSCRIBER = """
 import asyncio, json, sys
 import pulsar
-from tghost.broker import PulsarSettings
+from tghost.pulsar.clients import PulsarSettings
 
 async def main():
     client = await PulsarSettings(sys.argv[1]).connect()
@@ -283,8 +283,8 @@ async def test_a_colliding_consumer_id_is_retried_with_the_next_one(
 ) -> None:
     """Two clients forced into one id slot: the second's first subscribe meets "Consumer N
     already exists", is retried with the next id, and its consumer then gets the messages."""
-    caplog.set_level(logging.INFO, logger="tghost.broker")
-    monkeypatch.setattr(broker_module._IdSlot, "claim", classmethod(lambda cls, port: cls(0, None)))
+    caplog.set_level(logging.INFO, logger="tghost.pulsar.clients")
+    monkeypatch.setattr(clients._IdSlot, "claim", classmethod(lambda cls, port: cls(0, None)))
     topic, subscription = f"non-persistent://tg/test/collide-{uuid.uuid4().hex[:8]}", "svc-request"
     settings = PulsarSettings(pulsar_broker.url)
     first, second = await settings.connect(), await settings.connect()

@@ -15,9 +15,10 @@ from typing import Any
 import pytest
 
 import tghost
-from tghost.broker import EmbeddedBroker, PulsarSettings, free_port
-from tghost.directory import Change, ToolDirectory
-from tghost.discover import catalog_of
+from tghost.agent.directory import Change, ToolDirectory
+from tghost.discovery.discover import catalog_of
+from tghost.pulsar.clients import PulsarSettings, free_port
+from tghost.pulsar.embedded import EmbeddedBroker
 from tghost.testing import LocalHost
 
 LEASE = 1.5
@@ -50,7 +51,7 @@ def connected(host: LocalHost, found: ToolDirectory) -> bool:
     """Every consumer and producer of the host and the directory is connected to the broker."""
     assert host.announcer is not None and host.announcer._producer is not None
     handles = [host.announcer._producer]
-    handles += [w._producer for w in host.server.workers] + [w._consumer._consumer for w in host.server.workers]
+    handles += [w._producer for w in host.server.endpoints] + [w._consumer._consumer for w in host.server.endpoints]
     for caller in found.calls._callers.values():
         handles += [caller._producer, caller._consumer._consumer]
     return found.is_connected() and all(handle is not None and handle.is_connected() for handle in handles)

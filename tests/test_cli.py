@@ -21,9 +21,10 @@ import pytest
 from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
-from tghost.broker import EmbeddedBroker, PulsarSettings, free_port
 from tghost.cli import pulsar_options
-from tghost.serve import ServeSettings
+from tghost.pulsar.clients import PulsarSettings, free_port
+from tghost.pulsar.embedded import EmbeddedBroker
+from tghost.serving.settings import ServeSettings
 
 from .conftest import HostProcess, PluginDir
 from .test_discover import GREETER

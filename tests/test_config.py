@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import tghost
-from tghost.config import load_config_tools
-from tghost.discover import Catalog, catalog_of
+from tghost.discovery.config import load_config_tools
+from tghost.discovery.discover import Catalog, catalog_of
 
 
 @tghost.tool(service="kb", config=["collection"])

@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from tghost import ToolDescriptor, ToolServiceDescriptor
-from tghost.descriptors import describe_validation_error
+from tghost.protocol.descriptors import describe_validation_error
 
 # Every tool-service and tool example in seed 000, verbatim.
 SEED_SERVICES = [

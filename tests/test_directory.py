@@ -15,13 +15,14 @@ import pytest
 from prometheus_client import generate_latest
 
 import tghost
-from tghost.announce import announcement_key
-from tghost.announcement import current_topic
-from tghost.broker import BrokerError, EmbeddedBroker, PulsarSettings, free_port
-from tghost.client import ToolCallError
-from tghost.directory import Change, InvokeRecord, ToolDirectory
-from tghost.discover import catalog_of
-from tghost.metrics import HostMetrics
+from tghost.agent.client import ToolCallError
+from tghost.agent.directory import Change, ToolCallRecord, ToolDirectory
+from tghost.announcing.announcer import announcement_key
+from tghost.discovery.discover import catalog_of
+from tghost.operate.metrics import HostMetrics
+from tghost.protocol.announcement import current_topic
+from tghost.pulsar.clients import BrokerError, PulsarSettings, free_port
+from tghost.pulsar.embedded import EmbeddedBroker
 from tghost.testing import LocalHost
 
 
@@ -134,7 +135,7 @@ async def test_two_providers_keep_a_service_alive_when_one_leaves(pulsar_broker:
                 results = await asyncio.gather(*(found.invoke("count", {"text": "x" * i}, groups=["*"])
                                                  for i in range(30)))
                 assert results == [str(i) for i in range(30)]
-                received = [w.counters["received"] for h in (one, two) for w in h.server.workers
+                received = [w.counters["received"] for h in (one, two) for w in h.server.endpoints
                             if w.descriptor.id == "count"]
                 assert all(r > 0 for r in received) and sum(received) == 30
             await asyncio.sleep(0.3)
@@ -354,7 +355,7 @@ async def test_a_request_for_groups_beyond_the_allowed_ones_is_refused_counted_a
 ) -> None:
     async with LocalHost(pulsar_broker.url, kb_catalog(), announce_as="h", topic=topic) as host:
         found = await directory(pulsar_broker, topic)
-        worker = next(w for w in host.server.workers if w.descriptor.id == "count")
+        worker = next(w for w in host.server.endpoints if w.descriptor.id == "count")
         try:
             assert await found.invoke("count", {"text": "ab"}, groups=["math"], allowed_groups=["math", "hr"]) == "2"
             assert await found.invoke("count", {"text": "ab"}, groups=["*"], allowed_groups=["*"]) == "2"
@@ -386,9 +387,9 @@ async def test_every_invoke_and_stream_is_recorded_with_its_state_transition(
         """Always fails."""
         raise RuntimeError("boom")
 
-    records: list[InvokeRecord] = []
+    records: list[ToolCallRecord] = []
 
-    def broken_listener(record: InvokeRecord) -> None:
+    def broken_listener(record: ToolCallRecord) -> None:
         raise RuntimeError("the audit sink is down")
 
     catalog = catalog_of([search, count, explode], [search.tool("query-customers", collection="customers")])
@@ -520,7 +521,7 @@ async def test_two_live_processes_on_one_host_id_are_reported_and_one_leaving_hi
                 assert found.clashes == {"same": tuple(instances)}
                 assert sorted(p.host["instance"] for p in found.tools["count"].providers) == instances
                 metrics = HostMetrics()
-                metrics.watch_directory(found)
+                metrics.collect_directory(found)
                 assert "tghost_directory_host_id_clashes 1.0" in generate_latest(metrics.registry).decode()
             await asyncio.sleep(2.0)  # more than two leases after the second one withdrew
             assert found.clashes == {}
@@ -613,7 +614,7 @@ async def test_a_directory_started_before_its_broker_sees_every_tool(
 ) -> None:
     """The agent starts first and waits; the broker comes; one host announces while the agent
     is busy elsewhere, another after it follows changes(replay=True): it sees all four tools."""
-    caplog.set_level(logging.WARNING, logger="tghost.broker")
+    caplog.set_level(logging.WARNING, logger="tghost.pulsar.clients")
     port = free_port()
     url = f"pulsar://127.0.0.1:{port}"
     found = ToolDirectory(PulsarSettings(url, connect_timeout=120, retry_interval=0.5), topic)

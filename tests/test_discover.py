@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tghost.discover import PluginLoadError, PluginSelection, discover
+from tghost.discovery.discover import PluginLoadError, PluginSelection, discover
 
 from .conftest import PluginDir
 
@@ -111,7 +111,7 @@ def test_a_descriptor_error_is_one_line_naming_plugin_tool_and_field_however_reg
     source = KB.replace("@tghost.hookimpl\ndef tghost_register_tools(register):", "def unused(register):")
     plugin_dir.add("badname", source + f"\n@tghost.hookimpl\ndef {hook}(register):\n    {register}\n"
                    if hook == "tghost_register_tools" else GOOD.replace("register(double)", register))
-    with caplog.at_level("ERROR", logger="tghost.discover"):
+    with caplog.at_level("ERROR", logger="tghost.discovery.discover"):
         [report] = discover(plugin_dir.entry_points()).plugins
     [error] = report.errors
     assert error.startswith(named) and "\n" not in error

@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 
 import tghost
-from tghost import hookspecs
-from tghost.discover import catalog_of_plugin
+from tghost.author import hookspecs
+from tghost.discovery.discover import catalog_of_plugin
 
 ROOT = Path(__file__).resolve().parent.parent
 HOOKS_DOC = ROOT / "docs" / "plugin-hooks.md"
@@ -202,7 +202,7 @@ def test_the_block_counts() -> None:
 # README: the access check and the process-isolated tool.
 
 async def test_the_readme_access_check_denies_with_its_reason(pulsar_broker: Any) -> None:
-    from tghost.client import ToolCallError
+    from tghost.agent.client import ToolCallError
     from tghost.testing import LocalHost
 
     module = module_of(block("README.md", "# a deployment's own access check"), "tghost_readme_access")
@@ -264,7 +264,7 @@ async def test_the_hooks_page_examples_register_serve_and_shut_down(pulsar_broke
 # docs/plugin-hooks.md stays in step with the hookspecs.
 
 def specs() -> dict[str, list[str]]:
-    """Every hookspec in tghost.hookspecs: name -> argument names, in order."""
+    """Every hookspec in tghost.author.hookspecs: name -> argument names, in order."""
     return {name: list(inspect.signature(fn).parameters)
             for name, fn in inspect.getmembers(hookspecs, inspect.isfunction)
             if hasattr(fn, "tghost_spec")}

@@ -18,10 +18,11 @@ from pathlib import Path
 import pytest
 
 import tghost
-from tghost.broker import EmbeddedBroker, PulsarSettings
-from tghost.client import ToolCallError, ToolServiceClient
-from tghost.handoff import PeerWatch
-from tghost.serve import ServeSettings
+from tghost.agent.client import ToolCallError, ToolServiceClient
+from tghost.pulsar.clients import PulsarSettings
+from tghost.pulsar.embedded import EmbeddedBroker
+from tghost.serving.handoff import PeerLookout
+from tghost.serving.settings import ServeSettings
 from tghost.testing import LocalHost
 
 from .conftest import HostProcess, PluginDir
@@ -115,13 +116,13 @@ async def until(condition: Callable[[], bool], what: str, timeout: float = 20.0)
 def test_peer_watch_tells_another_consumer_by_the_order_of_requests_and_never_for_a_lone_one() -> None:
     lone: list[bool] = []
     shared: list[bool] = []
-    alone = PeerWatch(lambda: lone.append(True))
+    alone = PeerLookout(lambda: lone.append(True))
     for i in range(50):  # the draining consumer gets every request, before or after the watch sees it
         first, second = (alone._seen, alone.mine) if i % 2 else (alone.mine, alone._seen)
         first(f"r{i}")
         second(f"r{i}")
     assert not lone and not alone.peer_found
-    two = PeerWatch(lambda: shared.append(True))
+    two = PeerLookout(lambda: shared.append(True))
     two._seen("r0")  # dealt to another consumer: the draining one never gets it
     two._seen("r1")
     two.mine("r1")
@@ -160,10 +161,10 @@ def held_service(style: str) -> tuple[tghost.ToolService, Callable[[], None]]:
 
 async def hold_a_call(host: LocalHost, via: LocalHost, held: list[asyncio.Task[str]]) -> None:
     """Send held calls (through ``via``) until ``host`` runs one."""
-    worker = host.server.workers[0]
+    worker = host.server.endpoints[0]
     while worker.in_flight == 0:
         held.append(asyncio.create_task(via.call("drained", {"hold": True}, timeout=60)))
-        await until(lambda: sum(w.in_flight for h in (host, via) for w in h.server.workers) >= len(held),
+        await until(lambda: sum(w.in_flight for h in (host, via) for w in h.server.endpoints) >= len(held),
                     "a held call is running")
 
 
@@ -195,9 +196,9 @@ async def test_end_grace_answers_the_calls_still_running_unavailable(pulsar_brok
     service, release = held_service(style)
     async with LocalHost(pulsar_broker.url, [service]) as host:
         call = asyncio.create_task(host.call("drained", {"hold": True}, timeout=60))
-        await until(lambda: host.server.workers[0].in_flight == 1, "the call is running")
+        await until(lambda: host.server.endpoints[0].in_flight == 1, "the call is running")
         stopping = asyncio.create_task(host.server.stop(grace=60))
-        await until(lambda: host.server.workers[0]._stopping, "the host is stopping")
+        await until(lambda: host.server.endpoints[0]._stopping, "the host is stopping")
         host.server.end_grace()
         assert await stopping == 1
         with pytest.raises(ToolCallError) as info:
@@ -212,7 +213,7 @@ async def test_requests_waiting_for_a_slot_are_answered_unavailable_at_once(puls
     service, release = held_service(style)
     settings = ServeSettings(max_concurrency=1)
     async with LocalHost(pulsar_broker.url, [service], settings) as host:
-        worker = host.server.workers[0]
+        worker = host.server.endpoints[0]
         running = asyncio.create_task(host.call("drained", {"hold": True}, timeout=60))
         await until(lambda: worker.in_flight == 1, "the call is running")
         caller = await host.caller("drained")

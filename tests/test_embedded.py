@@ -26,9 +26,9 @@ from pathlib import Path
 import pulsar
 import pytest
 
-from tghost import embedded
-from tghost.broker import free_port, is_reachable
-from tghost.embedded import EmbeddedBroker, default_data_dir, stop_broker
+from tghost.pulsar import embedded
+from tghost.pulsar.clients import free_port, is_reachable
+from tghost.pulsar.embedded import EmbeddedBroker, default_data_dir, stop_broker
 
 from .conftest import HostProcess, PluginDir
 

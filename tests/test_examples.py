@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from tghost.broker import EmbeddedBroker
+from tghost.pulsar.embedded import EmbeddedBroker
 
 from .conftest import HostProcess
 from .test_docs import block, commands

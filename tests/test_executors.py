@@ -21,14 +21,16 @@ from typing import Any
 import pytest
 
 import tghost
-from tghost.broker import EmbeddedBroker, PulsarSettings, free_port
-from tghost.client import ToolCallError, ToolServiceClient
-from tghost.descriptors import request_queue, response_queue
-from tghost.discover import Catalog, discover
-from tghost.executors import PROCESS, THREAD, WorkerLimits
-from tghost.host import run_host
-from tghost.metrics import HostMonitor
-from tghost.serve import CallRecord, ServeSettings
+from tghost.agent.client import ToolCallError, ToolServiceClient
+from tghost.discovery.discover import Catalog, discover
+from tghost.operate.metrics import HostMonitor
+from tghost.operate.run import run_host
+from tghost.protocol.descriptors import request_queue, response_queue
+from tghost.pulsar.clients import PulsarSettings, free_port
+from tghost.pulsar.embedded import EmbeddedBroker
+from tghost.serving.executors import PROCESS, THREAD, WorkerLimits
+from tghost.serving.request import CallRecord
+from tghost.serving.settings import ServeSettings
 from tghost.testing import LocalHost
 
 from .conftest import HostProcess, PluginDir
@@ -159,7 +161,7 @@ async def test_a_worker_is_recycled_after_max_calls(pulsar_broker: EmbeddedBroke
     settings = ServeSettings(isolation=PROCESS, worker_limits=WorkerLimits(max_calls=2))
     async with LocalHost(pulsar_broker.url, misbehave, settings) as host:
         pids = [pid_of(await host.call("misbehave")) for _ in range(4)]
-        stats = next(w for w in host.server.workers if w.descriptor.id == "misbehave").executor.stats()
+        stats = next(w for w in host.server.endpoints if w.descriptor.id == "misbehave").executor.stats()
     assert pids[0] == pids[1] != pids[2] == pids[3]
     assert stats.restarts == {"timeout": 0, "crash": 0, "memory": 0, "recycled": 2}
 
@@ -171,7 +173,7 @@ async def test_a_worker_above_max_memory_after_a_call_is_replaced(
     async with LocalHost(pulsar_broker.url, misbehave, settings) as host:
         leaky = pid_of(await host.call("misbehave", {"behaviour": "leak"}))
         after = pid_of(await host.call("misbehave"))
-        stats = next(w for w in host.server.workers if w.descriptor.id == "misbehave").executor.stats()
+        stats = next(w for w in host.server.endpoints if w.descriptor.id == "misbehave").executor.stats()
     assert after != leaky and stats.restarts["memory"] == 1
 
 
@@ -183,7 +185,7 @@ async def test_an_idle_worker_killed_from_outside_is_replaced_before_the_next_ca
         os.kill(idle, signal.SIGKILL)  # as the OOM killer would, between two calls
         await until(lambda: not alive(idle))
         after = pid_of(await host.call("misbehave"))
-        stats = next(w for w in host.server.workers if w.descriptor.id == "misbehave").executor.stats()
+        stats = next(w for w in host.server.endpoints if w.descriptor.id == "misbehave").executor.stats()
     assert after != idle and stats.restarts["crash"] == 1
 
 

@@ -12,8 +12,8 @@ import jsonschema
 import pytest
 
 from tghost import ToolDescriptor, ToolServiceDescriptor
-from tghost.broker import EmbeddedBroker
-from tghost.export import input_schema, mcp_tool, trustgraph_tool
+from tghost.adapters.export import input_schema, mcp_tool, trustgraph_tool
+from tghost.pulsar.embedded import EmbeddedBroker
 
 from .conftest import HostProcess, PluginDir
 from .test_cli import tghost

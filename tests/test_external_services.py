@@ -14,10 +14,11 @@ from typing import Any
 import pytest
 
 import tghost
-from tghost.broker import EmbeddedBroker, PulsarSettings
-from tghost.config import load_config_tools
-from tghost.directory import ToolDirectory
-from tghost.discover import Catalog, catalog_of
+from tghost.agent.directory import ToolDirectory
+from tghost.discovery.config import load_config_tools
+from tghost.discovery.discover import Catalog, catalog_of
+from tghost.pulsar.clients import PulsarSettings
+from tghost.pulsar.embedded import EmbeddedBroker
 
 from .conftest import HostProcess, LoopThread, PluginDir
 from .test_bridge import mcp_client, text

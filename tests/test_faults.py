@@ -19,10 +19,11 @@ import pulsar.asyncio
 import pytest
 
 import tghost
-from tghost import wire
-from tghost.broker import EmbeddedBroker, PulsarSettings
-from tghost.client import ToolCallError, ToolServiceClient
-from tghost.serve import ServeSettings
+from tghost.agent.client import ToolCallError, ToolServiceClient
+from tghost.protocol import wire
+from tghost.pulsar.clients import PulsarSettings
+from tghost.pulsar.embedded import EmbeddedBroker
+from tghost.serving.settings import ServeSettings
 from tghost.testing import LocalHost, RawWire
 
 from .conftest import HostProcess, PluginDir
@@ -80,7 +81,7 @@ async def test_an_async_plugin_that_never_returns_is_cancelled_at_its_timeout(pu
         assert not hung.done()
         with pytest.raises(ToolCallError) as info:
             await hung
-        assert host.server.workers[0].in_flight == 0  # its slot is free again
+        assert host.server.endpoints[0].in_flight == 0  # its slot is free again
     assert info.value.error_type == "timeout"
     assert seen == ["started", "cancelled"]
 
@@ -105,7 +106,7 @@ async def test_a_result_json_cannot_encode_is_a_tool_service_error_and_the_host_
 
 @tghost.tool
 async def blocker(seconds: float) -> str:
-    """Blocks the event loop: the mistake the watchdog exists to name."""
+    """Blocks the event loop: the mistake the stall detector exists to name."""
     time.sleep(seconds)  # sync sleep inside async def
     return "unblocked"
 
@@ -113,16 +114,17 @@ async def blocker(seconds: float) -> str:
 async def test_a_plugin_blocking_the_event_loop_is_named_once_and_the_others_still_answer(
     pulsar_broker: EmbeddedBroker, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="tghost.watchdog")
+    caplog.set_level(logging.WARNING, logger="tghost.serving.stalls")
     async with LocalHost(pulsar_broker.url, [blocker, healthy], ServeSettings(stall_threshold=0.5)) as host:
         blocked = asyncio.create_task(host.call("blocker", {"seconds": 1.5}))
         bystander = asyncio.create_task(host.call("healthy", {"text": "abc"}))
         assert await bystander == "cba"
         assert await blocked == "unblocked"
-        watchdog = host.server.watchdog
-        assert watchdog is not None
-        assert watchdog.stalls_by_owner["blocker"] == 1 and watchdog.stalls >= 1
-    warnings = [r.getMessage() for r in caplog.records if r.name == "tghost.watchdog" and "'blocker'" in r.getMessage()]
+        detector = host.server.stall_detector
+        assert detector is not None
+        assert detector.stalls_by_owner["blocker"] == 1 and detector.stalls >= 1
+    warnings = [r.getMessage() for r in caplog.records if r.name == "tghost.serving.stalls"
+                and "'blocker'" in r.getMessage()]
     assert len(warnings) == 1  # one warning per stall
     assert f"{__file__}:" in warnings[0] and "in blocker" in warnings[0]
 

@@ -26,14 +26,15 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 import tghost
-from tghost.announce import Announcer, HostIdentity, announcement_key
-from tghost.announcement import current_topic
-from tghost.broker import EmbeddedBroker, PulsarSettings
-from tghost.descriptors import ToolDescriptor
-from tghost.directory import ToolDirectory
-from tghost.discover import catalog_of
+from tghost.agent.directory import ToolDirectory
+from tghost.announcing.announcer import Announcer, HostIdentity, announcement_key
+from tghost.discovery.discover import catalog_of
+from tghost.protocol.announcement import current_topic
+from tghost.protocol.descriptors import ToolDescriptor
+from tghost.protocol.trust import Signer, TrustedKeys
+from tghost.pulsar.clients import PulsarSettings
+from tghost.pulsar.embedded import EmbeddedBroker
 from tghost.testing import LocalHost
-from tghost.trust import Signer, TrustedKeys
 
 
 @tghost.tool(group=["math"])

@@ -14,9 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tghost
-from tghost import wire
-from tghost.broker import EmbeddedBroker
-from tghost.serve import ServeSettings
+from tghost.protocol import wire
+from tghost.pulsar.embedded import EmbeddedBroker
+from tghost.serving.settings import ServeSettings
 from tghost.testing import LocalHost, RawWire
 
 #: Any JSON value (NaN and infinities too: Python's json reads and writes them).

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from tghost import ToolDescriptor
-from tghost.groups import is_available, next_state, select
+from tghost.protocol.groups import is_available, next_state, select
 
 
 def tool(name: str, **fields: Any) -> ToolDescriptor:

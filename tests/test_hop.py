@@ -11,9 +11,10 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 
 import tghost
-from tghost import hop, wire
-from tghost.broker import EmbeddedBroker
-from tghost.client import ToolCallError
+from tghost.agent.client import ToolCallError
+from tghost.protocol import wire
+from tghost.pulsar import hop
+from tghost.pulsar.embedded import EmbeddedBroker
 from tghost.testing import LocalHost, RawWire
 
 
@@ -90,7 +91,7 @@ async def test_a_request_arriving_after_the_host_stopped_receiving_is_answered_u
     """A non-persistent request delivered while the host drains is not left unanswered."""
     async with LocalHost(pulsar_broker.url, [ping]) as host:
         assert await host.call("ping") == "pong"
-        [worker] = host.server.workers
+        [worker] = host.server.endpoints
         await worker.stop_receiving()
         with pytest.raises(ToolCallError) as info:
             await host.call("ping")

@@ -16,17 +16,18 @@ from typing import Any
 import pytest
 
 import tghost
-from tghost import wire
-from tghost.broker import EmbeddedBroker
-from tghost.client import ToolCallError
-from tghost.discover import catalog_of
-from tghost.serve import CallRecord, ServeSettings
+from tghost.agent.client import ToolCallError
+from tghost.discovery.discover import catalog_of
+from tghost.protocol import wire
+from tghost.pulsar.embedded import EmbeddedBroker
+from tghost.serving.request import CallRecord
+from tghost.serving.settings import ServeSettings
 from tghost.testing import LocalHost, RawWire
 
 
 def lane_of(host: LocalHost) -> Any:
     """The only service's thread lane (None: it is served on the loop)."""
-    [worker] = host.server.workers
+    [worker] = host.server.endpoints
     return worker._lane
 
 
@@ -182,7 +183,7 @@ async def test_a_call_still_running_when_the_grace_ends_is_answered_unavailable_
 
     async with LocalHost(pulsar_broker.url, [endless]) as host:
         call = asyncio.create_task(host.call("endless", timeout=30))
-        [worker] = host.server.workers
+        [worker] = host.server.endpoints
         while worker.in_flight == 0:
             await asyncio.sleep(0.01)
         assert await host.server.stop(grace=0.2) == 1

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 import tghost
-from tghost.announce import Announcer, HostIdentity
-from tghost.discover import catalog_of
-from tghost.ledger import DUPLICATE, STALE, Ledger
+from tghost.agent.ledger import DUPLICATE, STALE, Ledger
+from tghost.announcing.announcer import Announcer, HostIdentity
+from tghost.discovery.discover import catalog_of
 
 
 @tghost.tool(group=["math"])

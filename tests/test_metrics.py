@@ -19,18 +19,19 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import tghost
-from tghost.announce import Announcer, HostIdentity
-from tghost.announcement import current_topic
-from tghost.broker import EmbeddedBroker, PulsarSettings, free_port
-from tghost.client import ToolCallError, ToolServiceClient
-from tghost.directory import ToolDirectory
-from tghost.discover import Catalog, PluginSelection, catalog_of, discover
-from tghost.health import Health
-from tghost.host import run_host
-from tghost.metrics import HostMetrics, HostMonitor
-from tghost.serve import ServeSettings
+from tghost.agent.client import ToolCallError, ToolServiceClient
+from tghost.agent.directory import ToolDirectory
+from tghost.announcing.announcer import Announcer, HostIdentity
+from tghost.discovery.discover import Catalog, PluginSelection, catalog_of, discover
+from tghost.operate.health import Health
+from tghost.operate.metrics import HostMetrics, HostMonitor
+from tghost.operate.run import run_host
+from tghost.protocol.announcement import current_topic
+from tghost.protocol.trust import TrustedKeys
+from tghost.pulsar.clients import PulsarSettings, free_port
+from tghost.pulsar.embedded import EmbeddedBroker
+from tghost.serving.settings import ServeSettings
 from tghost.testing import LocalHost
-from tghost.trust import TrustedKeys
 
 from .conftest import PluginDir
 
@@ -195,7 +196,8 @@ async def test_health_reports_connected_services_and_the_last_error(pulsar_broke
     assert (before["status"], before["connected"], before["last_error"]) == ("ok", True, None)
     assert sorted(before["services"]) == ["echo", "failing"]
     assert before["uptime_seconds"] >= 0
-    assert after["last_error"]["logger"] == "tghost.serve" and "invoke raised" in after["last_error"]["message"]
+    assert after["last_error"]["logger"] == "tghost.serving.request"
+    assert "invoke raised" in after["last_error"]["message"]
 
 
 def test_plugins_are_counted_by_status(plugin_dir: PluginDir) -> None:
@@ -206,7 +208,7 @@ def test_plugins_are_counted_by_status(plugin_dir: PluginDir) -> None:
     catalog = discover(plugin_dir.entry_points(), strict=False,
                        selection=PluginSelection(disable=frozenset({"unwanted", "not-installed"})))
     metrics = HostMetrics()
-    metrics.watch_catalog(catalog)
+    metrics.collect_catalog(catalog)
     samples = parse(generate_latest(metrics.registry).decode())
     assert {status: sample(samples, "tghost_plugins", status=status)
             for status in ("loaded", "failed", "blocked", "missing")} == {
@@ -228,8 +230,8 @@ async def test_directory_metrics_count_tools_by_group_and_rejections(pulsar_brok
                 while open_directory.rejections["invalid"] < 1:
                     await asyncio.sleep(0.02)
             metrics, trusting_metrics = HostMetrics(), HostMetrics()
-            metrics.watch_directory(open_directory)
-            trusting_metrics.watch_directory(trusting)
+            metrics.collect_directory(open_directory)
+            trusting_metrics.collect_directory(trusting)
             samples = parse(generate_latest(metrics.registry).decode())
             trusting_samples = parse(generate_latest(trusting_metrics.registry).decode())
         assert host.announcer is not None

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 import tghost
-from tghost import wire
-from tghost.descriptors import ToolDescriptor
-from tghost.embedded import EmbeddedBroker
+from tghost.protocol import wire
+from tghost.protocol.descriptors import ToolDescriptor
+from tghost.pulsar.embedded import EmbeddedBroker
 from tghost.testing import LocalHost
 
 from .test_docs import block, module_of

@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tghost.broker import EmbeddedBroker
-from tghost.discover import discover
-from tghost.probe import probe
+from tghost.discovery.discover import discover, load_in_probe
+from tghost.discovery.probe import probe
+from tghost.pulsar.embedded import EmbeddedBroker
 
 from .conftest import PluginDir
 
@@ -44,7 +44,7 @@ def test_a_plugin_that_kills_or_hangs_its_importer_is_reported_and_never_importe
     plugin_dir.add("sysexit", "import sys\nsys.exit('no thanks')\n")
     plugin_dir.add("hang", "import time\ntime.sleep(60)\n")
     plugin_dir.add("raises", "raise RuntimeError('broken on purpose')\n")
-    fatal = probe(plugin_dir.entry_points(), timeout=3.0)
+    fatal = probe(plugin_dir.entry_points(), load_in_probe, timeout=3.0)
     assert set(fatal) == {"crash", "bye", "sysexit", "hang"}  # an ordinary exception is the host's to report
     assert fatal["crash"].startswith("importing it killed the process (killed by SIGSEGV)")
     assert fatal["bye"].startswith("importing it killed the process (exit code 7)")

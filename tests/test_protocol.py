@@ -1,7 +1,7 @@
 """docs/protocol.md: every example message on the page is exactly what tghost sends, and what
 it accepts: requests and descriptors as encoded, responses as the example services answer,
 announcements as an Announcer builds them and a directory applies them, the signature test
-vector as tghost.trust signs it."""
+vector as tghost.protocol.trust signs it."""
 
 from __future__ import annotations
 
@@ -15,14 +15,14 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from tghost import wire
-from tghost.announce import Announcer, HostIdentity
-from tghost.announcement import Announcement, announcement_key, epoch_of, epoch_topic, read_window
-from tghost.broker import EmbeddedBroker
-from tghost.discover import ENTRY_POINT_GROUP, Catalog, discover
-from tghost.ledger import Ledger
+from tghost.agent.ledger import Ledger
+from tghost.announcing.announcer import Announcer, HostIdentity
+from tghost.discovery.discover import ENTRY_POINT_GROUP, Catalog, discover
+from tghost.protocol import wire
+from tghost.protocol.announcement import Announcement, announcement_key, epoch_of, epoch_topic, read_window
+from tghost.protocol.trust import Signer, TrustedKeys, canonical_json
+from tghost.pulsar.embedded import EmbeddedBroker
 from tghost.testing import LocalHost, RawWire
-from tghost.trust import Signer, TrustedKeys, canonical_json
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "protocol.md"
 EXAMPLE = re.compile(r"<!-- example: (?P<label>[^>]+?) -->\n```(?:json|text)\n(?P<body>.*?)\n```", re.S)

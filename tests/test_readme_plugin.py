@@ -12,8 +12,8 @@ from collections.abc import Callable
 from importlib.metadata import entry_points
 from pathlib import Path
 
-from tghost.discover import ENTRY_POINT_GROUP
-from tghost.embedded import EmbeddedBroker
+from tghost.discovery.discover import ENTRY_POINT_GROUP
+from tghost.pulsar.embedded import EmbeddedBroker
 
 from .conftest import HostProcess
 from .test_docs import block, commands

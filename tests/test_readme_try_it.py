@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tghost.embedded import EmbeddedBroker
+from tghost.pulsar.embedded import EmbeddedBroker
 
 from .conftest import HostProcess
 from .test_docs import block, commands

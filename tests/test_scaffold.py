@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from tghost.broker import EmbeddedBroker
+from tghost.author.scaffold import BadPluginName, PluginNames
 from tghost.cli import pip_command
-from tghost.discover import ENTRY_POINT_GROUP
-from tghost.scaffold import BadPluginName, PluginNames
+from tghost.discovery.discover import ENTRY_POINT_GROUP
+from tghost.pulsar.embedded import EmbeddedBroker
 
 from .conftest import HostProcess
 from .test_cli import READY, tghost

@@ -12,12 +12,15 @@ import pulsar
 import pytest
 
 import tghost
-from tghost import wire
-from tghost.broker import EmbeddedBroker, PulsarSettings
-from tghost.client import ToolCallError
-from tghost.deadlines import Deadlines
-from tghost.discover import catalog_of, discover
-from tghost.serve import CallRecord, Server, ServeSettings
+from tghost.agent.client import ToolCallError
+from tghost.discovery.discover import catalog_of, discover
+from tghost.protocol import wire
+from tghost.pulsar.clients import PulsarSettings
+from tghost.pulsar.embedded import EmbeddedBroker
+from tghost.serving.deadlines import Deadlines
+from tghost.serving.request import CallRecord
+from tghost.serving.server import Server
+from tghost.serving.settings import ServeSettings
 from tghost.testing import LocalHost, RawWire
 
 from .conftest import PluginDir
@@ -136,7 +139,7 @@ async def test_request_without_id_is_counted_acknowledged_and_not_answered(
         await raw.send(wire.encode_request("u", {"needed": 1}, {}), {})
         await raw.send(wire.encode_request("u", {"needed": 1}, {"after": True}), {"id": "next"})
         [(_, body)] = await raw.replies("next")  # the only reply is the one with an id
-        [worker] = host.server.workers
+        [worker] = host.server.endpoints
     assert json.loads(body["response"])["arguments"] == {"after": True}
     assert worker.counters["unanswerable"] == 2
     assert recorder.calls == 1
@@ -230,7 +233,7 @@ async def test_concurrency_bound_limits_calls_in_flight(pulsar_broker: EmbeddedB
 
     async with LocalHost(pulsar_broker.url, [gated]) as host:
         calls = [asyncio.create_task(host.call("gated")) for _ in range(6)]
-        while sum(w.in_flight for w in host.server.workers) < 6:
+        while sum(w.in_flight for w in host.server.endpoints) < 6:
             await asyncio.sleep(0.01)
         assert running["now"] == 2
         gate.set()
@@ -262,7 +265,7 @@ async def test_two_hosts_share_one_service_through_the_shared_subscription(pulsa
         return text
 
     async with LocalHost(pulsar_broker.url, [echo]) as first, LocalHost(pulsar_broker.url, [echo]) as second:
-        [w1], [w2] = first.server.workers, second.server.workers
+        [w1], [w2] = first.server.endpoints, second.server.endpoints
         assert w1.subscription == w2.subscription == "shared-echo-request"
         answers = await asyncio.gather(*(first.call("shared-echo", {"text": str(i)}) for i in range(40)))
         assert answers == [str(i) for i in range(40)]
@@ -278,7 +281,7 @@ async def test_graceful_stop_finishes_in_flight_calls(pulsar_broker: EmbeddedBro
 
     async with LocalHost(pulsar_broker.url, [unhurried]) as host:
         call = asyncio.create_task(host.call("unhurried"))
-        while host.server.workers[0].in_flight == 0:
+        while host.server.endpoints[0].in_flight == 0:
             await asyncio.sleep(0.01)
         cancelled = await host.server.stop(grace=5)
         assert await call == "finished"
@@ -295,7 +298,7 @@ async def test_calls_still_running_after_the_grace_period_are_answered_unavailab
 
     async with LocalHost(pulsar_broker.url, [endless]) as host:
         call = asyncio.create_task(host.call("endless"))
-        while host.server.workers[0].in_flight == 0:
+        while host.server.endpoints[0].in_flight == 0:
             await asyncio.sleep(0.01)
         assert await host.server.stop(grace=0.1) == 1
         with pytest.raises(ToolCallError) as info:

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 import tghost
-from tghost.client import ToolCallError
-from tghost.embedded import EmbeddedBroker
+from tghost.agent.client import ToolCallError
+from tghost.pulsar.embedded import EmbeddedBroker
 from tghost.testing import LocalHost
 
 

@@ -23,13 +23,11 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 import tghost
-from tghost.announce import Announcer, HostIdentity, announcement_key
-from tghost.announcement import current_topic
-from tghost.broker import EmbeddedBroker, PulsarSettings
-from tghost.directory import HIJACK, ToolDirectory
-from tghost.discover import ENTRY_POINT_GROUP, catalog_of
-from tghost.testing import LocalHost
-from tghost.trust import (
+from tghost.agent.directory import HIJACK, ToolDirectory
+from tghost.announcing.announcer import Announcer, HostIdentity, announcement_key
+from tghost.discovery.discover import ENTRY_POINT_GROUP, catalog_of
+from tghost.protocol.announcement import current_topic
+from tghost.protocol.trust import (
     BAD_SIGNATURE,
     UNKNOWN_KEY,
     UNSIGNED,
@@ -42,6 +40,9 @@ from tghost.trust import (
     load_public_key,
     write_key_pair,
 )
+from tghost.pulsar.clients import PulsarSettings
+from tghost.pulsar.embedded import EmbeddedBroker
+from tghost.testing import LocalHost
 
 from .conftest import HostProcess, PluginDir
 

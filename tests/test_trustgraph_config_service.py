@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tghost.trustgraph.config_service import (
+from tghost.adapters.trustgraph.config_service import (
     PUSH_QUEUE,
     REQUEST_QUEUE,
     RESPONSE_QUEUE,

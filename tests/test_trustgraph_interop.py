@@ -18,10 +18,11 @@ from typing import Any
 
 import pytest
 
-from tghost.broker import EmbeddedBroker, PulsarSettings, free_port
-from tghost.trust import write_key_pair
-from tghost.trustgraph.config_service import ConfigServiceClient, ConfigServiceError
-from tghost.trustgraph.sync import MARKER
+from tghost.adapters.trustgraph.config_service import ConfigServiceClient, ConfigServiceError
+from tghost.adapters.trustgraph.sync import MARKER
+from tghost.protocol.trust import write_key_pair
+from tghost.pulsar.clients import PulsarSettings, free_port
+from tghost.pulsar.embedded import EmbeddedBroker
 
 from .conftest import HostProcess, LoopThread, PluginDir
 from .test_cli import live_tools, tghost

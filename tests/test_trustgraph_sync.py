@@ -8,8 +8,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from tghost.broker import EmbeddedBroker
-from tghost.trustgraph.sync import MARKER, ItemChange, plan
+from tghost.adapters.trustgraph.sync import MARKER, ItemChange, plan
+from tghost.pulsar.embedded import EmbeddedBroker
 
 from .test_cli import tghost
 

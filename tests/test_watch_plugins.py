@@ -16,12 +16,12 @@ from typing import TypeVar
 import pytest
 
 import tghost
-from tghost import watch
-from tghost.broker import EmbeddedBroker
-from tghost.client import ToolServiceClient
-from tghost.discover import PluginReport, PluginSelection, discover
+from tghost.agent.client import ToolServiceClient
+from tghost.discovery.discover import PluginReport, PluginSelection, discover
+from tghost.operate import plugin_watch
+from tghost.operate.plugin_watch import PluginWatcher, WatchSettings, plugin_part
+from tghost.pulsar.embedded import EmbeddedBroker
 from tghost.testing import LocalHost
-from tghost.watch import PluginWatcher, WatchSettings, plugin_part
 
 from .conftest import HostProcess, PluginDir
 from .test_cli import READY, live_tools
@@ -158,7 +158,7 @@ async def test_server_adds_and_removes_services_while_it_serves(pulsar_broker: E
         with pytest.raises(ValueError, match=r"service id\(s\) \['shout'\] already served"):
             await host.server.add({"shout": shout}, {"shout": shout.descriptor})
         assert await host.server.remove(["shout"]) == 0
-        assert [worker.descriptor.id for worker in host.server.workers] == ["echo"]
+        assert [worker.descriptor.id for worker in host.server.endpoints] == ["echo"]
         assert await host.call("echo", {"text": "still here"}) == "still here"
 
 
@@ -175,7 +175,7 @@ def test_a_path_file_installed_after_start_up_is_processed_so_an_editable_plugin
     (site_dir / "_editable_impl_probe.pth").write_text(f"{project}\n")
     with pytest.raises(ImportError):
         importlib.import_module("tghost_pth_probe")
-    watch.installed_plugins()
+    plugin_watch.installed_plugins()
     assert importlib.import_module("tghost_pth_probe").ANSWER == 42
     monkeypatch.delitem(sys.modules, "tghost_pth_probe")
 
@@ -201,7 +201,7 @@ async def test_a_plugin_that_adds_plugins_serves_them_when_installed_and_release
             await watcher.poll()
             assert [r.name for r in catalog.plugins] == ["first"] and set(catalog.services) == {"first-echo"}
             assert sorted(shut) == ["family", "member-ok", "member-raises"]  # each released, once
-            assert [w.descriptor.id for w in host.server.workers] == ["first-echo"]
+            assert [w.descriptor.id for w in host.server.endpoints] == ["first-echo"]
         finally:
             await watcher.stop()
             catalog.shutdown()

@@ -10,10 +10,11 @@ import uuid
 from collections import Counter
 
 import tghost
-from tghost.announcement import epoch_topic, read_window
-from tghost.broker import EmbeddedBroker, PulsarSettings
-from tghost.directory import Change, ToolDirectory
-from tghost.discover import catalog_of
+from tghost.agent.directory import Change, ToolDirectory
+from tghost.discovery.discover import catalog_of
+from tghost.protocol.announcement import epoch_topic, read_window
+from tghost.pulsar.clients import PulsarSettings
+from tghost.pulsar.embedded import EmbeddedBroker
 from tghost.testing import LocalHost, publish_history, simulated_history
 
 

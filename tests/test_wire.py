@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tghost import wire
+from tghost.protocol import wire
 
 
 def test_request_fields_are_parsed_from_json_strings() -> None:

@@ -8,19 +8,19 @@ An agent's world is here too, loaded on first use so that plugins stay cheap to 
 
 from typing import TYPE_CHECKING, Any
 
-from .descriptors import Argument, ConfigParam, DescriptorError, ToolDescriptor, ToolServiceDescriptor
-from .hookspecs import hookimpl
-from .service import Context, InvalidArguments, ToolError, ToolService, tool
-
-__version__ = "0.1.0"
+from tghost._version import __version__
+from tghost.author.hookspecs import hookimpl
+from tghost.author.service import Context, InvalidArguments, ToolError, ToolService, tool
+from tghost.protocol.descriptors import Argument, ConfigParam, DescriptorError, ToolDescriptor, ToolServiceDescriptor
 
 if TYPE_CHECKING:
-    from .broker import PulsarSettings
-    from .client import ToolCallError
-    from .directory import ToolDirectory
+    from tghost.agent.client import ToolCallError
+    from tghost.agent.directory import ToolDirectory
+    from tghost.pulsar.clients import PulsarSettings
 
 #: Agent-side names, imported on first access (PEP 562): they pull in the Pulsar client.
-_LAZY = {"ToolDirectory": "directory", "PulsarSettings": "broker", "ToolCallError": "client"}
+_LAZY = {"ToolDirectory": "tghost.agent.directory", "PulsarSettings": "tghost.pulsar.clients",
+         "ToolCallError": "tghost.agent.client"}
 
 __all__ = [
     "Argument",
@@ -45,5 +45,5 @@ def __getattr__(name: str) -> Any:
     if name in _LAZY:
         import importlib
 
-        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'tghost' has no attribute {name!r}")

@@ -1,5 +1,5 @@
 """``python -m tghost``: the same as the ``tghost`` command."""
 
-from .cli import main
+from tghost.cli import main
 
 main()

@@ -15,9 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from . import wire
-from .broker import PulsarSettings
-from .descriptors import ToolServiceDescriptor
+from tghost.protocol import wire
+from tghost.protocol.descriptors import ToolServiceDescriptor
+from tghost.pulsar.clients import PulsarSettings
 
 __all__ = ["Conformance", "Finding", "RawWire", "Reply", "check_conformance"]
 

@@ -21,16 +21,18 @@ from typing import Any
 import pulsar.asyncio
 import pytest
 
-from .announce import Announcer, HostIdentity
-from .announcement import DEFAULT_TOPIC, EPOCH_SECONDS, epoch_of, epoch_topic
-from .broker import PulsarSettings, free_port
-from .client import ToolServiceClient
-from .conformance import Conformance, Finding, RawWire, check_conformance
-from .discover import Catalog, catalog_of, catalog_of_plugin
-from .embedded import EmbeddedBroker
-from .serve import CallListener, Server, ServeSettings
-from .service import ToolService
-from .trust import Signer
+from tghost.agent.client import ToolServiceClient
+from tghost.announcing.announcer import Announcer, HostIdentity
+from tghost.author.service import ToolService
+from tghost.conformance import Conformance, Finding, RawWire, check_conformance
+from tghost.discovery.discover import Catalog, catalog_of, catalog_of_plugin
+from tghost.protocol.announcement import DEFAULT_TOPIC, EPOCH_SECONDS, epoch_of, epoch_topic
+from tghost.protocol.trust import Signer
+from tghost.pulsar.clients import PulsarSettings, free_port
+from tghost.pulsar.embedded import EmbeddedBroker
+from tghost.serving.request import CallListener
+from tghost.serving.server import Server
+from tghost.serving.settings import ServeSettings
 
 __all__ = [
     "Conformance",
@@ -63,16 +65,16 @@ class LocalHost:
       (e.g. ``service.tool("query-customers", collection="customers")``); or a discovered
       ``Catalog``;
     - or ``plugin``: a plugin module (or object) whose hooks register them, loaded as the host
-      loads an entry point's module (:func:`tghost.discover.catalog_of_plugin`), so the test
+      loads an entry point's module (:func:`tghost.discovery.discover.catalog_of_plugin`), so the test
       covers ``tghost_register_tools`` too.
 
     :meth:`call` and :meth:`stream` take a tool name, whose config values go into the request,
     as ``ToolDirectory`` and ``tghost call TOOL`` send them; or a service id.
     With ``announce_as`` (a host id) it also announces them on ``topic`` with a ``lease``
-    (seconds), signed by ``signer`` if given (:class:`tghost.trust.Signer`), on epochs of
+    (seconds), signed by ``signer`` if given (:class:`tghost.protocol.trust.Signer`), on epochs of
     ``epoch_seconds``, and withdraws them on exit, as ``tghost run`` does. ``authorize`` is a
     function with the contract of the ``tghost_authorize`` hook (a ``Catalog`` or ``plugin``
-    brings its own). ``listeners`` are told of every call (:data:`tghost.serve.CallListener`), as
+    brings its own). ``listeners`` are told of every call (:data:`tghost.serving.request.CallListener`), as
     metrics and the audit log are.
 
     Raises:

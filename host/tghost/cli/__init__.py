@@ -7,11 +7,11 @@ A command's module is imported when the command runs (:class:`tghost.cli.app.Laz
 
 from typing import TYPE_CHECKING, Any
 
-from .app import cli, main
+from tghost.cli.app import cli, main
 
 if TYPE_CHECKING:
-    from .options import pulsar_options
-    from .plugins import pip_command
+    from tghost.cli.options import pulsar_options
+    from tghost.cli.plugins import pip_command
 
 __all__ = ["cli", "main", "pip_command", "pulsar_options"]
 

@@ -12,8 +12,8 @@ import sys
 
 import click
 
-from .. import __version__
-from ..broker import BrokerError
+from tghost._version import __version__
+from tghost.pulsar.clients import BrokerError
 
 
 def main() -> None:
@@ -21,7 +21,7 @@ def main() -> None:
     finalization, where pulsar-client's C++ threads can crash the process after the work is
     done (apache/pulsar-client-python#153, #203). Output is flushed first; the exit code is kept.
 
-    A :class:`~tghost.broker.BrokerError` (no broker, not a Pulsar broker at the URL) is an
+    A :class:`~tghost.pulsar.clients.BrokerError` (no broker, not a Pulsar broker at the URL) is an
     ``Error:`` line and exit code 1, as click prints its own errors.
 
     Ctrl-C (SIGINT) always stops a command, even when the parent started it with SIGINT

@@ -15,8 +15,10 @@ from typing import Any, TypeVar
 
 import click
 
-from ..broker import BrokerError
-from ..embedded import (
+from tghost.cli.app import cli
+from tghost.cli.options import setup_logging
+from tghost.pulsar.clients import BrokerError
+from tghost.pulsar.embedded import (
     DEFAULT_PORT,
     LOG_LEVELS,
     BrokerRecord,
@@ -28,8 +30,6 @@ from ..embedded import (
     start_detached,
     stop_broker,
 )
-from .app import cli
-from .options import setup_logging
 
 F = TypeVar("F", bound=Callable[..., Any])
 

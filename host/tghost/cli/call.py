@@ -10,16 +10,16 @@ from typing import Any
 
 import click
 
-from ..broker import PulsarSettings
-from ..client import ToolCallError
-from ..descriptors import ToolServiceDescriptor, request_queue, response_queue
-from ..directory import ToolDirectory
-from ..discover import discover
-from ..groups import DEFAULT_STATE, next_state
-from ..serve import ServeSettings
-from ..trust import TrustedKeys
-from .app import cli
-from .options import filter_options, json_value, open_directory, parse_pairs, pulsar_options, trust_options
+from tghost.agent.client import ToolCallError
+from tghost.agent.directory import ToolDirectory
+from tghost.cli.app import cli
+from tghost.cli.options import filter_options, json_value, open_directory, parse_pairs, pulsar_options, trust_options
+from tghost.discovery.discover import discover
+from tghost.protocol.descriptors import ToolServiceDescriptor, request_queue, response_queue
+from tghost.protocol.groups import DEFAULT_STATE, next_state
+from tghost.protocol.trust import TrustedKeys
+from tghost.pulsar.clients import PulsarSettings
+from tghost.serving.settings import ServeSettings
 
 
 @cli.command()

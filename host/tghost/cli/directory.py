@@ -13,12 +13,12 @@ from typing import Any, TypeVar
 
 import click
 
-from ..broker import PulsarSettings
-from ..directory import Change, DirectoryTool
-from ..export import FORMATS, select_tools
-from ..trust import TrustedKeys
-from .app import cli
-from .options import filter_options, open_directory, pulsar_options, setup_logging, trust_options
+from tghost.adapters.export import FORMATS, select_tools
+from tghost.agent.directory import Change, DirectoryTool
+from tghost.cli.app import cli
+from tghost.cli.options import filter_options, open_directory, pulsar_options, setup_logging, trust_options
+from tghost.protocol.trust import TrustedKeys
+from tghost.pulsar.clients import PulsarSettings
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -143,7 +143,7 @@ def mcp_bridge(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str
     isError true). Clients get notifications/tools/list_changed when that list changes.
     """
     setup_logging(log_level)
-    from ..bridge import serve  # the mcp SDK is imported only by this command
+    from tghost.adapters.mcp import serve  # the mcp SDK is imported only by this command
 
     directory = open_directory(pulsar, descriptors_topic, trusted, wait=True)
     with contextlib.suppress(KeyboardInterrupt):

@@ -8,12 +8,13 @@ from pathlib import Path
 
 import click
 
-from ..trust import write_key_pair
-from .app import cli
+from tghost.cli.app import cli
+from tghost.protocol.trust import write_key_pair
+from tghost.system.paths import app_dir
 
 
 def _default_key_prefix() -> Path:
-    return Path(click.get_app_dir("tghost")) / "keys" / "announce"
+    return app_dir() / "keys" / "announce"
 
 
 @cli.command()

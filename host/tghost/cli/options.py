@@ -17,17 +17,17 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import click
 
-from ..announce import DEFAULT_TOPIC
-from ..audit import AuditLog
-from ..broker import DEFAULT_URL, PulsarSettings, is_reachable
-from ..config import config_path, default_config_path
-from ..directory import ToolDirectory
-from ..discover import PluginSelection
-from ..trust import KeyFileError, TrustedKeys
+from tghost.agent.directory import ToolDirectory
+from tghost.announcing.announcer import DEFAULT_TOPIC
+from tghost.discovery.config import config_path, default_config_path
+from tghost.discovery.discover import PluginSelection
+from tghost.operate.audit import AuditLog
+from tghost.protocol.trust import KeyFileError, TrustedKeys
+from tghost.pulsar.clients import DEFAULT_URL, PulsarSettings, is_reachable
 
 if TYPE_CHECKING:  # imported when used: only 'tghost run' serves or exposes metrics
-    from ..metrics import HostMonitor
-    from ..serve import CallListener
+    from tghost.operate.metrics import HostMonitor
+    from tghost.serving.request import CallListener
 
 F = TypeVar("F", bound=Callable[..., Any])
 log = logging.getLogger("tghost")
@@ -143,7 +143,7 @@ class Operations:
             monitor = None
             if self.metrics_port is not None:
                 try:
-                    from ..metrics import HostMonitor
+                    from tghost.operate.metrics import HostMonitor
 
                     monitor = stack.enter_context(HostMonitor(self.metrics_host, self.metrics_port))
                 except OSError as exc:

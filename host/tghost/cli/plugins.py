@@ -13,11 +13,11 @@ from typing import Any
 
 import click
 
-from ..config import ConfigError, read_config
-from ..discover import PluginReport, PluginSelection, discover
-from .app import cli
-from .options import config_option, selection_options
-from .status import default_status_url, describe_workers, read_health
+from tghost.cli.app import cli
+from tghost.cli.options import config_option, selection_options
+from tghost.cli.status import default_status_url, describe_workers, read_health
+from tghost.discovery.config import ConfigError, read_config
+from tghost.discovery.discover import PluginReport, PluginSelection, discover
 
 log = logging.getLogger("tghost")
 
@@ -34,7 +34,7 @@ def new(name: str, parent: Path, force: bool) -> None:
     (a word count), a test that calls it through a real embedded broker, and a README.
     NAME is lowercase letters and digits, words joined by '-', e.g. 'word-count'.
     """
-    from ..scaffold import BadPluginName, PluginNames, write_plugin  # jinja2 only for this command
+    from tghost.author.scaffold import BadPluginName, PluginNames, write_plugin  # jinja2 only for this command
 
     try:
         names = PluginNames.parse(name)

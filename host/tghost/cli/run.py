@@ -13,19 +13,27 @@ from typing import Any
 import click
 from pulsar.asyncio import PulsarException
 
-from .. import hop
-from ..announce import Announcer, HostIdentity
-from ..broker import BrokerError, PulsarSettings
-from ..config import ConfigError, load_config_tools, read_config
-from ..discover import Catalog, PluginLoadError, PluginSelection, discover
-from ..embedded import default_data_dir, ensure_broker
-from ..executors import ISOLATIONS, PROCESS, THREAD, WorkerLimits
-from ..host import run_host
-from ..serve import ServeSettings
-from ..trust import KeyFileError, Signer
-from ..watch import WatchSettings
-from .app import cli
-from .options import Operations, config_option, operations_options, pulsar_options, selection_options, setup_logging
+from tghost.announcing.announcer import Announcer, HostIdentity
+from tghost.cli.app import cli
+from tghost.cli.options import (
+    Operations,
+    config_option,
+    operations_options,
+    pulsar_options,
+    selection_options,
+    setup_logging,
+)
+from tghost.discovery.config import ConfigError, load_config_tools, read_config
+from tghost.discovery.discover import Catalog, PluginLoadError, PluginSelection, discover
+from tghost.operate.plugin_watch import WatchSettings
+from tghost.operate.run import run_host
+from tghost.protocol.trust import KeyFileError, Signer
+from tghost.pulsar import hop
+from tghost.pulsar.clients import BrokerError, PulsarSettings
+from tghost.pulsar.embedded import default_data_dir, ensure_broker
+from tghost.serving.executors import ISOLATIONS, PROCESS, THREAD, WorkerLimits
+from tghost.serving.settings import ServeSettings
+from tghost.system.paths import app_dir
 
 log = logging.getLogger("tghost")
 
@@ -50,7 +58,7 @@ log = logging.getLogger("tghost")
                                       "died mid-call; one more delivery is answered 'redelivery-limit'.")
 @click.option("--stall-threshold", type=click.FloatRange(min=0), default=ServeSettings.stall_threshold,
               show_default=True, help="Seconds the event loop may be blocked before a warning names the "
-                                      "service blocking it; 0 turns the watchdog off.")
+                                      "service blocking it; 0 turns the stall detector off.")
 @click.option("--isolation", type=click.Choice(ISOLATIONS), envvar="TGHOST_ISOLATION", default=THREAD,
               show_default=True, help="Where plugin code runs, unless a service sets its own (env TGHOST_ISOLATION): "
                                       "'thread' in this process (fastest), 'process' in worker processes, so a call "
@@ -116,7 +124,7 @@ def run(pulsar: PulsarSettings, descriptors_topic: str, data_dir: Path | None, t
                              worker_limits=WorkerLimits(max_calls_per_worker, max_worker_memory))
     try:
         _start_broker_if_needed(pulsar.url, data_dir)
-        with HostIdentity.claim(Path(click.get_app_dir("tghost")), host_id) as identity:
+        with HostIdentity.claim(app_dir(), host_id) as identity:
             announcer = Announcer(catalog, identity, descriptors_topic, lease, signer)
             with operations.open() as (listeners, monitor):
                 sys.setswitchinterval(hop.SWITCH_INTERVAL)  # the Pulsar client's threads get the GIL sooner

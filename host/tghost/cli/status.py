@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from .app import cli
+from tghost.cli.app import cli
 
 
 def default_status_url() -> str | None:

@@ -1,5 +1,5 @@
 """cli.trustgraph: ``tghost trustgraph sync``, which keeps a TrustGraph deployment's tool config
-items in step with the live directory (:mod:`tghost.trustgraph.sync`).
+items in step with the live directory (:mod:`tghost.adapters.trustgraph.sync`).
 """
 
 from __future__ import annotations
@@ -13,9 +13,7 @@ import signal
 import click
 from pulsar.asyncio import PulsarException
 
-from ..broker import PulsarSettings
-from ..trust import TrustedKeys
-from ..trustgraph.config_service import (
+from tghost.adapters.trustgraph.config_service import (
     PUSH_QUEUE,
     REQUEST_QUEUE,
     RESPONSE_QUEUE,
@@ -23,9 +21,11 @@ from ..trustgraph.config_service import (
     ConfigServiceError,
     pulsar_topic,
 )
-from ..trustgraph.sync import MARKER, ItemChange, TrustGraphSync, summary
-from .app import cli
-from .options import filter_options, pulsar_options, require_broker, setup_logging, trust_options
+from tghost.adapters.trustgraph.sync import MARKER, ItemChange, TrustGraphSync, summary
+from tghost.cli.app import cli
+from tghost.cli.options import filter_options, pulsar_options, require_broker, setup_logging, trust_options
+from tghost.protocol.trust import TrustedKeys
+from tghost.pulsar.clients import PulsarSettings
 
 log = logging.getLogger("tghost")
 
@@ -89,7 +89,7 @@ def sync(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...]
     """
     setup_logging(log_level or ("warning" if once else "info"))
     require_broker(pulsar.url)
-    from ..directory import ToolDirectory
+    from tghost.agent.directory import ToolDirectory
 
     def report(change: ItemChange) -> None:
         if as_json and not once:

@@ -13,7 +13,7 @@ from typing import Any
 
 from tghost_amplifier.modules import ENTRY_POINT_GROUP
 
-from tghost.discover import ENTRY_POINT_GROUP as TGHOST_GROUP
+from tghost.discovery.discover import ENTRY_POINT_GROUP as TGHOST_GROUP
 
 
 class ModuleDir:

@@ -15,8 +15,8 @@ import pytest
 from amplifier_helpers import ModuleDir, amplifier_plugin
 
 from tghost import ToolCallError
-from tghost.broker import EmbeddedBroker
-from tghost.discover import Catalog, PluginSelection, discover
+from tghost.discovery.discover import Catalog, PluginSelection, discover
+from tghost.pulsar.embedded import EmbeddedBroker
 from tghost.testing import LocalHost
 
 #: A tool module per seed 002: a ToolResult for success and failure, an input_schema property on one

@@ -15,9 +15,10 @@ from amplifier_core.testing import MockCoordinator, MockTool
 from tghost_amplifier.session import SessionSettings
 
 import tghost
-from tghost.broker import EmbeddedBroker, free_port
+from tghost.protocol.trust import Signer, write_key_pair
+from tghost.pulsar.clients import free_port
+from tghost.pulsar.embedded import EmbeddedBroker
 from tghost.testing import LocalHost
-from tghost.trust import Signer, write_key_pair
 
 
 @tghost.tool(service="kb", config=["collection"])
@@ -70,7 +71,7 @@ async def eventually(check: Callable[[], bool], what: str, timeout: float = 15.0
 async def test_live_tools_are_mounted_and_execute_calls_them_with_their_config(
     pulsar_broker: EmbeddedBroker, topic: str, coordinator: MockCoordinator,
 ) -> None:
-    async with LocalHost(pulsar_broker.url, tghost.discover.catalog_of([lookup], kb_tools()),
+    async with LocalHost(pulsar_broker.url, tghost.discovery.discover.catalog_of([lookup], kb_tools()),
                          announce_as="kb-host", topic=topic):
         cleanup = await mount(coordinator, pulsar_url=pulsar_broker.url, topic=topic)
         try:

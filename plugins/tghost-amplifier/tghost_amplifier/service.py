@@ -13,8 +13,9 @@ from typing import Any
 from amplifier_core.events import TOOL_ERROR, TOOL_POST, TOOL_PRE
 from pydantic_core import to_jsonable_python
 
-from tghost import ToolDescriptor, ToolError, ToolService, wire
-from tghost.service import arguments_from_schema
+from tghost import ToolDescriptor, ToolError, ToolService
+from tghost.author.service import arguments_from_schema
+from tghost.protocol import wire
 
 from .runtime import ModuleRuntime
 

@@ -18,10 +18,10 @@ from amplifier_core import ToolResult
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tghost import ToolCallError, ToolDescriptor, ToolDirectory
-from tghost.announce import DEFAULT_TOPIC
-from tghost.broker import DEFAULT_URL, PulsarSettings, is_reachable
-from tghost.export import input_schema
-from tghost.trust import TrustedKeys
+from tghost.adapters.export import input_schema
+from tghost.announcing.announcer import DEFAULT_TOPIC
+from tghost.protocol.trust import TrustedKeys
+from tghost.pulsar.clients import DEFAULT_URL, PulsarSettings, is_reachable
 
 __all__ = ["SessionSettings", "TghostTool", "ToolMounter", "mount"]
 
@@ -84,7 +84,7 @@ class SessionSettings(BaseModel):
         """The trusted keys, or ``None`` (every host believed).
 
         Raises:
-            tghost.trust.KeyFileError: a key file is missing or not an Ed25519 public key.
+            tghost.protocol.trust.KeyFileError: a key file is missing or not an Ed25519 public key.
         """
         return TrustedKeys.from_files(self.trusted_keys) if self.trusted_keys else None
 
@@ -197,9 +197,9 @@ async def mount(coordinator: Any, config: dict[str, Any] | None = None) -> Calla
 
     Raises:
         ValueError: the config is invalid (names the key).
-        tghost.trust.KeyFileError: a trusted key file cannot be read.
+        tghost.protocol.trust.KeyFileError: a trusted key file cannot be read.
         ConnectionError: no broker answers at ``pulsar_url``.
-        tghost.broker.BrokerError: the broker did not let the directory read the topic.
+        tghost.pulsar.clients.BrokerError: the broker did not let the directory read the topic.
     """
     settings = SessionSettings.of(config)
     trusted = settings.trusted()

@@ -8,10 +8,10 @@ import pytest
 from tghost_calculator import MAX_DEPTH, MAX_LENGTH, calculate, evaluate, solve_steps
 
 import tghost
-from tghost import wire
-from tghost.broker import EmbeddedBroker
-from tghost.client import ToolCallError
-from tghost.discover import discover
+from tghost.agent.client import ToolCallError
+from tghost.discovery.discover import discover
+from tghost.protocol import wire
+from tghost.pulsar.embedded import EmbeddedBroker
 from tghost.testing import LocalHost, RawWire
 
 

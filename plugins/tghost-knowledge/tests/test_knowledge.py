@@ -12,11 +12,11 @@ import pytest
 import tghost_knowledge
 from tghost_knowledge import Document, KnowledgeBase
 
-from tghost import wire
-from tghost.broker import EmbeddedBroker
-from tghost.client import ToolCallError
-from tghost.config import load_config_tools
-from tghost.discover import discover
+from tghost.agent.client import ToolCallError
+from tghost.discovery.config import load_config_tools
+from tghost.discovery.discover import discover
+from tghost.protocol import wire
+from tghost.pulsar.embedded import EmbeddedBroker
 from tghost.testing import LocalHost, RawWire
 
 TOOLS_TOML = Path(__file__).resolve().parents[3] / "examples" / "tools.toml"

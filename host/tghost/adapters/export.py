@@ -1,0 +1,102 @@
+"""export: the live tool set in the shapes other agents load: TrustGraph config items, OpenAI
+function definitions and MCP ``Tool`` objects. Pure functions of directory entries: never talks
+to Pulsar and never imports the ``mcp`` SDK (the MCP bridge imports this, not the other way).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from tghost.agent.directory import DirectoryTool, ToolDirectory
+from tghost.author.arguments import schema_of_arguments
+from tghost.protocol.descriptors import ToolDescriptor
+
+__all__ = [
+    "FORMATS", "input_schema", "mcp_tool", "mcp_tools", "openai_tools", "select_tools", "title", "trustgraph_config",
+    "trustgraph_tool",
+]
+
+
+def select_tools(
+    directory: ToolDirectory, groups: Sequence[str] | None, state: str | None,
+) -> list[DirectoryTool]:
+    """The live tools of ``directory`` that a seed 001 request with ``groups`` and ``state`` may
+    use, sorted by name; with neither given, every live tool (as ``tghost tools`` lists them)."""
+    if groups is None and state is None:
+        return [directory.tools[name] for name in sorted(directory.tools)]
+    return [directory.tools[d.name] for d in directory.available(["*"] if groups is None else groups, state)]
+
+
+def input_schema(tool: ToolDescriptor) -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12 object schema) of the tool's arguments: its ``input-schema``
+    if it has one (a tghost host announces the schema it checks, :attr:`tghost.ToolService.arguments_schema`),
+    else built from its seed 000 ``arguments`` list (:func:`tghost.author.arguments.schema_of_arguments`)."""
+    if tool.input_schema is not None:
+        return dict(tool.input_schema)
+    return schema_of_arguments(tool.arguments)
+
+
+def title(tool: ToolDescriptor) -> str:
+    """A human title for the tool, from its name: ``ask-staff`` -> ``Ask staff``."""
+    words = tool.name.replace("_", " ").replace("-", " ").split()
+    return " ".join(words).capitalize() or tool.name
+
+
+def mcp_tool(tool: ToolDescriptor) -> dict[str, Any]:
+    """The tool as an MCP ``Tool`` object (JSON): ``name``, ``description``, ``inputSchema``
+    (:func:`input_schema`) and ``annotations`` with the ``title`` (:func:`title`). tghost
+    knows nothing of the read-only/destructive/idempotent hints, so it sets none."""
+    return {"name": tool.name, "description": tool.description, "inputSchema": input_schema(tool),
+            "annotations": {"title": title(tool)}}
+
+
+def openai_tools(tools: Iterable[DirectoryTool]) -> list[dict[str, Any]]:
+    """OpenAI function-calling definitions: ``[{"type": "function", "function": {"name",
+    "description", "parameters": <JSON Schema>}}]``."""
+    return [{"type": "function", "function": {"name": t.descriptor.name, "description": t.descriptor.description,
+                                              "parameters": input_schema(t.descriptor)}} for t in tools]
+
+
+def mcp_tools(tools: Iterable[DirectoryTool]) -> list[dict[str, Any]]:
+    """The tools as a list of MCP ``Tool`` objects (:func:`mcp_tool`)."""
+    return [mcp_tool(t.descriptor) for t in tools]
+
+
+def trustgraph_tool(tool: ToolDescriptor) -> dict[str, Any]:
+    """The value of the ``tool/<name>`` config item a TrustGraph agent loads for ``tool``: its
+    seed 000 JSON with ``type: "tool-service"`` (required by TrustGraph, but a default that
+    ``to_json_dict()`` leaves out when unset), and seed 001's ``available_in_states`` under
+    the name TrustGraph's agent reads, ``applicable-states`` (trustgraph-flow 2.11,
+    ``agent/tool_filter.py``). Unset ``state``/``applicable-states`` are left out, never
+    ``null``: the agent rejects a ``state`` that is not a string."""
+    value = {"type": tool.type, **tool.to_json_dict()}
+    states = value.pop("available_in_states", None)
+    if states is not None:
+        value["applicable-states"] = states
+    for key in ("state", "input-schema"):
+        if value.get(key, "") is None:
+            del value[key]
+    return value
+
+
+def trustgraph_config(tools: Iterable[DirectoryTool]) -> dict[str, dict[str, Any]]:
+    """The config items a TrustGraph agent loads (seed 000: ``tg-put-config-item
+    tool-service/<id>`` and ``tool/<name>``): ``{"tool-service": {<id>: <service descriptor>},
+    "tool": {<name>: <tool value>}}``, holding the services behind ``tools`` only. Services
+    are the announced descriptors' JSON (TrustGraph ignores tghost's extra keys); tools are
+    :func:`trustgraph_tool`'s values."""
+    config: dict[str, dict[str, Any]] = {"tool-service": {}, "tool": {}}
+    for tool in tools:
+        service = tool.service.descriptor
+        config["tool-service"][service.id] = service.to_json_dict()
+        config["tool"][tool.descriptor.name] = trustgraph_tool(tool.descriptor)
+    return config
+
+
+#: ``tghost export --format`` name -> the function that renders the selected tools as JSON.
+FORMATS: dict[str, Callable[[list[DirectoryTool]], Any]] = {
+    "trustgraph": trustgraph_config,
+    "openai": openai_tools,
+    "mcp": mcp_tools,
+}

@@ -1,0 +1,149 @@
+"""bridge: the live tool directory as a Model Context Protocol server (``tghost mcp``), over
+stdio or streamable HTTP, with the official ``mcp`` SDK's low-level server. Agent side: never
+imports serve or discover, and never writes anything but MCP messages to stdout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import mcp.types as types
+import uvicorn
+from mcp.server import InitializationOptions, NotificationOptions, Server, ServerRequestContext
+from mcp.server.session import ServerSession
+from mcp.server.stdio import stdio_server
+from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
+
+from tghost._version import __version__
+from tghost.adapters.export import mcp_tool
+from tghost.agent.client import ToolCallError
+from tghost.agent.directory import ToolDirectory
+
+__all__ = ["Bridge", "serve"]
+
+log = logging.getLogger(__name__)
+
+
+class _Server(Server[Any]):
+    """The low-level server, advertising ``tools.listChanged`` on every transport (the HTTP
+    session manager asks for the initialization options without arguments)."""
+
+    def create_initialization_options(
+        self,
+        notification_options: NotificationOptions | None = None,
+        experimental_capabilities: dict[str, dict[str, Any]] | None = None,
+        extensions: dict[str, dict[str, Any]] | None = None,
+    ) -> InitializationOptions:
+        return super().create_initialization_options(
+            notification_options or NotificationOptions(tools_changed=True), experimental_capabilities, extensions)
+
+
+class Bridge:
+    """One MCP server over ``directory``: ``tools/list`` gives the tools a seed 001 request with
+    ``groups`` (``None``: ``["default"]``) and ``state`` may use, ``tools/call`` invokes one over
+    Pulsar, and :meth:`follow` sends ``notifications/tools/list_changed`` when that list changes:
+    to every initialized handshake-era session, and to every 2026-07-28 ``subscriptions/listen``
+    stream that asked for tool changes.
+    """
+
+    def __init__(self, directory: ToolDirectory, groups: Sequence[str] | None, state: str | None) -> None:
+        self.directory = directory
+        self.groups = None if groups is None else list(groups)
+        self.state = state
+        self.sessions: set[ServerSession] = set()
+        """One per initialized handshake-era connection, until it closes."""
+        self.bus = InMemorySubscriptionBus()
+        self.server = _Server(
+            "tghost", version=__version__, title="tghost tool directory",
+            on_list_tools=self.list_tools, on_call_tool=self.call_tool,
+            on_subscriptions_listen=ListenHandler(self.bus))
+        self.server.add_notification_handler("notifications/initialized", types.NotificationParams, self._initialized)
+
+    async def _initialized(self, ctx: ServerRequestContext[Any], params: types.NotificationParams) -> None:
+        """Remember a connection that finished the handshake, until it closes. Its session
+        sends on the connection's standalone channel; mcp 2.x has no public accessor for the
+        connection, whose ``exit_stack`` is the documented per-connection teardown hook."""
+        session = ctx.session
+        self.sessions.add(session)
+        session._connection.exit_stack.callback(self.sessions.discard, session)
+
+    def tools(self) -> list[types.Tool]:
+        """The MCP ``Tool`` objects of the tools this bridge's clients may use, sorted by name."""
+        return [types.Tool.model_validate(mcp_tool(d)) for d in self.directory.available(self.groups, self.state)]
+
+    async def list_tools(self, ctx: ServerRequestContext[Any], params: Any) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=self.tools())
+
+    async def call_tool(self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams,
+                        ) -> types.CallToolResult:
+        """Invoke the tool through the directory; an error reply or a refusal (``unknown-tool``,
+        ``not-allowed``, ``timeout``, ...) is a result with ``isError`` and ``type: message``
+        text; so is any other failure (e.g. the broker is unreachable), typed by its class name
+        and logged."""
+        try:
+            observation = await self.directory.invoke(params.name, dict(params.arguments or {}),
+                                                      groups=self.groups, state=self.state)
+        except ToolCallError as exc:
+            return _error(str(exc))
+        except Exception as exc:
+            log.exception("calling %r failed", params.name)
+            return _error(f"{type(exc).__name__}: {exc}")
+        return types.CallToolResult(content=[types.TextContent(text=observation)])
+
+    async def follow(self) -> None:
+        """Send ``notifications/tools/list_changed`` each time the listed tools change (a change
+        that leaves the list as it was, such as one provider more, is not sent). Runs until
+        cancelled."""
+        shown = self.tools()
+        async for change in self.directory.changes():
+            now = self.tools()
+            if now == shown:
+                continue
+            shown = now
+            log.info("tool list changed (%s %s): telling %d session(s)", change.kind, change.name, len(self.sessions))
+            await self.bus.publish(ToolsListChanged())
+            for session in list(self.sessions):
+                await session.send_tool_list_changed()  # never raises: a closed channel drops it
+
+
+def _error(text: str) -> types.CallToolResult:
+    return types.CallToolResult(content=[types.TextContent(text=text)], is_error=True)
+
+
+async def serve(directory: ToolDirectory, groups: Sequence[str] | None, state: str | None,
+                transport: str, host: str, port: int) -> None:
+    """Follow ``directory`` and serve it until the stdio client leaves or the task is cancelled.
+
+    ``transport`` is ``stdio`` (MCP on stdin/stdout) or ``http`` (streamable HTTP at
+    ``http://host:port/mcp``).
+
+    Raises:
+        tghost.pulsar.clients.BrokerError: no broker answered within the directory's ``connect_timeout``.
+    """
+    async with directory:
+        bridge = Bridge(directory, groups, state)
+        follower = asyncio.create_task(bridge.follow(), name="mcp list_changed")
+        try:
+            if transport == "stdio":
+                await _serve_stdio(bridge.server)
+            else:
+                await _serve_http(bridge.server, host, port)
+        finally:
+            follower.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await follower
+
+
+async def _serve_stdio(server: Server[Any]) -> None:
+    async with stdio_server() as (read, write):
+        await server.run(read, write, server.create_initialization_options())
+
+
+async def _serve_http(server: Server[Any], host: str, port: int) -> None:
+    app = server.streamable_http_app(host=host)
+    config = uvicorn.Config(app, host=host, port=port, log_config=None, lifespan="on")
+    await uvicorn.Server(config).serve()

@@ -1,0 +1,227 @@
+"""invoke: the agent's calls by tool name. Checks seed 001 groups/state and the caller's
+allowed groups against the live tool set, merges the tool's config values into the request,
+calls its service over Pulsar and records each call. Never reads the announcement topic:
+the directory hands it the live tools.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pulsar.asyncio
+
+from tghost.agent.client import ToolCallError, ToolServiceClient
+from tghost.agent.entries import DirectoryTool
+from tghost.protocol import wire
+from tghost.protocol.descriptors import ToolServiceDescriptor
+from tghost.protocol.groups import DEFAULT_GROUPS, DEFAULT_STATE, WILDCARD, is_available, next_state
+
+__all__ = [
+    "GROUPS_EXCEED_ALLOWED", "NOT_AVAILABLE", "OK", "UNKNOWN_TOOL", "ToolCallListener", "ToolCallRecord", "ToolCalls",
+]
+
+log = logging.getLogger(__name__)
+
+# Why a call was refused before anything was sent (``ToolCalls.refusals``).
+UNKNOWN_TOOL = "unknown-tool"
+NOT_AVAILABLE = "not-available"
+GROUPS_EXCEED_ALLOWED = "groups-exceed-allowed"
+
+#: ``ToolCallRecord.status`` of a call answered without error.
+OK = "ok"
+
+
+@dataclass(frozen=True)
+class ToolCallRecord:
+    """What one :meth:`ToolCalls.invoke`/:meth:`~ToolCalls.stream` call came to, handed
+    to every :data:`ToolCallListener` once it ends (audit, metrics).
+
+    ``groups`` are the request's groups (``("default",)`` when it gave none), ``allowed_groups``
+    the caller's permitted groups (``None``: not checked). ``state_before``/``state_after`` are
+    seed 001 states; the state moves only on success (:func:`tghost.protocol.groups.next_state`).
+    ``status`` is :data:`OK`, ``cancelled`` (the caller stopped reading), the error type of a
+    refusal or error reply (``unknown-tool``, ``not-allowed``, ``timeout``, ...), or the class
+    name of any other exception. ``service`` is ``None`` when the tool is unknown. ``duration``
+    is seconds from the call to its end.
+    """
+
+    tool: str
+    service: str | None
+    user: str | None
+    groups: tuple[str, ...]
+    allowed_groups: tuple[str, ...] | None
+    state_before: str
+    state_after: str
+    status: str
+    duration: float
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as a JSON-able dict (lists for tuples); never holds the arguments."""
+        return {"tool": self.tool, "service": self.service, "user": self.user, "groups": list(self.groups),
+                "allowed_groups": None if self.allowed_groups is None else list(self.allowed_groups),
+                "state_before": self.state_before, "state_after": self.state_after,
+                "status": self.status, "duration": self.duration}
+
+
+#: Called once per invoke/stream with its :class:`ToolCallRecord`. Must not block; an exception
+#: is logged and the call goes on.
+ToolCallListener = Callable[[ToolCallRecord], None]
+
+
+
+
+class ToolCalls:
+    """Calls tools by name over the live ``tools`` (a mapping the directory keeps current).
+
+    ``listeners`` get one :class:`ToolCallRecord` per invoke/stream. A call refused before
+    sending is counted in :attr:`refusals` by reason: :data:`UNKNOWN_TOOL`,
+    :data:`NOT_AVAILABLE` (seed 001 group/state filtering) or :data:`GROUPS_EXCEED_ALLOWED`.
+    ``client`` is the Pulsar client calls are made with, set by the directory once connected.
+    """
+
+    def __init__(self, tools: Mapping[str, DirectoryTool], listeners: Sequence[ToolCallListener] = ()) -> None:
+        self.tools = tools
+        self.listeners = tuple(listeners)
+        self.client: pulsar.asyncio.Client | None = None
+        self.refusals: Counter[str] = Counter()
+        """Calls refused before anything was sent, by reason."""
+        self._callers: dict[str, ToolServiceClient] = {}
+        self._callers_lock = asyncio.Lock()
+
+    async def close(self) -> None:
+        """Close every service client (not ``client`` itself: the directory owns it)."""
+        for caller in self._callers.values():
+            await caller.close()
+        self._callers.clear()
+
+    def check(
+        self,
+        name: str,
+        groups: Sequence[str] | None = None,
+        state: str | None = None,
+        allowed_groups: Sequence[str] | None = None,
+    ) -> DirectoryTool:
+        """The live tool ``name`` if a request with these groups and state may use it.
+
+        ``allowed_groups`` are the groups the caller is permitted (seed 001 section 6.1;
+        ``None``: not checked): the request's groups (``["default"]`` when ``None``) must be a
+        subset of them; a requested ``"*"`` needs ``"*"`` allowed, and an allowed ``"*"``
+        permits any group. A refusal is counted in :attr:`refusals`.
+
+        Raises:
+            ToolCallError: ``not-allowed`` if the request's groups exceed the allowed ones or
+                seed 001 filtering excludes the tool, ``unknown-tool`` if it is not live (the
+                message says why).
+        """
+        requested = list(DEFAULT_GROUPS if groups is None else groups)
+        if allowed_groups is not None and (excess := _excess_groups(requested, allowed_groups)):
+            raise self._refuse(GROUPS_EXCEED_ALLOWED, wire.NOT_ALLOWED, (
+                f"requested groups {requested} exceed allowed {list(allowed_groups)} (not allowed: {excess})"))
+        tool = self.tools.get(name)
+        if tool is None:
+            raise self._refuse(UNKNOWN_TOOL, UNKNOWN_TOOL, f"no live tool named {name!r}; see 'tghost tools'")
+        if not is_available(tool.descriptor, groups, state):
+            d = tool.descriptor
+            raise self._refuse(NOT_AVAILABLE, wire.NOT_ALLOWED, (
+                f"tool {name!r} is in groups {list(d.group)} and available in states "
+                f"{list(d.available_in_states or ['*'])}; the request has groups {requested} "
+                f"and state {state or DEFAULT_STATE!r}"))
+        return tool
+
+    def _refuse(self, reason: str, error_type: str, message: str) -> ToolCallError:
+        self.refusals[reason] += 1
+        return ToolCallError(error_type, message)
+
+    async def caller(self, descriptor: ToolServiceDescriptor) -> ToolServiceClient:
+        """A started client for a service's queues, cached per service id (for ``--service`` calls)."""
+        async with self._callers_lock:
+            caller = self._callers.get(descriptor.id)
+            if caller is None or (caller.request_queue, caller.response_queue) != (
+                    descriptor.request_queue, descriptor.response_queue):
+                assert self.client is not None, "start the directory first"
+                caller = await ToolServiceClient(self.client, descriptor.request_queue,
+                                                 descriptor.response_queue).start()
+                self._callers[descriptor.id] = caller
+            return caller
+
+    async def stream(
+        self,
+        name: str,
+        arguments: dict[str, Any],
+        *,
+        user: str | None = None,
+        groups: Sequence[str] | None = None,
+        state: str | None = None,
+        allowed_groups: Sequence[str] | None = None,
+        timeout: float = 60.0,
+    ) -> AsyncIterator[str]:
+        """Invoke tool ``name`` and yield its observation chunks. The tool's config values go
+        into the request's ``config``; ``groups``/``state``/``allowed_groups`` are checked as
+        in :meth:`check`. Every listener gets one :class:`ToolCallRecord` when the call ends.
+
+        Raises:
+            ToolCallError: not allowed, unknown, an error reply, or a timeout (seconds).
+        """
+        started = time.perf_counter()
+        known = self.tools.get(name)
+        tool: DirectoryTool | None = None  # once allowed
+        status = OK
+        try:
+            tool = self.check(name, groups, state, allowed_groups)
+            caller = await self.caller(tool.service.descriptor)
+            async for chunk in caller.stream(tool.descriptor.config, arguments, user=user, timeout=timeout):
+                yield chunk
+        except ToolCallError as exc:
+            status = exc.error_type
+            raise
+        except (asyncio.CancelledError, GeneratorExit):
+            status = "cancelled"
+            raise
+        except Exception as exc:
+            status = type(exc).__name__
+            raise
+        finally:
+            before = state or DEFAULT_STATE
+            self._notify(ToolCallRecord(
+                tool=name, service=known.descriptor.service if known else None, user=user,
+                groups=tuple(DEFAULT_GROUPS if groups is None else groups),
+                allowed_groups=None if allowed_groups is None else tuple(allowed_groups),
+                state_before=before,
+                state_after=next_state(tool.descriptor, before, status == OK) if tool else before,
+                status=status, duration=time.perf_counter() - started))
+
+    def _notify(self, record: ToolCallRecord) -> None:
+        for listener in self.listeners:
+            try:
+                listener(record)
+            except Exception:
+                log.exception("invoke listener %r failed on a call of %r", listener, record.tool)
+
+    async def invoke(
+        self,
+        name: str,
+        arguments: dict[str, Any],
+        *,
+        user: str | None = None,
+        groups: Sequence[str] | None = None,
+        state: str | None = None,
+        allowed_groups: Sequence[str] | None = None,
+        timeout: float = 60.0,
+    ) -> str:
+        """Invoke tool ``name`` and return the observation string; as :meth:`stream`."""
+        chunks = self.stream(name, arguments, user=user, groups=groups, state=state,
+                             allowed_groups=allowed_groups, timeout=timeout)
+        return "".join([chunk async for chunk in chunks])
+
+
+def _excess_groups(requested: Sequence[str], allowed: Sequence[str]) -> list[str]:
+    """The requested groups that ``allowed`` does not permit (seed 001 section 6.1)."""
+    if WILDCARD in allowed:
+        return []
+    return [group for group in requested if group not in allowed]

@@ -1,0 +1,165 @@
+"""call: the caller's side of the wire contract, as TrustGraph's ``ToolServiceClient``.
+
+Sends request envelopes with an ``id`` property and routes the responses, which every
+caller of a service sees on its shared response topic, back by that ``id``. Requests go out
+with the producer's ``send_async``; responses arrive through a C++ message listener and cross
+into the event loop once (:class:`tghost.pulsar.hop.Mailbox`). Never imports serve or discover.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pulsar
+import pulsar.asyncio
+
+from tghost.protocol import wire
+from tghost.pulsar import hop
+
+__all__ = ["ToolCallError", "ToolServiceClient"]
+
+log = logging.getLogger(__name__)
+
+
+class ToolCallError(Exception):
+    """A call answered with an error, or not answered in time.
+
+    ``error_type`` is the wire error type (``tool-service-error``, ``timeout``, ...).
+    """
+
+    def __init__(self, error_type: str, message: str) -> None:
+        super().__init__(f"{error_type}: {message}")
+        self.error_type = error_type
+        self.message = message
+
+
+#: Responses the client may buffer for its calls: a response topic is non-persistent, and the
+#: broker drops what a consumer has no room for (no flow control reaches the host), so a long
+#: stream must fit here while the caller reads it (docs/protocol.md §2.5).
+RESPONSE_QUEUE = 10_000
+
+
+class ToolServiceClient:
+    """Calls one tool service: a producer on its request queue, a consumer on its response queue.
+
+    Use ``async with ToolServiceClient(client, request_queue, response_queue) as svc:`` then
+    ``await svc.call(...)`` or ``async for chunk in svc.stream(...)``.
+    """
+
+    def __init__(self, client: pulsar.asyncio.Client, request_queue: str, response_queue: str) -> None:
+        self._client = client
+        self.request_queue = request_queue
+        self.response_queue = response_queue
+        self._pending: dict[str, asyncio.Queue[wire.Response | Exception]] = {}
+        self._producer: pulsar.asyncio.Producer | None = None
+        self._consumer: pulsar.asyncio.Consumer | None = None
+        self._mailbox: hop.Mailbox | None = None
+
+    async def start(self) -> ToolServiceClient:
+        """Subscribe to the response queue first (non-persistent topics keep nothing), then
+        create the request producer.
+
+        Raises:
+            pulsar.asyncio.PulsarException: the broker refused the subscription or producer.
+        """
+        self._mailbox = hop.Mailbox(asyncio.get_running_loop())
+        self._consumer = await hop.subscribe_listening(
+            self._client, self.response_queue, f"tghost-caller-{uuid.uuid4().hex}",
+            pulsar.ConsumerType.Exclusive, self._on_response, receiver_queue_size=RESPONSE_QUEUE,
+        )
+        self._producer = await self._client.create_producer(self.request_queue, batching_enabled=False)
+        return self
+
+    def _on_response(self, consumer: Any, message: Any) -> None:
+        """The C++ listener thread: acknowledge, and hand a waited-for response to the loop."""
+        hop.acknowledge(consumer, message)
+        queue = self._pending.get(message.properties().get("id", ""))
+        if queue is not None:
+            self._mailbox.put(_deliver, queue, message.data())  # type: ignore[union-attr]
+
+    def _on_sent(self, queue: asyncio.Queue[wire.Response | Exception], result: Any) -> None:
+        """The C++ thread, once the broker has the request: a failure goes to the waiting call."""
+        if result != pulsar.Result.Ok:
+            self._mailbox.put(queue.put_nowait, pulsar.asyncio.PulsarException(result))  # type: ignore[union-attr]
+
+    async def stream(
+        self,
+        config: dict[str, Any],
+        arguments: dict[str, Any],
+        *,
+        user: str | None = None,
+        timeout: float = 60.0,
+    ) -> AsyncIterator[str]:
+        """Send one request and yield each non-empty observation chunk until end of stream.
+
+        ``timeout`` is seconds for the whole call.
+
+        Raises:
+            ToolCallError: the service answered with an error, or (type ``timeout``) not in time.
+            pulsar.asyncio.PulsarException: the request could not be sent.
+        """
+        assert self._producer is not None, "call start() first"
+        request_id = uuid.uuid4().hex
+        queue: asyncio.Queue[wire.Response | Exception] = asyncio.Queue()
+        self._pending[request_id] = queue
+        try:
+            async with asyncio.timeout(timeout):
+                hop.send(self._producer, wire.encode_request(user, config, arguments), {"id": request_id},
+                         lambda result, _: self._on_sent(queue, result))
+                while True:
+                    response = await queue.get()
+                    if isinstance(response, Exception):
+                        raise response
+                    if response.error:
+                        raise ToolCallError(response.error["type"], response.error["message"])
+                    if response.response:
+                        yield response.response
+                    if response.end_of_stream:
+                        return
+        except TimeoutError:
+            raise ToolCallError(wire.TIMEOUT, f"no complete answer from {self.request_queue} "
+                                              f"within {timeout}s") from None
+        finally:
+            del self._pending[request_id]
+
+    async def call(
+        self,
+        config: dict[str, Any],
+        arguments: dict[str, Any],
+        *,
+        user: str | None = None,
+        timeout: float = 60.0,
+    ) -> str:
+        """Send one request and return the observation (streamed chunks joined).
+
+        Raises:
+            ToolCallError: as for :meth:`stream`.
+        """
+        return "".join([chunk async for chunk in self.stream(config, arguments, user=user,
+                                                             timeout=timeout)])
+
+    async def close(self) -> None:
+        """Close the producer and the consumer (responses still arriving are dropped)."""
+        for closable in (self._producer, self._consumer):
+            if closable is not None:
+                with contextlib.suppress(Exception):
+                    await closable.close()
+
+    async def __aenter__(self) -> ToolServiceClient:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+def _deliver(queue: asyncio.Queue[wire.Response | Exception], data: bytes) -> None:
+    """A response for a waiting call, decoded (an undecodable one is a ``bad-request`` error)."""
+    try:
+        queue.put_nowait(wire.decode_response(data))
+    except wire.BadRequest as exc:
+        queue.put_nowait(wire.Response("", True, {"type": wire.BAD_REQUEST, "message": str(exc)}))

@@ -1,0 +1,465 @@
+"""directory: the agent's live view of the announcements (docs/protocol.md §4.6-4.8). Resolves
+the live claims of its :class:`~tghost.agent.ledger.Ledger` into tools and services (conflicts
+included), emits change events, expires instances whose lease ran out and filters by seed 001
+group/state. Reading the epoch topics is :mod:`tghost.agent.window`'s, applying each message the
+ledger's, calls by tool name :mod:`tghost.agent.calls`'s. Never imports serve or discover, and never
+lets a bad message on the topic raise or replace a live tool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections import Counter, defaultdict
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from typing import Any, Literal
+
+import pulsar
+import pulsar.asyncio
+import pulsar.exceptions
+
+from tghost.agent.calls import (
+    GROUPS_EXCEED_ALLOWED,
+    NOT_AVAILABLE,
+    OK,
+    UNKNOWN_TOOL,
+    ToolCallListener,
+    ToolCallRecord,
+    ToolCalls,
+)
+from tghost.agent.client import ToolServiceClient
+from tghost.agent.entries import Change, DirectoryTool, ServiceEntry
+from tghost.agent.ledger import (
+    DUPLICATE,
+    HIJACK,
+    INVALID,
+    MAX_ANNOUNCEMENT_BYTES,
+    MAX_DEPTH,
+    STALE,
+    Claim,
+    HostLease,
+    Key,
+    Ledger,
+    Provider,
+    Ref,
+)
+from tghost.agent.window import TopicWindow
+from tghost.protocol.announcement import DEFAULT_TOPIC, EPOCH_SECONDS
+from tghost.protocol.descriptors import ToolDescriptor, ToolServiceDescriptor
+from tghost.protocol.groups import select
+from tghost.protocol.trust import TrustedKeys
+from tghost.pulsar.clients import BrokerError, PulsarSettings
+
+__all__ = [
+    "DUPLICATE",
+    "GROUPS_EXCEED_ALLOWED",
+    "HIJACK",
+    "INVALID",
+    "MAX_ANNOUNCEMENT_BYTES",
+    "MAX_DEPTH",
+    "NOT_AVAILABLE",
+    "OK",
+    "STALE",
+    "UNKNOWN_TOOL",
+    "Change",
+    "DirectoryTool",
+    "HostLease",
+    "Provider",
+    "ServiceEntry",
+    "ToolCallListener",
+    "ToolCallRecord",
+    "ToolDirectory",
+]
+
+log = logging.getLogger(__name__)
+
+class ToolDirectory:
+    """The live tool set announced on the epoch topics of ``topic`` (docs/protocol.md §4).
+
+    ``async with ToolDirectory(PulsarSettings(url)) as directory:`` catches up, then follows.
+    ``expiry_interval`` is how often (seconds) leases are checked; ``epoch_seconds`` must be
+    the hosts' (:data:`tghost.protocol.announcement.EPOCH_SECONDS`).
+
+    Trust: with ``trusted`` keys only announcements signed by one of them are applied
+    (format in :mod:`tghost.protocol.trust`); without, every well-formed one is (open mode). Every
+    message that is not applied is counted in :attr:`rejections` by reason: :data:`INVALID`,
+    :data:`STALE`, :data:`DUPLICATE`, ``unsigned``, ``bad-signature``, ``unknown-key``, or
+    :data:`HIJACK` when a message failing the signature check names a tool, tool service or
+    host that a trusted announcement claims now (one reason per message). The log gets a
+    summary, one line per reason, at most every ``report_interval`` seconds (duplicates are
+    never logged). Signatures protect the values, not the topic's key space: restrict who may
+    publish on the topics (Pulsar authorization) so that compaction cannot drop a host's entries.
+
+    Host instances (docs/protocol.md §4.7): each process announcing under a host id is an
+    instance; a new one replaces the older ones of its id. If a replaced one speaks again, two
+    live processes share the id: both stay providers, :attr:`clashes` lists them and the log
+    says so once. A host message's manifest (``entries``) is the instance's word on what it
+    announces: it restores an entry a withdrawal hid and hides one it no longer lists.
+
+    Conflicts (docs/protocol.md §4.8): a tool service announced with other queues or config
+    params than the claim announced first (lowest ``since``), or a tool announced over another
+    service or with other config values, loses; it is listed in :attr:`conflicts` and logged.
+
+    Ordering and clocks: ``lease.sent_at`` (the host's clock) orders the messages of one
+    (kind, name, host instance); one not newer than the newest applied is :data:`STALE`, so a
+    replayed ``available`` never undoes a later ``withdrawn``. A lease runs from the broker's
+    publish time (one clock for every host, capped at this directory's now), but never from
+    later than ``sent_at + max_clock_skew``. The trade-off: hosts whose clocks are behind the
+    broker's by up to ``max_clock_skew`` seconds keep their full lease; a host further behind
+    gets a shorter one (logged once per host), and in exchange a verbatim replay of an old
+    message can keep a dead host's entries alive for at most ``max_clock_skew`` plus its lease
+    after the host sent it. A message sent more than ``max_clock_skew`` after its publish time
+    is :data:`INVALID` (a clock far ahead would otherwise make every later message of that key
+    stale). ``max_clock_skew`` also widens the window of epochs read.
+
+    While this directory's readers are disconnected from the broker it expires nothing (it
+    cannot tell a dead host from its own outage); once back, each host gets at least a full
+    lease plus the outage's length to be heard again (see :meth:`_resume_leases`).
+
+    Calls (:meth:`check`, :meth:`invoke`, :meth:`stream`, :meth:`caller`) are made by an
+    :class:`~tghost.agent.calls.ToolCalls` over the live tools: ``listeners`` get one
+    :class:`~tghost.agent.calls.ToolCallRecord` per call, and refusals are counted in :attr:`refusals`.
+    """
+
+    def __init__(
+        self,
+        pulsar_settings: PulsarSettings,
+        topic: str = DEFAULT_TOPIC,
+        *,
+        expiry_interval: float = 0.25,
+        trusted: TrustedKeys | None = None,
+        listeners: Sequence[ToolCallListener] = (),
+        max_clock_skew: float = 60.0,
+        epoch_seconds: float = EPOCH_SECONDS,
+        report_interval: float = 60.0,
+    ) -> None:
+        self.pulsar = pulsar_settings
+        self.topic = topic
+        self.expiry_interval = expiry_interval
+        self.trusted = trusted
+        self.max_clock_skew = max_clock_skew
+        self.epoch_seconds = epoch_seconds
+        self.tools: dict[str, DirectoryTool] = {}
+        self.services: dict[str, ServiceEntry] = {}
+        self.conflicts: dict[str, list[str]] = {}
+        """Tool name -> the service ids whose claims lost a conflict over it; ``tool-service/<id>``
+        -> the host ids whose descriptor of that service lost (the winners are in :attr:`tools`
+        and :attr:`services`)."""
+        self.ledger = Ledger(topic, trusted, max_clock_skew, report_interval)
+        """What every host instance announced, and the live claims (:mod:`tghost.agent.ledger`)."""
+        self.rejections: Counter[str] = self.ledger.rejections
+        """Messages on the topic that were not applied, by reason (see the class docstring)."""
+        self._losers: dict[str, set[Ref]] = {}
+        self._tools_of_service: dict[str, set[str]] = defaultdict(set)
+        self._filtered: dict[tuple[tuple[str, ...] | None, str | None], list[ToolDescriptor]] = {}
+        self._watchers: list[asyncio.Queue[Change]] = []
+        self.calls = ToolCalls(self.tools, listeners)
+        """Calls by tool name over :attr:`tools` (:mod:`tghost.agent.calls`)."""
+        self._tasks: list[asyncio.Task[None]] = []
+        self._client: pulsar.asyncio.Client | None = None
+        self._window: TopicWindow | None = None
+        self._outage_since: float | None = None
+        self.caught_up = 0
+        """How many messages :meth:`start` read to catch up: bounded by the live hosts and one epoch
+        of their heartbeats, never by the topic's history (docs/protocol.md §4.6)."""
+        """Since when (unix seconds) a reader is disconnected: nothing expires meanwhile."""
+
+    @property
+    def rejected(self) -> int:
+        """How many messages on the topic were not applied (the sum of :attr:`rejections`)."""
+        return self.rejections.total()
+
+    @property
+    def hosts(self) -> dict[str, HostLease]:
+        """Host id -> its lease, for every host with a live instance now."""
+        return self.ledger.hosts
+
+    @property
+    def clashes(self) -> dict[str, tuple[str, ...]]:
+        """Host id -> its live instances, for every host id that two live processes announce
+        under at once (a misconfiguration: each process needs its own ``--host-id``)."""
+        return self.ledger.clashes
+
+    def is_connected(self) -> bool:
+        """Whether every reader of the announcement topics is connected now (False before start)."""
+        return self._window is not None and self._window.is_connected()
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> ToolDirectory:
+        """Read the epoch topics of the read window from their first message up to now, then
+        follow them in the background (docs/protocol.md §4.6).
+
+        An agent may start before its broker: this waits up to the settings'
+        ``connect_timeout`` seconds (:attr:`tghost.pulsar.clients.PulsarSettings.connect_timeout`,
+        default 30) for one to answer, logging one line per ``retry_interval``. Tools that
+        arrive once it follows are ``added`` changes; :meth:`changes` with ``replay=True`` also
+        gives those known before.
+
+        Raises:
+            tghost.pulsar.clients.BrokerError: no broker answered in time (``BrokerUnavailable``), the
+                URL is not a Pulsar broker (``NotPulsarBroker``), or reading the topic failed;
+                the message names the URL.
+        """
+        self._client = self.calls.client = await self.pulsar.connect()
+        try:
+            self._window = window = TopicWindow(self._client, self.topic, self.max_clock_skew, self.epoch_seconds)
+            self.ledger.quiet = True
+            dirty = await self._catch_up(window)
+        except (pulsar.asyncio.PulsarException, pulsar.exceptions.PulsarException) as exc:
+            await self.close()
+            raise BrokerError(f"reading {self.topic} from the Pulsar broker at {self.pulsar.url} failed: "
+                              f"{exc}") from exc
+        dirty |= self._expire(time.time())  # hosts that died before we came
+        self._resolve(dirty, "removed")  # nothing is live yet: all changes are "added"
+        self.ledger.caught_up(time.time())
+        window.follow(self._follow)
+        self._tasks = [asyncio.create_task(self._expire_loop(), name="directory expiry")]
+        return self
+
+    async def _catch_up(self, window: TopicWindow) -> set[Key]:
+        """Apply every message now on the window's topics; returns what changed."""
+        dirty: set[Key] = set()
+        self.caught_up = await window.catch_up(lambda message: dirty.update(self._apply_message(message)))
+        return dirty
+
+    async def close(self) -> None:
+        """Stop following and close every client."""
+        for task in self._tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self.calls.close()
+        if self._window is not None:
+            await self._window.close()
+        if self._client is not None:
+            await self._client.close()
+
+    async def __aenter__(self) -> ToolDirectory:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def _follow(self, message: pulsar.Message) -> None:
+        dirty = self._apply_message(message)
+        if self._outage_since is None:  # e.g. a replay whose lease had ended: never shown
+            self._resolve(self._expire(time.time()), "expired")
+        self._resolve(dirty, "removed")
+
+    async def _expire_loop(self) -> None:
+        assert self._window is not None
+        while True:
+            await asyncio.sleep(self.expiry_interval)
+            now = time.time()
+            if not self._window.is_connected():
+                if self._outage_since is None:
+                    log.warning("lost the broker connection: expiring nothing until it is back")
+                    self._outage_since = now
+                continue
+            if self._outage_since is not None:
+                outage, self._outage_since = now - self._outage_since, None
+                log.info("broker connection is back after %.1fs: every host gets a lease from now", outage)
+                self._resume_leases(now, outage)
+            try:
+                await self._window.move(now)
+            except pulsar.asyncio.PulsarException as exc:
+                log.warning("could not open the next epoch's topic (%s); trying again", exc)
+            self._resolve(self._expire(now), "expired")
+            self.ledger.flush_rejections(now)
+
+    def _apply_message(self, message: pulsar.Message) -> set[Key]:
+        """Apply a message read from the topic (:meth:`tghost.agent.ledger.Ledger.apply`)."""
+        return self._apply(message.data(), message.publish_timestamp() / 1000, message.partition_key())
+
+    def _apply(self, data: bytes, publish_time: float, key: str) -> set[Key]:
+        """:meth:`tghost.agent.ledger.Ledger.apply`: one message's bytes, the broker's publish time (unix
+        seconds) and the message key; returns the (kind, name) pairs to re-resolve."""
+        return self.ledger.apply(data, publish_time, key)
+
+    def _expire(self, now: float) -> set[Key]:
+        """:meth:`tghost.agent.ledger.Ledger.expire` at unix time ``now``; returns what to re-resolve."""
+        return self.ledger.expire(now)
+
+    def _resume_leases(self, now: float, outage: float) -> None:
+        """:meth:`tghost.agent.ledger.Ledger.resume` after an ``outage`` (seconds) ending at ``now``."""
+        self.ledger.resume(now, outage)
+
+    # -- resolving the live view -----------------------------------------------------------
+
+    def _resolve(self, dirty: set[Key], gone: Literal["removed", "expired"]) -> None:
+        """Recompute the entries named in ``dirty`` (and tools of changed services); emit changes."""
+        tool_names = {name for kind, name in dirty if kind == "tool"}
+        for kind, service_id in dirty:
+            if kind == "tool-service":
+                self._resolve_service(service_id)
+                tool_names |= self._tools_of_service[service_id]
+        for name in tool_names:
+            self._resolve_tool(name, gone)
+
+    def _resolve_service(self, service_id: str) -> None:
+        claims = self.ledger.claims.get(("tool-service", service_id), {})
+        conflict = f"tool-service/{service_id}"
+        if not claims:
+            self.services.pop(service_id, None)
+            self._losers.pop(service_id, None)
+            self.conflicts.pop(conflict, None)
+            return
+        groups: dict[Any, list[Claim]] = defaultdict(list)
+        for claim in claims.values():
+            assert isinstance(claim.descriptor, ToolServiceDescriptor)
+            groups[_wire_identity(claim.descriptor)].append(claim)
+        winners, losers = _rank(groups.values())
+        self._losers[service_id] = {c.ref for c in losers}
+        newest = max(winners, key=lambda c: c.rank)
+        assert isinstance(newest.descriptor, ToolServiceDescriptor)
+        self.services[service_id] = ServiceEntry(newest.descriptor, tuple(c.provider for c in winners))
+        losing_hosts = sorted({c.provider.host["id"] for c in losers})
+        if losing_hosts and self.conflicts.get(conflict) != losing_hosts:
+            log.warning("tool service %r is announced with other queues or config params by host(s) %s; host %r "
+                        "announced it first and keeps it", service_id, losing_hosts, winners[0].provider.host["id"])
+        _set_or_drop(self.conflicts, conflict, losing_hosts)
+
+    def _resolve_tool(self, name: str, gone: Literal["removed", "expired"]) -> None:
+        before = self.tools.get(name)
+        after = self._winning_tool(name)
+        if after is None:
+            self.tools.pop(name, None)
+        else:
+            self.tools[name] = after
+        if _shape(before) == _shape(after):
+            return  # e.g. only a service's provider list moved: not a change to this tool
+        change: Literal["added", "updated", "removed", "expired"] = (
+            "added" if before is None else gone if after is None else "updated")
+        self._filtered.clear()
+        for queue in self._watchers:
+            queue.put_nowait(Change(change, name, after or before))
+
+    def _winning_tool(self, name: str) -> DirectoryTool | None:
+        """Live claims grouped by service and config values; the group announced first wins.
+        Claims of hosts whose descriptor of the service lost a conflict do not count."""
+        groups: dict[tuple[str, str], list[Claim]] = defaultdict(list)
+        for claim in self.ledger.claims.get(("tool", name), {}).values():
+            descriptor = claim.descriptor
+            assert isinstance(descriptor, ToolDescriptor)
+            self._tools_of_service[descriptor.service].add(name)
+            if descriptor.service in self.services and claim.ref not in self._losers.get(descriptor.service, ()):
+                groups[(descriptor.service, _config_identity(descriptor))].append(claim)
+        if not groups:
+            self.conflicts.pop(name, None)
+            return None
+        winners, losers = _rank(groups.values())
+        newest = max(winners, key=lambda c: c.rank)
+        assert isinstance(newest.descriptor, ToolDescriptor)
+        service = newest.descriptor.service
+        losing = list(dict.fromkeys(c.descriptor.service for c in sorted(losers, key=lambda c: c.rank)
+                                    if isinstance(c.descriptor, ToolDescriptor)))
+        if losing and self.conflicts.get(name) != losing:
+            log.warning("tool %r is claimed by services %s; %r wins (announced first), claims with other services "
+                        "or config values are ignored", name, [service, *losing], service)
+        _set_or_drop(self.conflicts, name, losing)
+        return DirectoryTool(newest.descriptor, self.services[service], tuple(c.provider for c in winners))
+
+    # -- queries ---------------------------------------------------------------------------
+
+    def available(self, groups: Sequence[str] | None = None, state: str | None = None) -> list[ToolDescriptor]:
+        """Tools a request with these groups and state may use (seed 001), sorted by name.
+
+        Cached per (groups, state) until the tool set changes.
+        """
+        key = (None if groups is None else tuple(groups), state)
+        if key not in self._filtered:
+            descriptors = (self.tools[name].descriptor for name in sorted(self.tools))
+            self._filtered[key] = select(descriptors, groups, state)
+        return self._filtered[key]
+
+    async def changes(self, replay: bool = False) -> AsyncGenerator[Change, None]:
+        """Yield every change to the live tool set from the first iteration on, until the caller
+        stops (``aclose()`` it, or leave the ``async for``, to stop).
+
+        With ``replay=True`` it first yields an ``added`` change for each tool live at that moment
+        (sorted by name), then the changes after it: the snapshot and the changes meet with
+        nothing lost or repeated, so an agent that only follows this sees every tool, whether
+        its hosts started before it or after.
+        """
+        queue: asyncio.Queue[Change] = asyncio.Queue()
+        if replay:
+            for name in sorted(self.tools):
+                queue.put_nowait(Change("added", name, self.tools[name]))
+        self._watchers.append(queue)
+        try:
+            while True:
+                yield await queue.get()
+        finally:
+            self._watchers.remove(queue)
+
+    async def wait_for(self, name: str, timeout: float = 10.0, present: bool = True) -> None:
+        """Wait (seconds) until tool ``name`` is live (or, with ``present=False``, gone).
+
+        Raises:
+            TimeoutError: it did not happen in time.
+        """
+        async with asyncio.timeout(timeout):
+            while (name in self.tools) != present:
+                await asyncio.sleep(0.02)
+
+    # -- calls (tghost.agent.calls) -------------------------------------------------------------
+
+    @property
+    def listeners(self) -> tuple[ToolCallListener, ...]:
+        """What gets an :class:`~tghost.agent.calls.ToolCallRecord` per call."""
+        return self.calls.listeners
+
+    @property
+    def refusals(self) -> Counter[str]:
+        """Calls refused before anything was sent, by reason (:mod:`tghost.agent.calls`)."""
+        return self.calls.refusals
+
+    def check(self, name: str, groups: Sequence[str] | None = None, state: str | None = None,
+              allowed_groups: Sequence[str] | None = None) -> DirectoryTool:
+        """:meth:`tghost.agent.calls.ToolCalls.check`: the live tool ``name`` if this request may use it."""
+        return self.calls.check(name, groups, state, allowed_groups)
+
+    async def caller(self, descriptor: ToolServiceDescriptor) -> ToolServiceClient:
+        """:meth:`tghost.agent.calls.ToolCalls.caller`: a started client for a service's queues."""
+        return await self.calls.caller(descriptor)
+
+    def stream(self, name: str, arguments: dict[str, Any], **options: Any) -> AsyncIterator[str]:
+        """:meth:`tghost.agent.calls.ToolCalls.stream`: invoke tool ``name``, yield observation chunks."""
+        return self.calls.stream(name, arguments, **options)
+
+    async def invoke(self, name: str, arguments: dict[str, Any], **options: Any) -> str:
+        """:meth:`tghost.agent.calls.ToolCalls.invoke`: invoke tool ``name``, return the observation."""
+        return await self.calls.invoke(name, arguments, **options)
+
+
+def _wire_identity(descriptor: ToolServiceDescriptor) -> tuple[Any, ...]:
+    """What makes two descriptors of one service the same service on the wire: its queues and
+    config params. Hosts that agree on these are providers of it; others conflict."""
+    return descriptor.request_queue, descriptor.response_queue, descriptor.config_params
+
+
+def _config_identity(descriptor: ToolDescriptor) -> str:
+    """A tool's config values, canonically: two claims over one service with other values conflict."""
+    return json.dumps(descriptor.config, sort_keys=True, default=str)
+
+
+def _rank(groups: Any) -> tuple[list[Claim], list[Claim]]:
+    """The claims of the group announced first (lowest rank), in rank order, and all the others."""
+    ranked = sorted((sorted(group, key=lambda c: c.rank) for group in groups), key=lambda group: group[0].rank)
+    return ranked[0], [claim for group in ranked[1:] for claim in group]
+
+
+def _set_or_drop(conflicts: dict[str, list[str]], key: str, losers: list[str]) -> None:
+    if losers:
+        conflicts[key] = losers
+    else:
+        conflicts.pop(key, None)
+
+
+def _shape(tool: DirectoryTool | None) -> tuple[Any, ...] | None:
+    """What a change event is about: the tool, its providers and its service's descriptor."""
+    return None if tool is None else (tool.descriptor, tool.providers, tool.service.descriptor)

@@ -1,0 +1,510 @@
+"""ledger: what every host instance announced, as a directory applies the messages it reads
+(docs/protocol.md §4.6-4.7): validation, signatures, order and duplicates, leases, manifests,
+instances that replace one another and clashes. Gives the live claims of every tool service
+and tool; the directory resolves them into the live view.
+
+Never touches Pulsar, never resolves conflicts between claims, never raises for a bad message.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from tghost.protocol.announcement import Announcement, announcement_key, parse_descriptor
+from tghost.protocol.descriptors import ToolDescriptor, ToolServiceDescriptor
+from tghost.protocol.trust import TrustedKeys
+
+__all__ = [
+    "DUPLICATE",
+    "HIJACK",
+    "INVALID",
+    "MAX_ANNOUNCEMENT_BYTES",
+    "MAX_DEPTH",
+    "STALE",
+    "Claim",
+    "HostLease",
+    "Key",
+    "Ledger",
+    "Provider",
+    "Ref",
+]
+
+log = logging.getLogger(__name__)
+
+# Why a message on the topic was not applied (``ToolDirectory.rejections``); with trusted keys
+# also tghost.protocol.trust's ``unsigned``, ``bad-signature`` and ``unknown-key``.
+INVALID = "invalid"
+"""Not an announcement: undecodable, wrong shape, invalid descriptor, too large, too deep, a
+message key that does not match the value, or sent (by the host's clock) more than
+``max_clock_skew`` after the broker published it."""
+STALE = "stale"
+"""Not newer (``lease.sent_at``) than one already applied for the same kind, name and host instance."""
+DUPLICATE = "duplicate"
+"""A byte-identical copy of the last message applied for the same kind, name and host instance
+(a redelivery): dropped silently, only counted."""
+HIJACK = "hijack"
+"""Failed the signature check while naming a tool, tool service or host claimed by a trusted host."""
+
+#: Announcements larger than this (bytes) are rejected as ``invalid``.
+MAX_ANNOUNCEMENT_BYTES = 1 << 20
+#: Announcements nested deeper than this (JSON objects and arrays) are rejected as ``invalid``.
+MAX_DEPTH = 32
+
+#: (kind, name) of a tool service or tool; (host id, instance) of a host instance.
+Key = tuple[str, str]
+Ref = tuple[str, str]
+
+
+class _Rejected(Exception):
+    """A message that is not applied: ``reason`` is the counter key, ``detail`` the log text."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class Provider:
+    """A host that announced an entry: its identity (``id``, ``instance``, ...) and the plugin
+    the entry came from. ``external``: the host announces a tool service that it does not
+    serve (served elsewhere, e.g. by a TrustGraph ``DynamicToolService``)."""
+
+    host: dict[str, Any]
+    plugin: dict[str, Any] | None
+    external: bool = False
+
+
+@dataclass(frozen=True)
+class HostLease:
+    """A live host: when its lease ends (unix seconds), its length (seconds) and the live
+    instances (process starts) announcing under its id."""
+
+    expires_at: float
+    seconds: float
+    instances: tuple[str, ...]
+
+
+@dataclass
+class _Entry:
+    """What one host instance last said about one tool or tool service. The descriptor is kept
+    after a withdrawal, so the instance's next manifest can restore it."""
+
+    descriptor: ToolDescriptor | ToolServiceDescriptor | None
+    plugin: dict[str, Any] | None
+    since: float
+    available: bool
+    external: bool = False
+
+
+@dataclass
+class _Instance:
+    """One host instance (a process announcing under a host id) and everything it said."""
+
+    host: dict[str, Any]
+    lease_end: float
+    seconds: float
+    entries: dict[Key, _Entry] = field(default_factory=dict)
+    latest: dict[Key, tuple[float, bytes]] = field(default_factory=dict)
+    """(kind, name) -> ``sent_at`` and digest of the last message applied for it."""
+    withdrawn: bool = False
+    superseded: bool = False
+    expired: bool = False
+    fresh: bool = False
+    """Whether it sent a message whose lease had not ended when applied (it was alive lately)."""
+
+    @property
+    def active(self) -> bool:
+        return not (self.withdrawn or self.superseded or self.expired)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A live entry of an active instance: ``rank`` (since, host id, instance) orders claims,
+    the lowest was announced first."""
+
+    descriptor: ToolDescriptor | ToolServiceDescriptor
+    provider: Provider
+    rank: tuple[float, str, str]
+
+    @property
+    def ref(self) -> Ref:
+        return self.rank[1], self.rank[2]
+
+
+class _RejectionLog:
+    """Counts rejected messages in ``counts`` and logs a summary: one warning per reason with its
+    count and an example, at most once per ``interval`` seconds (each message at debug level).
+    Duplicates are counted, never summarised."""
+
+    def __init__(self, counts: Counter[str], topic: str, interval: float) -> None:
+        self.counts = counts
+        self.topic = topic
+        self.interval = interval
+        self._pending: Counter[str] = Counter()
+        self._examples: dict[str, str] = {}
+        self._last = 0.0
+
+    def add(self, reason: str, key: str, detail: str) -> None:
+        self.counts[reason] += 1
+        log.debug("ignored an announcement (key %r): %s: %s", key, reason, detail)
+        if reason != DUPLICATE:
+            self._pending[reason] += 1
+            self._examples.setdefault(reason, f"key {key!r}: {detail}")
+
+    def flush(self, now: float, force: bool = False) -> None:
+        """Log what was counted since the last summary, if ``interval`` has passed (or ``force``)."""
+        if not self._pending or (not force and now - self._last < self.interval):
+            return
+        for reason, count in sorted(self._pending.items()):
+            log.warning("ignored %d announcement(s) on %s: %s (e.g. %s)", count, self.topic, reason,
+                        self._examples[reason])
+        self._pending.clear()
+        self._examples.clear()
+        self._last = now
+
+
+class Ledger:
+    """The state of every host instance heard on the topic, and the live claims it makes.
+
+    :meth:`apply` takes one message (bytes, the broker's publish time, the message key) and
+    returns the (kind, name) pairs whose claims may have changed; :attr:`claims` holds, per
+    pair, the claim of every active instance. :meth:`expire` ends instances whose lease ran out.
+    The rules (trust, order, leases, instances, manifests) are described on
+    :class:`tghost.agent.directory.ToolDirectory`; rejections are counted in :attr:`rejections` and
+    summarised in the log at most every ``report_interval`` seconds (:meth:`flush_rejections`).
+    """
+
+    def __init__(self, topic: str, trusted: TrustedKeys | None = None, max_clock_skew: float = 60.0,
+                 report_interval: float = 60.0) -> None:
+        self.trusted = trusted
+        self.max_clock_skew = max_clock_skew
+        self.rejections: Counter[str] = Counter()
+        """Messages that were not applied, by reason."""
+        self.claims: dict[Key, dict[Ref, Claim]] = {}
+        """(kind, name) -> (host id, instance) -> the live claim of an active instance."""
+        self._rejected = _RejectionLog(self.rejections, topic, report_interval)
+        self._instances: dict[Ref, _Instance] = {}
+        self._host_instances: dict[str, list[str]] = defaultdict(list)
+        self._clashing: dict[str, frozenset[str]] = {}
+        self._logged_clashes: dict[str, frozenset[str]] = {}
+        self.quiet = False
+        """While true (a directory catching up on history), clashes are recorded, not logged."""
+        self._skewed_hosts: set[str] = set()
+
+    @property
+    def hosts(self) -> dict[str, HostLease]:
+        """Host id -> its lease, for every host with an active instance now."""
+        live: dict[str, HostLease] = {}
+        for (host_id, instance), state in self._instances.items():
+            if state.active:
+                known = live.get(host_id)
+                live[host_id] = HostLease(max(state.lease_end, known.expires_at) if known else state.lease_end,
+                                          state.seconds, (*(known.instances if known else ()), instance))
+        return live
+
+    @property
+    def clashes(self) -> dict[str, tuple[str, ...]]:
+        """Host id -> its live instances, for every host id two live processes announce under."""
+        return {host_id: tuple(sorted(instances)) for host_id, instances in self._clashing.items()}
+
+    def flush_rejections(self, now: float, force: bool = False) -> None:
+        """Log the rejection summary if ``report_interval`` has passed since the last (or ``force``)."""
+        self._rejected.flush(now, force)
+
+    def resume(self, now: float, outage: float) -> None:
+        """After an ``outage`` (seconds) of this directory's connection ending at ``now`` (unix
+        seconds), give every live instance a full lease plus the outage's length from ``now`` to
+        be heard again: a host's client backs off exponentially while the broker is away, so it
+        may reconnect up to about an outage later than this directory's client."""
+        for state in self._instances.values():
+            if state.active:
+                state.lease_end = max(state.lease_end, now + state.seconds + outage)
+
+    def expire(self, now: float) -> set[Key]:
+        """Expire every instance whose lease ended before ``now`` (unix seconds), and forget those
+        ended long enough that any replay of their messages would be expired too; returns what changed."""
+        dirty: set[Key] = set()
+        for ref, state in list(self._instances.items()):
+            if state.lease_end >= now:
+                continue
+            if not state.expired:
+                if state.active:
+                    log.info("host %s (instance %s): lease expired", *ref)
+                state.expired = True
+                dirty |= self._sync(ref, state, set(state.entries))
+            if state.lease_end < now - 2 * self.max_clock_skew:
+                self._forget(ref)
+        self._settle_clashes()
+        return dirty
+
+    def _forget(self, ref: Ref) -> None:
+        del self._instances[ref]
+        host_id, instance = ref
+        siblings = self._host_instances[host_id]
+        siblings.remove(instance)
+        if not siblings:
+            del self._host_instances[host_id]
+
+    def apply(self, data: bytes, publish_time: float, key: str) -> set[Key]:
+        """Apply one message: its payload ``data``, the broker's ``publish_time`` (unix seconds;
+        0 if unknown) and its message ``key``. Returns the (kind, name) pairs to re-resolve.
+
+        Touches no Pulsar object, and never raises for any ``data``: a message that is not
+        applied is counted in :attr:`rejections` and summarised in the log.
+        """
+        try:
+            announcement, descriptor, digest = self._accept(data, publish_time, key)
+        except _Rejected as rejected:
+            self._rejected.add(rejected.reason, key, rejected.detail)
+            return set()
+        return self._record(announcement, descriptor, publish_time, digest)
+
+    def _accept(
+        self, data: bytes, publish_time: float, key: str
+    ) -> tuple[Announcement, ToolDescriptor | ToolServiceDescriptor | None, bytes]:
+        """Decode, check the signature, validate, check the key, the clock and the order; the
+        announcement, its parsed descriptor and the message's digest.
+
+        Raises:
+            _Rejected: the message must not be applied (the reason says why).
+        """
+        value = _decode(data)
+        if self.trusted is not None:
+            reason = self.trusted.verify(value)
+            if reason is not None:
+                target = _target(value)
+                if target is not None and self.is_live(*target):
+                    raise _Rejected(HIJACK, f"{reason}, naming the live {target[0]} {target[1]!r}")
+                raise _Rejected(reason, "not signed by a trusted key")
+        try:
+            announcement = Announcement.model_validate(value)
+            descriptor = parse_descriptor(announcement)
+        except ValidationError as exc:
+            raise _Rejected(INVALID, _first_error(exc)) from None
+        except ValueError as exc:
+            raise _Rejected(INVALID, str(exc).splitlines()[0]) from None
+        expected = announcement_key(announcement.kind, announcement.name, announcement.host.id)
+        if key != expected:
+            raise _Rejected(INVALID, f"the message key should be {expected!r}")
+        sent_at = announcement.lease.sent_at
+        if publish_time and sent_at > publish_time + self.max_clock_skew:
+            raise _Rejected(INVALID, f"sent {sent_at - publish_time:.1f}s after the broker published it: the "
+                                     f"host's clock is ahead by more than max_clock_skew ({self.max_clock_skew}s)")
+        digest = hashlib.blake2b(data, digest_size=16).digest()
+        state = self._instances.get((announcement.host.id, announcement.host.instance))
+        latest = state.latest.get((announcement.kind, announcement.name)) if state else None
+        if latest is not None and sent_at <= latest[0]:
+            if (sent_at, digest) == latest:
+                raise _Rejected(DUPLICATE, "a byte-identical copy of the last message applied")
+            raise _Rejected(STALE, f"sent at {sent_at}, not after {latest[0]} (a replay?)")
+        return announcement, descriptor, digest
+
+    def is_live(self, kind: str, name: str) -> bool:
+        """Whether an applied announcement claims this tool or tool service (by ``kind``), or
+        this host, now; so it holds during catch-up too, before the live view is resolved."""
+        if kind == "host":
+            return any(self._instances[(name, i)].active for i in self._host_instances.get(name, ()))
+        return bool(self.claims.get((kind, name)))
+
+    def _lease_end(self, announcement: Announcement, publish_time: float) -> float:
+        """When (unix seconds) the lease this announcement grants ends: see the class docstring."""
+        sent_at = announcement.lease.sent_at
+        start = min(publish_time or sent_at, time.time())
+        if start > sent_at + self.max_clock_skew:
+            host_id = announcement.host.id
+            if host_id not in self._skewed_hosts:
+                self._skewed_hosts.add(host_id)
+                log.warning("host %s: a message sent at %.3f was published %.1fs later, more than the %ss "
+                            "max clock skew (a replay, or the host's clock is behind): its lease is shortened",
+                            host_id, sent_at, start - sent_at, self.max_clock_skew)
+            start = sent_at + self.max_clock_skew
+        return start + announcement.lease.seconds
+
+    def _record(
+        self, announcement: Announcement, descriptor: ToolDescriptor | ToolServiceDescriptor | None,
+        publish_time: float, digest: bytes,
+    ) -> set[Key]:
+        """Apply an accepted announcement to its host instance; returns what changed."""
+        now = time.time()
+        ref = (announcement.host.id, announcement.host.instance)
+        lease_end = self._lease_end(announcement, publish_time)
+        state = self._instances.get(ref)
+        if state is None:
+            state = self._instances[ref] = _Instance(announcement.host.model_dump(), lease_end,
+                                                     announcement.lease.seconds)
+            self._host_instances[ref[0]].append(ref[1])
+        state.lease_end = max(state.lease_end, lease_end)
+        state.seconds = announcement.lease.seconds
+        state.latest[(announcement.kind, announcement.name)] = (announcement.lease.sent_at, digest)
+        was_active = state.active
+        dirty = self._meet(ref, state) if lease_end >= now else set()
+        changed = self._state(state, announcement, descriptor)
+        if state.expired and state.lease_end >= now:
+            state.expired = False  # heard again in time, e.g. from the backlog after an outage of ours
+        if state.active != was_active:
+            changed = set(state.entries)
+        self._settle_clashes()
+        return dirty | self._sync(ref, state, changed)
+
+    def _state(
+        self, state: _Instance, announcement: Announcement, descriptor: ToolDescriptor | ToolServiceDescriptor | None
+    ) -> set[Key]:
+        """Record what one message says about the instance's entries; returns those that changed."""
+        sent_at = announcement.lease.sent_at
+        if announcement.kind == "host":
+            state.withdrawn = announcement.status == "withdrawn"
+            if state.withdrawn or announcement.entries is None:
+                return set()
+            return _apply_manifest(state, announcement.entries.keys(), sent_at)
+        key = (announcement.kind, announcement.name)
+        entry = state.entries.get(key)
+        if announcement.status == "withdrawn":
+            if entry is not None:
+                entry.available = False
+        else:
+            since = announcement.since if announcement.since is not None else entry.since if entry else sent_at
+            state.entries[key] = _Entry(descriptor, announcement.plugin, since, True, announcement.external)
+        return {key}
+
+    def _meet(self, ref: Ref, state: _Instance) -> set[Key]:
+        """An instance is heard alive: the first time, it replaces the other instances of its
+        host id (a restart); if it was replaced itself, two live processes share the id (a
+        clash), reported and never merged. Returns what changed for the other instances."""
+        host_id, instance = ref
+        first, state.fresh = not state.fresh, True
+        if state.superseded:
+            state.superseded = False
+            self._report_clash(host_id)
+            return set()
+        dirty: set[Key] = set()
+        if first:
+            for other in self._host_instances[host_id]:
+                older = self._instances[(host_id, other)]
+                if other != instance and older.active:
+                    older.superseded = True
+                    log.info("host %s: instance %s replaces instance %s", host_id, instance, other)
+                    dirty |= self._sync((host_id, other), older, set(older.entries))
+        return dirty
+
+    def _report_clash(self, host_id: str) -> None:
+        self._clashing[host_id] = frozenset(i for i in self._host_instances[host_id]
+                                            if self._instances[(host_id, i)].fresh
+                                            and not self._instances[(host_id, i)].expired)
+        if not self.quiet:
+            self._log_clash(host_id)
+
+    def _log_clash(self, host_id: str) -> None:
+        """Warn once per set of clashing instances."""
+        live = self._clashing[host_id]
+        if self._logged_clashes.get(host_id) == live:
+            return
+        self._logged_clashes[host_id] = live
+        who = ", ".join(f"instance {i} (pid {self._instances[(host_id, i)].host.get('pid')} on "
+                        f"{self._instances[(host_id, i)].host.get('hostname') or '?'})" for i in sorted(live))
+        log.warning("host id %r is announced by %d live processes at once: %s; both are kept as providers: "
+                    "give each process its own --host-id (env TGHOST_HOST_ID)", host_id, len(live), who)
+
+    def caught_up(self, now: float) -> None:
+        """End of a catch-up (unix time ``now``): from here on, report as things happen. Logs the
+        rejection summary and the clashes that are still live, not those the history holds."""
+        self.quiet = False
+        self._settle_clashes()
+        for host_id in self._clashing:
+            self._log_clash(host_id)
+        self.flush_rejections(now, force=True)
+
+    def _sync(self, ref: Ref, state: _Instance, keys: set[Key]) -> set[Key]:
+        """Bring the live claims of ``keys`` in line with the instance's state; returns ``keys``."""
+        for key in keys:
+            entry = state.entries.get(key)
+            claims = self.claims.get(key)
+            if state.active and entry is not None and entry.available and entry.descriptor is not None:
+                if claims is None:
+                    claims = self.claims[key] = {}
+                provider = Provider(state.host, entry.plugin, entry.external)
+                claims[ref] = Claim(entry.descriptor, provider, (entry.since, *ref))
+            elif claims is not None:
+                claims.pop(ref, None)
+                if not claims:
+                    del self.claims[key]
+        return keys
+
+    def _settle_clashes(self) -> None:
+        """Forget the clashes that fewer than two active instances are left in."""
+        if not self._clashing:
+            return
+        for host_id in [h for h, instances in self._clashing.items()
+                        if sum(self._instances[(h, i)].active for i in instances if (h, i) in self._instances) < 2]:
+            del self._clashing[host_id]
+            if self._logged_clashes.pop(host_id, None) is not None:
+                log.info("host id %r: one live process again", host_id)
+
+
+def _decode(data: bytes) -> dict[str, Any]:
+    """The JSON object in ``data``; raises :class:`_Rejected` (``invalid``) for anything else."""
+    if len(data) > MAX_ANNOUNCEMENT_BYTES:
+        raise _Rejected(INVALID, f"{len(data)} bytes, more than {MAX_ANNOUNCEMENT_BYTES}")
+    try:
+        value = json.loads(data)
+    except RecursionError:
+        raise _Rejected(INVALID, "JSON nested too deeply") from None
+    except ValueError as exc:
+        raise _Rejected(INVALID, f"not JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise _Rejected(INVALID, f"a JSON {type(value).__name__}, not an object")
+    if data.count(b"{") + data.count(b"[") > MAX_DEPTH and _depth_exceeds(value, MAX_DEPTH):
+        raise _Rejected(INVALID, f"JSON nested deeper than {MAX_DEPTH} levels")
+    return value
+
+
+def _depth_exceeds(value: Any, limit: int) -> bool:
+    """Whether objects/arrays in ``value`` nest deeper than ``limit`` (iterative: no recursion)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = node.values() if isinstance(node, dict) else node
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return False
+
+
+def _first_error(error: ValidationError) -> str:
+    """The first problem pydantic found, as ``field.path: message``."""
+    first = error.errors()[0]
+    where = ".".join(str(part) for part in first["loc"]) or "(value)"
+    more = f" (and {error.error_count() - 1} more)" if error.error_count() > 1 else ""
+    return f"{where}: {first['msg']}{more}"
+
+
+def _target(value: dict[str, Any]) -> tuple[str, str] | None:
+    """The (kind, name) an unverified value claims, if it names one."""
+    kind, name = value.get("kind"), value.get("name")
+    return (kind, name) if isinstance(kind, str) and isinstance(name, str) else None
+
+
+def _apply_manifest(state: _Instance, listed: set[Key], sent_at: float) -> set[Key]:
+    """A host message's manifest: every listed entry is available, every other one is not
+    (the latest word wins, docs/protocol.md §4.4); returns the entries that changed. A listed
+    entry whose descriptor has not arrived yet is remembered until it does."""
+    changed: set[Key] = set()
+    for key in listed | state.entries.keys():
+        entry = state.entries.get(key)
+        available = key in listed
+        if entry is None:
+            state.entries[key] = _Entry(None, None, sent_at, available)
+        elif entry.available != available:
+            entry.available = available
+            changed.add(key)
+    return changed
+
+

@@ -1,0 +1,204 @@
+"""window: read the epoch topics a directory needs (docs/protocol.md §4.6). Catch up on each
+topic of the read window from its first message, then tail them all, opening the next epoch's
+topic before it begins and closing those that left the window.
+
+Never interprets a message: each one goes to the handler it is given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pulsar
+import pulsar.asyncio
+import pulsar.exceptions
+
+from tghost.protocol.announcement import EPOCH_SECONDS, epoch_topic, read_window
+
+__all__ = ["CATCH_UP_BATCH", "CATCH_UP_POLL_MS", "TopicWindow"]
+
+log = logging.getLogger(__name__)
+
+#: Messages :func:`_read_batch` reads per worker-thread hop during catch-up.
+CATCH_UP_BATCH = 500
+#: Milliseconds :func:`_read_batch` waits for the next message before it asks whether the
+#: topic has more (a message may still be on its way from the broker).
+CATCH_UP_POLL_MS = 5
+
+#: What a message read from the window is handed to.
+Handler = Callable[[pulsar.Message], Any]
+
+
+class _EmptyTopicNoise(logging.Filter):
+    """Drops the C++ client's complaints about asking an empty topic for its last message:
+    pulsar-lite 0.2.0 answers that with an error (see :func:`_has_message_available`), and an
+    epoch topic is often empty, so a user would see them on every ``tghost tools``."""
+
+    NOISE = ("Topic has no messages", "Failed to getLastMessageId: UnknownError")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(noise in message for noise in self.NOISE)
+
+
+_QUIET = _EmptyTopicNoise()
+
+
+class TopicWindow:
+    """The epoch topics of ``base`` that a directory at the current time must read: those of
+    :func:`tghost.protocol.announcement.read_window` for ``max_clock_skew`` (seconds) and ``epoch_seconds``.
+
+    Readers ask for the compacted view (``is_read_compacted``): on Apache Pulsar with topic
+    compaction a catch-up then reads one message per key and epoch; pulsar-lite 0.2.0 has no
+    compaction and delivers every message.
+    """
+
+    def __init__(self, client: pulsar.asyncio.Client, base: str, max_clock_skew: float,
+                 epoch_seconds: float = EPOCH_SECONDS) -> None:
+        self.client = client
+        self.base = base
+        self.max_clock_skew = max_clock_skew
+        self.epoch_seconds = epoch_seconds
+        self.readers: dict[int, pulsar.asyncio.Reader] = {}
+        self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._handler: Handler | None = None
+        logging.getLogger("pulsar").addFilter(_QUIET)  # a no-op when already added
+
+    def wanted(self, now: float) -> range:
+        """The epochs to read at unix time ``now`` (seconds), oldest first."""
+        return read_window(now, self.max_clock_skew, self.epoch_seconds)
+
+    async def _open(self, epoch: int) -> pulsar.asyncio.Reader:
+        reader = await self.client.create_reader(epoch_topic(self.base, epoch), pulsar.MessageId.earliest,
+                                                 is_read_compacted=True)
+        self.readers[epoch] = reader
+        return reader
+
+    async def catch_up(self, handler: Handler) -> int:
+        """Read every message now on the window's topics, oldest epoch first, handing each to
+        ``handler``; returns how many were read.
+
+        Raises:
+            pulsar.asyncio.PulsarException: the broker did not answer.
+        """
+        read = 0
+        for epoch in self.wanted(time.time()):
+            read += await _catch_up(await self._open(epoch), handler)
+        return read
+
+    def follow(self, handler: Handler) -> None:
+        """Tail every open topic in the background, handing each new message to ``handler``."""
+        self._handler = handler
+        for epoch, reader in self.readers.items():
+            if epoch not in self._tasks:
+                self._tasks[epoch] = asyncio.create_task(_follow(reader, handler), name=f"follow epoch {epoch}")
+
+    async def move(self, now: float) -> None:
+        """Open (and tail) the topics that entered the window by unix time ``now`` and close those
+        that left it. Call after :meth:`follow`.
+
+        Raises:
+            pulsar.asyncio.PulsarException: a reader could not be created (retry later).
+        """
+        wanted = self.wanted(now)
+        for epoch in [e for e in self.readers if e < wanted.start]:
+            await self._close(epoch)
+        for epoch in wanted:
+            if epoch not in self.readers:
+                await self._open(epoch)
+                log.debug("reading %s", epoch_topic(self.base, epoch))
+        if self._handler is not None:
+            self.follow(self._handler)
+
+    def is_connected(self) -> bool:
+        """Whether every open reader is connected to the broker."""
+        return all(reader.is_connected() for reader in self.readers.values())
+
+    async def _close(self, epoch: int) -> None:
+        task = self._tasks.pop(epoch, None)
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        reader = self.readers.pop(epoch)
+        with contextlib.suppress(Exception):
+            await reader.close()
+
+    async def close(self) -> None:
+        """Stop tailing and close every reader."""
+        for epoch in list(self.readers):
+            await self._close(epoch)
+
+
+async def _catch_up(reader: pulsar.asyncio.Reader, handler: Handler) -> int:
+    """Hand every message already on ``reader``'s topic to ``handler``; returns how many.
+
+    The blocking C++ reader behind ``reader`` reads batches in a worker thread while the
+    loop handles the previous batch: one thread hop per batch, where ``read_next`` costs
+    two event-loop wake-ups per message (10,000 announcements: see docs/benchmarks.md).
+    Falls back to the async reader if pulsar-client no longer exposes the blocking one.
+    """
+    read = 0
+    blocking = getattr(reader, "_reader", None)
+    if blocking is None:
+        while await _has_message_available(reader):
+            handler(await reader.read_next())
+            read += 1
+        return read
+    batch = await asyncio.to_thread(_read_batch, blocking)
+    while batch:
+        following = asyncio.ensure_future(asyncio.to_thread(_read_batch, blocking))
+        for message in batch:
+            handler(message)
+        read += len(batch)
+        batch = await following
+    return read
+
+
+async def _follow(reader: pulsar.asyncio.Reader, handler: Handler) -> None:
+    while True:
+        try:
+            message = await reader.read_next()
+        except pulsar.asyncio.PulsarException as exc:
+            if exc.error() == pulsar.Result.AlreadyClosed:
+                return
+            log.warning("reading %s failed (%s); retrying", reader.topic(), exc)
+            await asyncio.sleep(0.5)
+            continue
+        handler(message)
+
+
+def _read_batch(reader: Any) -> list[Any]:
+    """Up to :data:`CATCH_UP_BATCH` messages from a blocking ``_pulsar.Reader``; an empty list
+    once the topic has no more. Runs in a worker thread: every call here blocks.
+
+    Raises:
+        pulsar.exceptions.PulsarException: the broker failed (not merely "no more messages").
+    """
+    batch: list[Any] = []
+    while len(batch) < CATCH_UP_BATCH:
+        try:
+            batch.append(reader.read_next(CATCH_UP_POLL_MS))
+        except pulsar.exceptions.Timeout:
+            try:
+                if not reader.has_message_available():
+                    break
+            except pulsar.exceptions.UnknownError:  # pulsar-lite 0.2.0 on an empty topic
+                break
+    return batch
+
+
+async def _has_message_available(reader: pulsar.asyncio.Reader) -> bool:
+    """``reader.has_message_available()``, except that pulsar-lite 0.2.0 answers an empty topic
+    with UnknownError ("Topic has no messages") where Apache Pulsar answers False."""
+    try:
+        return bool(await reader.has_message_available())
+    except pulsar.asyncio.PulsarException as exc:
+        if exc.error() == pulsar.Result.UnknownError:
+            return False
+        raise

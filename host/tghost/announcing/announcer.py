@@ -1,0 +1,353 @@
+"""announce: publish what this host serves (and the external tool services its config declares,
+marked ``"external": true``) on the announcement topics: everything on start, on
+every new epoch's topic and after a reconnect; a heartbeat with the manifest every lease/3;
+withdrawals before shutdown (docs/protocol.md §4.4). With a signing key every value is signed
+(:mod:`tghost.protocol.trust`).
+
+Never serves requests and never reads the topics: the directory does that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import pulsar.asyncio
+
+from tghost._version import __version__
+from tghost.discovery.discover import Catalog
+from tghost.protocol.announcement import DEFAULT_TOPIC, EPOCH_SECONDS, announcement_key, epoch_of, epoch_topic
+from tghost.protocol.descriptors import ToolDescriptor, ToolServiceDescriptor
+from tghost.protocol.trust import Signer
+from tghost.system.locks import first_free_slot
+
+__all__ = ["DEFAULT_TOPIC", "Announcer", "HostIdentity", "announcement_key"]
+
+#: Seconds between checks of the producer's connection and of the epoch (a reconnect or a new
+#: epoch triggers a restatement).
+CONNECTION_CHECK = 0.2
+log = logging.getLogger(__name__)
+
+#: (kind, name) of an announced tool service or tool.
+EntryKey = tuple[str, str]
+
+
+def _new_instance() -> str:
+    return uuid.uuid4().hex[:16]
+
+
+@dataclass(frozen=True)
+class HostIdentity:
+    """Who serves: ``id`` is stable across restarts of the same host slot on this machine;
+    ``instance`` is new for every process (docs/protocol.md §4.3), so a directory can tell a
+    restart, and two processes wrongly sharing one id, from one host."""
+
+    id: str
+    hostname: str
+    pid: int
+    version: str = __version__
+    instance: str = field(default_factory=_new_instance)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "hostname": self.hostname, "pid": self.pid, "version": self.version,
+                "instance": self.instance}
+
+    @classmethod
+    @contextlib.contextmanager
+    def claim(cls, state_dir: Path, explicit_id: str | None = None) -> Iterator[HostIdentity]:
+        """Hold a host identity for the lifetime of the ``with`` block.
+
+        With ``explicit_id`` that id is used. Otherwise the first free slot
+        ``state_dir/hosts/<n>`` is locked (flock) and its stored uuid reused, so a restarted
+        host gets its old id back while two hosts running at once never share one.
+        """
+        hostname = socket.gethostname()
+        if explicit_id:
+            yield cls(explicit_id, hostname, os.getpid())
+            return
+        slots = state_dir / "hosts"
+        slots.mkdir(parents=True, exist_ok=True)
+        handle, slot_id = _host_slot(slots)
+        try:
+            yield cls(f"{hostname}-{slot_id}", hostname, os.getpid())
+        finally:
+            handle.close()
+
+
+def _host_slot(slots: Path) -> tuple[IO[bytes], str]:
+    """The first free slot of ``slots``, held, and the host id suffix stored in it (a new one for
+    a slot never used)."""
+    _, handle = first_free_slot(slots, limit=10_000)
+    slot_id = handle.read().decode().strip()
+    if not slot_id:
+        slot_id = uuid.uuid4().hex[:12]
+        handle.write(slot_id.encode())
+        handle.flush()
+    return handle, slot_id
+
+
+def _catalog_keys(catalog: Catalog) -> list[EntryKey]:
+    """The catalog's entries, services first; read from a snapshot, since a live plugin install
+    (:mod:`tghost.operate.plugin_watch`) may change the catalog meanwhile."""
+    return ([("tool-service", sid) for sid in [*catalog.descriptors, *catalog.external]]
+            + [("tool", name) for name in list(catalog.tools)])
+
+
+class Announcer:
+    """Publishes a catalog's descriptors with this host's identity, plugin origin and lease.
+
+    ``lease`` is seconds; a heartbeat (the host message, with the manifest) every ``lease / 3``
+    seconds renews it. Messages go to the topic of the current epoch of ``topic``
+    (``epoch_seconds`` long; :func:`tghost.protocol.announcement.epoch_topic`); the first message on a
+    new epoch's topic starts a restatement of everything. The producer's connection is checked
+    every :data:`CONNECTION_CHECK` seconds (or lease/3 if shorter): once it is back after any
+    disconnect, everything is announced again, since a directory may have expired this host
+    meanwhile. With a ``signer`` every value is signed (:mod:`tghost.protocol.trust` gives the format);
+    ``sent`` counts the messages published.
+    """
+
+    def __init__(
+        self,
+        catalog: Catalog,
+        identity: HostIdentity,
+        topic: str = DEFAULT_TOPIC,
+        lease: float = 30.0,
+        signer: Signer | None = None,
+        *,
+        epoch_seconds: float = EPOCH_SECONDS,
+    ) -> None:
+        self.catalog = catalog
+        self.identity = identity
+        self.topic = topic
+        self.lease = lease
+        self.signer = signer
+        self.epoch_seconds = epoch_seconds
+        self.sent = 0
+        self._started_at = time.time()
+        #: What this instance announces now, and since when (unix seconds): the manifest.
+        self._since: dict[EntryKey, float] = dict.fromkeys(_catalog_keys(catalog), self._started_at)
+        self._client: pulsar.asyncio.Client | None = None
+        self._producer: pulsar.asyncio.Producer | None = None
+        self._epoch: int | None = None
+        self._heartbeat: asyncio.Task[None] | None = None
+        self._sending = asyncio.Lock()
+
+    # -- messages --------------------------------------------------------------------------
+
+    def _manifest(self) -> dict[str, list[str]]:
+        return {kind: sorted(name for k, name in self._since if k == kind) for kind in ("tool-service", "tool")}
+
+    def _descriptor(self, key: EntryKey) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        """The descriptor and plugin origin (JSON) of an entry, or ``None`` if the catalog no longer has it."""
+        kind, name = key
+        catalog = self.catalog
+        descriptor: ToolServiceDescriptor | ToolDescriptor | None
+        if kind == "tool-service":
+            descriptor, origins = catalog.descriptors.get(name) or catalog.external.get(name), catalog.service_origin
+        else:
+            descriptor, origins = catalog.tools.get(name), catalog.tool_origin
+        if descriptor is None or name not in origins:
+            return None
+        announced = descriptor.to_json_dict()
+        if isinstance(descriptor, ToolDescriptor):
+            announced = {"type": descriptor.type, **announced}  # REQUIRED by seed 000, so sent even when defaulted
+        return announced, origins[name].origin_json()
+
+    def _entry_message(self, key: EntryKey, status: str, now: float | None = None) -> tuple[str, dict[str, Any]] | None:
+        found = self._descriptor(key)
+        if found is None:
+            return None
+        descriptor, plugin = found
+        return self._message(key[0], key[1], descriptor if status == "available" else None, plugin, status, now)
+
+    def _messages(
+        self, status: str, keys: Iterable[EntryKey] | None = None, now: float | None = None
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
+        """Everything (or just ``keys``) as ``status``; built as it is sent (or as at unix time
+        ``now``). An ``available`` restatement starts with the host message, a withdrawal ends
+        with it (docs/protocol.md §4.4)."""
+        entries = list(self._since) if keys is None else list(keys)
+        if keys is None and status == "available":
+            yield self._message("host", self.identity.id, None, None, status, now)
+        for key in entries:
+            message = self._entry_message(key, status, now)
+            if message is not None:
+                yield message
+        if keys is None and status == "withdrawn":
+            yield self._message("host", self.identity.id, None, None, status, now)
+
+    def _message(
+        self, kind: str, name: str, descriptor: dict[str, Any] | None, plugin: dict[str, Any] | None, status: str,
+        now: float | None = None,
+    ) -> tuple[str, dict[str, Any]]:
+        """One announcement (key, value) sent at unix time ``now`` (default: now; docs/protocol.md §4.3)."""
+        now = time.time() if now is None else now
+        value: dict[str, Any] = {
+            "kind": kind,
+            "name": name,
+            "status": status,
+            "descriptor": descriptor,
+            "host": self.identity.to_json(),
+            "plugin": plugin,
+            "lease": {"seconds": self.lease, "sent_at": now},
+            "since": min(now, self._started_at if kind == "host" else self._since.get((kind, name), now)),
+        }
+        if kind == "host" and status == "available":
+            value["entries"] = self._manifest()
+        if kind == "tool-service" and name in self.catalog.external:
+            value["external"] = True  # announced here, served elsewhere (config.py; docs/protocol.md §4.3)
+        if self.signer is not None:
+            value = self.signer.sign(value)
+        return announcement_key(kind, name, self.identity.id), value
+
+    # -- sending ---------------------------------------------------------------------------
+
+    async def _send(self, key: str, value: dict[str, Any]) -> None:
+        """Send one message on the current epoch's topic (hold ``_sending``)."""
+        assert self._producer is not None
+        await self._producer.send(json.dumps(value).encode(), partition_key=key)
+        self.sent += 1
+
+    async def _send_all(self, messages: Iterable[tuple[str, dict[str, Any]]]) -> None:
+        # One send at a time: with sends pipelined, pulsar-lite 0.2.0 delivered some messages
+        # up to nine times to a reader tailing the topic (seen here; Apache Pulsar does not).
+        for key, value in messages:
+            await self._send(key, value)
+
+    async def _roll(self) -> bool:
+        """Move to the current epoch's topic if the epoch changed (or none is open yet), and
+        restate everything there. Returns whether it restated. Hold ``_sending``.
+
+        Raises:
+            pulsar.asyncio.PulsarException: the producer could not be created or a send failed.
+        """
+        epoch = epoch_of(time.time(), self.epoch_seconds)
+        if epoch == self._epoch and self._producer is not None:
+            return False
+        assert self._client is not None
+        producer = await self._client.create_producer(epoch_topic(self.topic, epoch), batching_enabled=False)
+        old, self._producer = self._producer, producer
+        if old is not None:
+            with contextlib.suppress(Exception):
+                await old.close()
+        await self._send_all(self._messages("available"))
+        self._epoch = epoch  # only now: a restatement cut short by a failed send is sent again
+        return True
+
+    async def _emit(self, messages: Iterable[tuple[str, dict[str, Any]]], *, restatement: bool = False) -> None:
+        """Send ``messages`` (built lazily, under the send lock, so each carries the send time and
+        the manifest of that moment) on the current epoch's topic. A ``restatement`` that a new
+        epoch already caused is not sent twice."""
+        async with self._sending:  # the heartbeat and a live plugin install may send at once
+            if await self._roll() and restatement:
+                return
+            await self._send_all(messages)
+
+    def is_connected(self) -> bool:
+        """Whether the announcement producer is connected to the broker now (False before start)."""
+        return self._producer is not None and bool(self._producer.is_connected())
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def start(self, client: pulsar.asyncio.Client) -> None:
+        """Announce everything as ``available`` on the current epoch's topic and start the heartbeat.
+
+        Raises:
+            pulsar.asyncio.PulsarException: the producer could not be created or a send failed.
+        """
+        self._client = client
+        self._started_at = time.time()
+        self._since = dict.fromkeys(self._since, self._started_at)
+        async with self._sending:
+            await self._roll()
+        log.info("announced %d service(s), %d tool(s) on %s as host %s, instance %s (lease %ss%s)",
+                 len(self.catalog.descriptors) + len(self.catalog.external), len(self.catalog.tools),
+                 epoch_topic(self.topic, self._epoch or 0),
+                 self.identity.id, self.identity.instance, self.lease,
+                 f", signed by key {self.signer.key_id}" if self.signer else ", unsigned")
+        self._heartbeat = asyncio.create_task(self._beat(), name="announce heartbeat")
+
+    async def publish(self, part: Catalog, status: str) -> None:
+        """Announce (``status`` ``available``) or withdraw (``withdrawn``) only the services and
+        tools of ``part``, a sub-catalog: a plugin installed or uninstalled while the host runs
+        (:mod:`tghost.operate.plugin_watch`). Merge ``part`` into :attr:`catalog` before announcing it, and drop
+        it after withdrawing it. The manifest changes before the first message is sent.
+
+        Raises:
+            RuntimeError: before :meth:`start`.
+            pulsar.asyncio.PulsarException: a send failed.
+        """
+        if self._producer is None:
+            raise RuntimeError("Announcer.publish() before Announcer.start()")
+        keys = _catalog_keys(part)
+        if status == "available":
+            now = time.time()
+            self._since.update((key, self._since.get(key, now)) for key in keys)
+        else:
+            for key in keys:
+                self._since.pop(key, None)
+        await self._emit(self._messages(status, keys))
+        log.info("%s %d service(s), %d tool(s) on %s", "announced" if status == "available" else "withdrew",
+                 len(part.descriptors), len(part.tools), self.topic)
+
+    async def _beat(self) -> None:
+        assert self._producer is not None
+        loop = asyncio.get_running_loop()
+        interval = self.lease / 3
+        due = loop.time() + interval
+        was_connected = True
+        while True:
+            await asyncio.sleep(min(interval, CONNECTION_CHECK))
+            connected = self.is_connected()
+            try:
+                if connected and not was_connected:
+                    log.info("broker connection is back: announcing again")
+                    await self._emit(self._messages("available"), restatement=True)
+                    due = loop.time() + interval
+                elif connected and loop.time() >= due:
+                    await self._emit([self._message("host", self.identity.id, None, None, "available")])
+                    due = loop.time() + interval
+                elif connected and epoch_of(time.time(), self.epoch_seconds) != self._epoch:
+                    async with self._sending:
+                        await self._roll()
+            except pulsar.asyncio.PulsarException as exc:
+                log.warning("heartbeat failed (%s); will announce again when connected", exc)
+                connected = False
+            if was_connected and not connected:
+                log.warning("lost the broker connection; will announce again when it is back")
+            was_connected = connected
+
+    async def withdraw(self) -> None:
+        """Stop the heartbeat, then withdraw every entry and last the host itself. Errors are logged.
+
+        With no broker connection now, nothing is sent (the send would only wait out the client's
+        operation timeout, 30 s): the entries expire after the lease (docs/protocol.md §4.4, §4.7).
+        """
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._heartbeat
+        if self._producer is None:
+            return
+        if not self.is_connected():
+            log.warning("not connected to the broker: withdrawing nothing; entries expire after the %ss lease",
+                        self.lease)
+            return
+        try:
+            async with self._sending:
+                await self._send_all(self._messages("withdrawn"))
+            log.info("withdrew everything this host announced")
+        except pulsar.asyncio.PulsarException as exc:
+            log.warning("could not withdraw (%s); entries expire after the %ss lease", exc, self.lease)
+        with contextlib.suppress(Exception):
+            await self._producer.close()

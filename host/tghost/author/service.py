@@ -1,0 +1,475 @@
+"""author: what a plugin writes. A ``ToolService`` subclass (seed 000's DynamicToolService)
+or a typed function under ``@tghost.tool`` (as FastMCP and llm derive tools from signatures).
+
+Never touches Pulsar: serving is ``serve``'s job; this module only describes and invokes.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import json
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, get_type_hints, overload
+
+import docstring_parser
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+
+from tghost.author.arguments import Problem, closed_schema, coerce, jsonschema_problems, schema_of_arguments, unknown
+from tghost.protocol import wire
+from tghost.protocol.descriptors import (
+    Argument,
+    ConfigParam,
+    DescriptorError,
+    ToolDescriptor,
+    ToolServiceDescriptor,
+    describe_validation_error,
+    request_queue,
+    response_queue,
+)
+
+__all__ = ["Context", "InvalidArguments", "ToolError", "ToolService", "arguments_from_schema", "tool"]
+
+
+class ToolError(Exception):
+    """Raise from ``invoke`` to answer with an error of your choosing.
+
+    The reply is ``{"error": {"type": error_type, "message": str(self)}}``; the default type
+    is TrustGraph's ``tool-service-error``. Any other exception gets that type too.
+    """
+
+    def __init__(self, message: str, error_type: str = wire.TOOL_SERVICE_ERROR) -> None:
+        super().__init__(message)
+        self.error_type = error_type
+
+
+class InvalidArguments(ToolError):
+    """The arguments do not match the tool's input schema; the message names the field."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, wire.INVALID_ARGUMENTS)
+
+    @classmethod
+    def at(cls, problems: Iterable[tuple[Sequence[str | int], str]]) -> InvalidArguments:
+        """One error for several ``(field path, message)`` problems, each as ``argument 'a.b': message``
+        (``arguments: message`` for the object itself), joined by ``; ``."""
+        return cls("; ".join(
+            f"argument '{'.'.join(str(p) for p in path)}': {message}" if path else f"arguments: {message}"
+            for path, message in problems
+        ))
+
+
+@dataclass(frozen=True)
+class Context:
+    """Per-call facts, injected into a ``@tool`` function parameter annotated ``tghost.Context``.
+
+    ``user`` is the request's user; ``config`` the tool's config values (seed 000).
+    """
+
+    user: str
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+class ToolService:
+    """Base class for a tool service, in the manner of seed 000's ``DynamicToolService``.
+
+    Set ``id`` (required) and optionally ``topic`` (default: ``id``), ``description``,
+    ``config_params`` (``ConfigParam`` or plain names, meaning optional), ``arguments`` (seed 000
+    ``Argument`` list, each one required), ``input_schema`` (a JSON Schema object; default: derived
+    from ``arguments``), ``allow_unknown_arguments`` (default ``False``: arguments the schema does
+    not name are answered ``invalid-arguments``), ``timeout`` (seconds), ``max_concurrency``,
+    ``version``, ``persistent`` and ``isolation``. The host checks every call's arguments against
+    :attr:`arguments_schema` before ``invoke`` (:mod:`tghost.author.arguments`; docs/plugin-api.md). Override
+    ``invoke(user, config, arguments)``: plain or ``async``, returning a string or a
+    JSON-able value, or a (sync or async) generator to stream chunks.
+
+    ``persistent = True`` serves the requests from ``persistent://tg/request/<topic>``
+    instead of the non-persistent topic: a request waits in the broker until a host takes
+    it, and one whose host dies mid-call is delivered again to another host (at least once,
+    so ``invoke`` should be safe to repeat). Responses stay non-persistent.
+
+    ``isolation = "process"`` runs ``invoke`` in worker processes whatever the host's default
+    (``tghost run --isolation``): a call that crashes, hangs or leaks costs one worker, never the
+    host. ``"thread"`` keeps it in the host's threads; ``None`` (default) takes the host's choice.
+    """
+
+    id: str
+    topic: str | None = None
+    description: str | None = None
+    config_params: Sequence[ConfigParam | str] = ()
+    arguments: Sequence[Argument] = ()
+    input_schema: dict[str, Any] | None = None
+    allow_unknown_arguments: bool = False
+    timeout: float | None = None
+    max_concurrency: int | None = None
+    version: str | None = None
+    persistent: bool = False
+    isolation: str | None = None
+    #: Set by discovery: ``(name, value, config)`` of the entry point that registered this service.
+    _tghost_entry_point: tuple[str, str, dict[str, Any]] | None = None
+
+    def invoke(self, user: str, config: dict[str, Any], arguments: dict[str, Any]) -> Any:
+        """Answer one request; see the class docstring for what may be returned.
+
+        The host passes the ``arguments`` that :meth:`check_arguments` returned.
+        """
+        raise NotImplementedError(f"{type(self).__name__} must implement invoke()")
+
+    @functools.cached_property
+    def arguments_schema(self) -> dict[str, Any]:
+        """The JSON Schema the arguments are checked against and every tool announces as its
+        ``input-schema``: ``input_schema``, else one derived from ``arguments`` (every argument
+        required), with ``additionalProperties: false`` unless ``allow_unknown_arguments`` or the
+        schema sets it itself."""
+        schema = self.input_schema if self.input_schema is not None else schema_of_arguments(self.arguments)
+        return closed_schema(schema, self.allow_unknown_arguments)
+
+    def check_arguments(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        """Check ``arguments`` against :attr:`arguments_schema` and return what ``invoke`` receives:
+        the arguments with the policy's conversions (``"10"`` for a number is ``10``;
+        :func:`tghost.author.arguments.coerce`). The validator is compiled once per service (JSON Schema
+        draft from the schema's ``$schema``, default the latest).
+
+        Raises:
+            InvalidArguments: an argument is unknown, missing or breaks the schema; the message
+                names each field path.
+            jsonschema.SchemaError: the schema itself is not a valid JSON Schema.
+        """
+        arguments = self._converted_and_known(arguments)
+        errors = sorted(self._arguments_validator.iter_errors(arguments), key=lambda e: list(map(str, e.absolute_path)))
+        problems = list(jsonschema_problems(errors))
+        if problems:
+            raise InvalidArguments.at(problems[:_MAX_ERRORS])
+        return arguments
+
+    def _converted_and_known(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        """The first two steps of the policy, shared by both styles: ``arguments`` with the
+        conversions applied (:func:`tghost.author.arguments.coerce`).
+
+        Raises:
+            InvalidArguments: an argument the schema does not name (:func:`tghost.author.arguments.unknown`).
+        """
+        arguments = coerce(arguments, self.arguments_schema)
+        problems = unknown(arguments, self.arguments_schema)
+        if problems:
+            raise InvalidArguments.at(problems[:_MAX_ERRORS])
+        return arguments
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled without the compiled validator (it holds local functions); a worker process
+        compiles its own on first use."""
+        return {k: v for k, v in self.__dict__.items() if k != "_arguments_validator"}
+
+    @functools.cached_property
+    def _arguments_validator(self) -> Any:
+        import jsonschema  # here, not at import: only class services need it
+
+        validator_class = jsonschema.validators.validator_for(self.arguments_schema)
+        validator_class.check_schema(self.arguments_schema)
+        return validator_class(self.arguments_schema)
+
+    @property
+    def runs_in_thread(self) -> bool:
+        """True when ``invoke`` is plain (blocking) code that the host runs in a worker thread."""
+        return not _is_async(type(self).invoke)
+
+    @property
+    def descriptor(self) -> ToolServiceDescriptor:
+        """The seed 000 tool-service descriptor.
+
+        Raises:
+            DescriptorError: a field is invalid, ``input_schema`` (or a type in ``arguments``) is
+                not a valid JSON Schema, or ``isolation`` is not ``"thread"``, ``"process"`` or
+                ``None``; one line naming the service and the field.
+        """
+        import jsonschema  # here, not at import: registration needs it, a plugin's import does not
+
+        origin = f"service '{getattr(self, 'id', '?')}'"
+        if self.isolation not in (None, "thread", "process"):
+            raise DescriptorError(f"{origin}: field 'isolation': {self.isolation!r} is not 'thread' or 'process'")
+        try:
+            _ = self._arguments_validator  # compiled here, so a bad schema fails at registration
+            topic = self.topic or self.id
+            fields = {
+                "id": self.id,
+                "request-queue": _persistent_queue(topic) if self.persistent else request_queue(topic),
+                "response-queue": response_queue(topic),
+                "config-params": [_config_param(p) for p in self.config_params],
+                "description": self.description,
+                "timeout": self.timeout,
+                "max-concurrency": self.max_concurrency,
+                "version": self.version,
+            }
+            return ToolServiceDescriptor.model_validate({k: v for k, v in fields.items() if v is not None})
+        except ValidationError as exc:
+            raise describe_validation_error(exc, origin) from None
+        except AttributeError as exc:  # no ``id``
+            raise DescriptorError(f"{origin}: field '{exc.name}': not set (a ToolService needs an id)") from None
+        except jsonschema.SchemaError as exc:
+            field = "input_schema" if self.input_schema is not None else "arguments"
+            where = "/".join(map(str, exc.path)) or "(schema)"
+            raise DescriptorError(f"{origin}: field '{field}': not a valid JSON Schema at {where}: "
+                                  f"{exc.message}") from None
+
+    def tool(self, name: str, description: str | None = None, **fields: Any) -> ToolDescriptor:
+        """A tool descriptor over this service, with this service's ``arguments`` (derived from
+        the schema when empty) and :attr:`arguments_schema` as its ``input-schema``.
+
+        ``fields`` holds seed 000/001 keys (``group``, ``state``, ``available_in_states``)
+        and the tool's config values, e.g. ``collection="customers"``.
+
+        Raises:
+            DescriptorError: a field is invalid; one line naming the service, the tool and the field.
+        """
+        schema = self.arguments_schema
+        base: dict[str, Any] = {
+            "name": name,
+            "description": description or self.description,
+            "service": self.id,
+            "arguments": [a.model_dump() for a in self.arguments or arguments_from_schema(schema)],
+            "input-schema": schema,
+        }
+        try:
+            return ToolDescriptor.model_validate(base | fields)
+        except ValidationError as exc:
+            raise describe_validation_error(exc, f"service '{self.id}': tool '{name}'") from None
+
+    def default_tools(self) -> list[ToolDescriptor]:
+        """Tools registered together with the service. None for a class-based service."""
+        return []
+
+
+#: At most this many argument problems are named in one ``invalid-arguments`` reply.
+_MAX_ERRORS = 10
+
+
+def _persistent_queue(topic: str) -> str:
+    """The persistent request topic of a ``persistent`` service: ``persistent://tg/request/T``."""
+    return "persistent" + request_queue(topic).removeprefix("non-persistent")
+
+
+def _is_async(fn: Callable[..., Any]) -> bool:
+    return inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn)
+
+
+def _config_param(param: ConfigParam | str) -> dict[str, Any]:
+    return {"name": param, "required": False} if isinstance(param, str) else param.model_dump()
+
+
+class FunctionService(ToolService):
+    """A tool service made by :func:`tool` from a typed function. Built by the decorator."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        *,
+        service: str,
+        tool_name: str,
+        topic: str | None,
+        description: str | None,
+        config: Sequence[str],
+        tool_fields: dict[str, Any],
+        timeout: float | None,
+        max_concurrency: int | None,
+        persistent: bool = False,
+        isolation: str | None = None,
+        allow_unknown_arguments: bool = False,
+    ) -> None:
+        doc = docstring_parser.parse(fn.__doc__ or "")
+        signature = inspect.signature(fn)
+        hints = get_type_hints(fn, include_extras=True)
+        self.fn = fn
+        self.__doc__ = fn.__doc__
+        self.id = service
+        self.topic = topic
+        self.description = description or _summary(doc) or f"The {tool_name} tool."
+        self.timeout = timeout
+        self.max_concurrency = max_concurrency
+        self.persistent = persistent
+        self.isolation = isolation
+        self.allow_unknown_arguments = allow_unknown_arguments
+        self._tool_name = tool_name
+        self._tool_fields = tool_fields
+        self._context_param = next((n for n in signature.parameters if hints.get(n) is Context), None)
+        self._config = tuple(
+            ConfigParam(name=n, required=signature.parameters[n].default is inspect.Parameter.empty)
+            for n in config
+        )
+        self.config_params = self._config
+        skipped = {*config, self._context_param}
+        self.model = _arguments_model(fn, signature, hints, doc, skipped, allow_unknown_arguments)
+        self.input_schema = self.model.model_json_schema()
+        self.arguments = arguments_from_schema(self.input_schema)
+
+    @property
+    def runs_in_thread(self) -> bool:
+        return not _is_async(self.fn)
+
+    @functools.cached_property
+    def _arguments_validator(self) -> Any:
+        """None: the pydantic model checks the arguments, and the JSON Schema derived from it
+        is valid by construction (compiling it for jsonschema cost 2 ms per plugin at start-up)."""
+        return None
+
+    def check_arguments(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        """Check ``arguments`` by the same policy as a class service (:mod:`tghost.author.arguments`:
+        conversions, then unknown names), then with the signature's pydantic model in strict JSON
+        mode (a JSON value of the JSON type the schema says; a string for a ``datetime`` or an
+        enum, an array for a tuple). Returns the parsed values, by parameter name.
+
+        Raises:
+            InvalidArguments: an argument is unknown, missing or of the wrong type (names the field).
+        """
+        arguments = self._converted_and_known(arguments)
+        try:
+            checked = self.model.model_validate_json(json.dumps(arguments), strict=True)
+            return dict(checked.__dict__)  # the fields (unknown names are refused or ignored, never kept)
+        except ValidationError as exc:
+            raise InvalidArguments.at(_pydantic_problems(exc)) from None
+
+    def invoke(self, user: str, config: dict[str, Any], arguments: dict[str, Any]) -> Any:
+        """Call the function with ``arguments`` as :meth:`check_arguments` returned them, plus
+        its config params from ``config`` and the :class:`Context` parameter, if any."""
+        values = dict(arguments)
+        for param in self._config:
+            if param.name in config:
+                values[param.name] = config[param.name]
+        if self._context_param:
+            values[self._context_param] = Context(user=user, config=config)
+        return self.fn(**values)
+
+    def default_tools(self) -> list[ToolDescriptor]:
+        if any(p.required for p in self._config):
+            return []
+        return [self.tool(self._tool_name, **self._tool_fields)]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Call the undecorated function directly, as in unit tests."""
+        return self.fn(*args, **kwargs)
+
+    def __reduce__(self) -> tuple[Callable[[str, str], Any], tuple[str, str]]:
+        """Pickled by reference, as a function is (module and qualified name), so a worker process
+        can receive a service registered in-process; the decorated function must be a module global."""
+        return _module_attribute, (self.fn.__module__, self.fn.__qualname__)
+
+
+def _pydantic_problems(exc: ValidationError) -> list[Problem]:
+    """pydantic's errors as problems, a missing field worded as jsonschema's are (one policy)."""
+    return [(e["loc"], "required, but not given" if e["type"] == "missing" else e["msg"])
+            for e in exc.errors()[:_MAX_ERRORS]]
+
+
+def _module_attribute(module: str, qualname: str) -> Any:
+    target: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        target = getattr(target, part)
+    return target
+
+
+def _summary(doc: docstring_parser.Docstring) -> str:
+    """The docstring's summary and body as a tool description: paragraphs kept, the line wraps
+    inside a paragraph undone (an agent reads it as prose, not as source)."""
+    paragraphs = "\n\n".join(p for p in (doc.short_description, doc.long_description) if p)
+    return re.sub(r"(?<!\n)\n(?!\n)", " ", paragraphs)
+
+
+def _arguments_model(
+    fn: Callable[..., Any],
+    signature: inspect.Signature,
+    hints: dict[str, Any],
+    doc: docstring_parser.Docstring,
+    skipped: set[str | None],
+    allow_unknown: bool,
+) -> type[BaseModel]:
+    descriptions = {p.arg_name: p.description for p in doc.params}
+    fields: dict[str, Any] = {}
+    for name, param in signature.parameters.items():
+        if name in skipped or param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            continue
+        default = ... if param.default is inspect.Parameter.empty else param.default
+        fields[name] = (hints.get(name, str), Field(default, description=descriptions.get(name)))
+    model_name = re.sub(r"\W", "_", fn.__name__) + "Arguments"
+    config = ConfigDict(extra="ignore" if allow_unknown else "forbid")
+    return create_model(model_name, __config__=config, **fields)
+
+
+def arguments_from_schema(schema: dict[str, Any]) -> tuple[Argument, ...]:
+    """The seed 000 ``arguments`` list of a JSON Schema object: one :class:`Argument` per top-level
+    property, with its ``type`` (the first non-null one of an ``anyOf``; ``string`` if none) and
+    ``description`` (``""`` if none)."""
+    return tuple(
+        Argument(name=name, type=_json_type(prop), description=prop.get("description", ""))
+        for name, prop in schema.get("properties", {}).items()
+    )
+
+
+def _json_type(prop: dict[str, Any]) -> str:
+    if "type" in prop:
+        return str(prop["type"])
+    types = [p.get("type") for p in prop.get("anyOf", []) if p.get("type") not in (None, "null")]
+    return str(types[0]) if types else "string"
+
+
+@overload
+def tool(fn: Callable[..., Any], /) -> FunctionService: ...
+
+
+@overload
+def tool(fn: None = None, /, **options: Any) -> Callable[[Callable[..., Any]], FunctionService]: ...
+
+
+def tool(
+    fn: Callable[..., Any] | None = None,
+    *,
+    name: str | None = None,
+    service: str | None = None,
+    topic: str | None = None,
+    description: str | None = None,
+    config: Sequence[str] = (),
+    timeout: float | None = None,
+    max_concurrency: int | None = None,
+    persistent: bool = False,
+    isolation: str | None = None,
+    allow_unknown_arguments: bool = False,
+    **tool_fields: Any,
+) -> FunctionService | Callable[[Callable[..., Any]], FunctionService]:
+    """Turn a typed function into a tool service (and, usually, its tool).
+
+    Usable bare (``@tool``) or with options (``@tool(name="add")``). The tool name defaults
+    to the function name with ``_`` as ``-``; the service id defaults to the tool name; the
+    description to the docstring. Parameters become the tool's arguments and JSON Schema
+    (pydantic model ``<fn>Arguments``; unannotated means ``str``); parameter descriptions
+    come from the docstring's Args section. Parameters named in ``config`` are filled from
+    the tool's config values instead (required when they have no default); a parameter
+    annotated :class:`Context` receives the user and config. ``timeout`` (seconds),
+    ``max_concurrency``, ``persistent``, ``isolation`` and ``allow_unknown_arguments`` (unknown
+    arguments are then dropped, as the function has no parameter for them) are as on
+    :class:`ToolService`. ``tool_fields`` are
+    extra seed 001 tool keys such as ``group`` or ``state``.
+
+    Returns:
+        a ``FunctionService`` (bare use), or a decorator that makes one; call a
+        ``FunctionService`` like the original function.
+    """
+
+    def decorate(func: Callable[..., Any]) -> FunctionService:
+        tool_name = name or func.__name__.replace("_", "-")
+        return FunctionService(
+            func,
+            service=service or tool_name,
+            tool_name=tool_name,
+            topic=topic,
+            description=description,
+            config=config,
+            tool_fields=tool_fields,
+            timeout=timeout,
+            max_concurrency=max_concurrency,
+            persistent=persistent,
+            isolation=isolation,
+            allow_unknown_arguments=allow_unknown_arguments,
+        )
+
+    return decorate(fn) if fn is not None else decorate

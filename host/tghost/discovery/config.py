@@ -1,0 +1,160 @@
+"""config: the host's TOML config file: extra tools declared over services this host serves or
+over external tool services it announces (served elsewhere, e.g. by a TrustGraph
+``DynamicToolService``), and tables plugins read (``tghost_register_plugins`` gets the whole file).
+
+A deployment adds ``query-orders`` over the knowledge-base service without touching plugin
+code. Each bad entry is reported (file and key) and skipped. Never touches Pulsar.
+"""
+
+from __future__ import annotations
+
+import logging
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from tghost.discovery.discover import Catalog, PluginReport
+from tghost.protocol.descriptors import ToolDescriptor, ToolServiceDescriptor, describe_validation_error
+from tghost.system.paths import app_dir
+
+__all__ = ["ConfigError", "config_path", "default_config_path", "load_config_tools", "read_config"]
+
+log = logging.getLogger(__name__)
+
+
+def default_config_path() -> Path:
+    """``tools.toml`` in the platform's app dir for tghost, e.g. ``~/.config/tghost/tools.toml``."""
+    return app_dir() / "tools.toml"
+
+
+def config_path(given: Path | None) -> Path | None:
+    """The config file to read: ``given`` (``--config``/``TGHOST_CONFIG``), else the default one
+    if it exists, else ``None``."""
+    if given is None and default_config_path().exists():
+        return default_config_path()
+    return given
+
+
+class ConfigError(ValueError):
+    """The config file cannot be read or is not TOML; the message names the file."""
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    """The TOML document at ``path`` as a dict.
+
+    Raises:
+        ConfigError: the file cannot be read, or is not valid TOML (the message says where).
+    """
+    try:
+        return tomllib.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from None
+
+
+def _tool_fields(catalog: Catalog, name: str, entry: dict[str, Any]) -> dict[str, Any]:
+    """The entry as seed JSON, with ``arguments``/``input-schema`` defaulted from a plugin tool
+    of the same service, so a config tool asks the LLM for what the service expects."""
+    fields = {"type": "tool-service", "name": name, **entry}
+    sibling = next((t for t in catalog.tools.values() if t.service == entry.get("service")), None)
+    if sibling is not None:
+        fields.setdefault("arguments", [a.model_dump() for a in sibling.arguments])
+        if sibling.input_schema is not None:
+            fields.setdefault("input-schema", sibling.input_schema)
+    return fields
+
+
+def _check(catalog: Catalog, tool: ToolDescriptor) -> str | None:
+    descriptor = catalog.descriptors.get(tool.service) or catalog.external.get(tool.service)
+    if descriptor is None:
+        return (f"service {tool.service!r} is not served here (served: {sorted(catalog.descriptors)}; "
+                f"external: {sorted(catalog.external)})")
+    missing = [p for p in descriptor.required_config if p not in tool.config]
+    if missing:
+        return f"lacks required config param(s) {missing} of service {tool.service!r}"
+    if tool.name in catalog.tools:
+        return f"tool name {tool.name!r} is already provided by plugin {catalog.tool_origin[tool.name].name!r}"
+    return None
+
+
+def _load_external(catalog: Catalog, report: PluginReport, path: Path, tables: Any) -> None:
+    """Add each ``[external-services.<id>]`` table (a seed 000 tool-service descriptor) to
+    ``catalog.external``; a bad one, or one whose id is served here, is reported and skipped."""
+    if not isinstance(tables, dict):
+        report.fail(f"{path}: 'external-services' must be a table of [external-services.<id>] tables")
+        return
+    for sid, entry in tables.items():
+        origin = f"{path}: [external-services.{sid}]"
+        if not isinstance(entry, dict):
+            report.fail(f"{origin}: must be a table")
+            continue
+        try:
+            descriptor = ToolServiceDescriptor.model_validate({**entry, "id": sid})
+        except ValidationError as exc:
+            report.fail(str(describe_validation_error(exc, origin)))
+            continue
+        if sid in catalog.service_origin:
+            report.fail(f"{origin}: service id {sid!r} is already served by plugin "
+                        f"{catalog.service_origin[sid].name!r}; service skipped")
+            continue
+        catalog.external[sid] = descriptor
+        catalog.service_origin[sid] = report
+        report.services.append(sid)
+
+
+def load_config_tools(catalog: Catalog, path: Path, document: dict[str, Any] | None = None) -> PluginReport:
+    """Add the ``[external-services.<id>]`` and ``[tools.<name>]`` tables of the TOML file at
+    ``path`` (``document``, if already read with :func:`read_config`) to ``catalog``.
+
+    An external service is a tool service served elsewhere, such as a TrustGraph
+    ``DynamicToolService``: seed 000 tool-service keys (``request-queue``, ``response-queue``,
+    ``config-params``; ``description``, ``timeout``), announced by this host, never served::
+
+        [external-services.tgpeer]
+        request-queue = "non-persistent://tg/request/tgpeer"
+        response-queue = "non-persistent://tg/response/tgpeer"
+        config-params = [{name = "style", required = true}]
+
+    Each tool table holds seed 000/001 tool keys (``service``, ``description``, ``group``,
+    ``state``, ``available_in_states``, ``arguments``) and the tool's config values, over a
+    service served here or an external one::
+
+        [tools.query-orders]
+        service = "custom-rag"
+        description = "Query the order knowledge base"
+        collection = "orders"
+
+    Returns a report (name ``config:<path>``) listing the external services and tools added
+    and one error per bad entry; an unreadable file is one error and adds nothing.
+    """
+    report = PluginReport(name=f"config:{path}", value=str(path))
+    catalog.plugins.append(report)
+    try:
+        document = read_config(path) if document is None else document
+    except ConfigError as exc:
+        report.fail(str(exc))
+        return report
+    _load_external(catalog, report, path, document.get("external-services", {}))
+    tables = document.get("tools", {})
+    if not isinstance(tables, dict):
+        report.fail(f"{path}: 'tools' must be a table of [tools.<name>] tables")
+        return report
+    for name, entry in tables.items():
+        origin = f"{path}: [tools.{name}]"
+        if not isinstance(entry, dict):
+            report.fail(f"{origin}: must be a table")
+            continue
+        try:
+            tool = ToolDescriptor.model_validate(_tool_fields(catalog, name, entry))
+        except ValidationError as exc:
+            report.fail(str(describe_validation_error(exc, origin)))
+            continue
+        problem = _check(catalog, tool)
+        if problem:
+            report.fail(f"{origin}: {problem}; tool skipped")
+            continue
+        catalog.tools[name] = tool
+        catalog.tool_origin[name] = report
+        report.tools.append(name)
+    return report

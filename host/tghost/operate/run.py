@@ -1,0 +1,113 @@
+"""host: one ``tghost run``. Connect, serve a discovered catalog, announce it, wait for a
+signal, then withdraw, stop taking requests, drain in-flight calls and close.
+Never parses the command line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Sequence
+from typing import Protocol
+
+from tghost.announcing.announcer import Announcer
+from tghost.discovery.discover import Catalog
+from tghost.operate.plugin_watch import PluginWatcher, WatchSettings
+from tghost.pulsar.clients import PulsarSettings
+from tghost.serving.request import CallListener
+from tghost.serving.server import Server
+from tghost.serving.settings import ServeSettings
+
+__all__ = ["Monitor", "run_host"]
+
+log = logging.getLogger(__name__)
+
+
+class Monitor(Protocol):
+    """Watches a serving host (metrics, health; :class:`tghost.operate.metrics.HostMonitor`)."""
+
+    async def watch(self, catalog: Catalog, server: Server, announcer: Announcer | None) -> None:
+        """Start reading the live host; called once it serves and announces."""
+
+
+def _log_catalog(catalog: Catalog, url: str) -> None:
+    for sid, descriptor in catalog.descriptors.items():
+        tools = sorted(name for name, tool in catalog.tools.items() if tool.service == sid)
+        log.info("serving %s on %s (plugin %s) tools: %s", sid, descriptor.request_queue,
+                 catalog.service_origin[sid].name, ", ".join(tools) or "-")
+    for sid, descriptor in catalog.external.items():
+        tools = sorted(name for name, tool in catalog.tools.items() if tool.service == sid)
+        log.info("announcing external service %s (served elsewhere, on %s; from %s) tools: %s", sid,
+                 descriptor.request_queue, catalog.service_origin[sid].name, ", ".join(tools) or "-")
+    log.info("%d service(s), %d tool(s) on %s; Ctrl-C to stop",
+             len(catalog.descriptors) + len(catalog.external), len(catalog.tools), url)
+
+
+def _on_signal(stop: asyncio.Event, server: Server) -> None:
+    """The first SIGINT/SIGTERM stops the host; a second one ends the grace period now."""
+    if not stop.is_set():
+        stop.set()
+        return
+    log.warning("second signal: ending the grace period now; calls still running are answered 'unavailable'")
+    server.end_grace()
+
+
+async def run_host(
+    catalog: Catalog,
+    pulsar_settings: PulsarSettings,
+    serve_settings: ServeSettings,
+    announcer: Announcer | None = None,
+    stop: asyncio.Event | None = None,
+    *,
+    listeners: Sequence[CallListener] = (),
+    monitor: Monitor | None = None,
+    watch: WatchSettings | None = None,
+) -> int:
+    """Serve ``catalog`` (and announce it, given an ``announcer``) until ``stop`` is set or
+    SIGINT/SIGTERM arrives.
+
+    On stop the host first withdraws its announcements, so agents stop routing to it, then
+    stops taking requests (answering those that did not start ``unavailable``, and leaving new
+    ones to the other hosts: :meth:`tghost.serving.server.Server.stop`), gives in-flight calls
+    ``serve_settings.grace`` seconds, and closes. A second SIGINT/SIGTERM ends the grace at once
+    (:meth:`tghost.serving.server.Server.end_grace`). Returns the number of calls cancelled at the end
+    of the grace. ``listeners`` get
+    every call's record (metrics, audit); ``monitor`` watches the host once it serves. With
+    ``watch``, plugins installed or uninstalled meanwhile are served or withdrawn live
+    (:class:`tghost.operate.plugin_watch.PluginWatcher`; ``catalog`` changes with them).
+
+    Raises:
+        tghost.pulsar.clients.BrokerError: no Pulsar broker answered at the URL (see ``PulsarSettings.connect``).
+        pulsar.asyncio.PulsarException: the broker refused a subscription or producer.
+    """
+    stop = stop or asyncio.Event()
+    server = Server(catalog.services, catalog.descriptors, serve_settings, listeners, authorize=catalog.authorize)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, _on_signal, stop, server)
+    client = await pulsar_settings.connect()
+    try:
+        await server.start(client)
+        _log_catalog(catalog, pulsar_settings.url)
+        if announcer is not None:
+            await announcer.start(client)
+        if monitor is not None:
+            await monitor.watch(catalog, server, announcer)
+        watcher = PluginWatcher(catalog, server, announcer, watch).start() if watch is not None else None
+        await stop.wait()
+        if watcher is not None:
+            await watcher.stop()
+        if announcer is not None:
+            await announcer.withdraw()
+        log.info("stopping: no new requests; waiting up to %ss for %d in-flight call(s) (a second Ctrl-C ends "
+                 "the wait)",
+                 serve_settings.grace, sum(w.in_flight for w in server.endpoints))
+        cancelled = await server.stop()
+        if cancelled:
+            log.warning("%d call(s) cancelled at the end of the grace period", cancelled)
+        return cancelled
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        await client.close()

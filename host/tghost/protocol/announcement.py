@@ -1,0 +1,158 @@
+"""announcement: the announcement message format and the epoch topics it travels on
+(docs/protocol.md §4). Shared by the announcer (host side) and the directory (agent side).
+
+Pure data: never does I/O, never knows about Pulsar clients, hosts or directories.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from tghost.protocol.descriptors import ToolDescriptor, ToolServiceDescriptor
+
+__all__ = [
+    "DEFAULT_TOPIC",
+    "EPOCH_SECONDS",
+    "KINDS",
+    "RESTATEMENT_MARGIN",
+    "Announcement",
+    "Entries",
+    "HostInfo",
+    "Lease",
+    "announcement_key",
+    "current_topic",
+    "epoch_of",
+    "epoch_topic",
+    "parse_descriptor",
+    "read_window",
+]
+
+#: The base name of the announcement topics (docs/protocol.md §4.1); messages go to its epoch topics.
+DEFAULT_TOPIC = "persistent://tg/config/tool-descriptors"
+#: Seconds per epoch: every host restates everything it announces on each new epoch's topic
+#: (docs/protocol.md §4.1). Every host and directory on one base topic must use the same value.
+EPOCH_SECONDS = 300.0
+#: Seconds a host may take, after its epoch begins, to finish restating on the new topic.
+RESTATEMENT_MARGIN = 30.0
+#: What an announcement may announce: a host (its lease and manifest), a tool service or a tool.
+KINDS = ("host", "tool-service", "tool")
+
+
+def epoch_of(t: float, epoch_seconds: float = EPOCH_SECONDS) -> int:
+    """The epoch of unix time ``t`` (seconds): ``floor(t / epoch_seconds)``."""
+    return math.floor(t / epoch_seconds)
+
+
+def epoch_topic(base: str, epoch: int) -> str:
+    """The topic of one epoch: ``<base>-epoch-<epoch>``, for example
+    ``persistent://tg/config/tool-descriptors-epoch-5904321``."""
+    return f"{base}-epoch-{epoch}"
+
+
+def current_topic(base: str, epoch_seconds: float = EPOCH_SECONDS, now: float | None = None) -> str:
+    """The topic a host sends to at unix time ``now`` (seconds; default: the time now)."""
+    return epoch_topic(base, epoch_of(time.time() if now is None else now, epoch_seconds))
+
+
+def read_window(now: float, max_clock_skew: float, epoch_seconds: float = EPOCH_SECONDS) -> range:
+    """The epochs a directory reads at unix time ``now`` (seconds), oldest first: those of
+    ``now - max_clock_skew - RESTATEMENT_MARGIN`` up to ``now + max_clock_skew`` (docs/protocol.md §4.6).
+
+    Every live host whose clock is within ``max_clock_skew`` of ours has restated all it
+    announces on one of them.
+    """
+    first = epoch_of(now - max_clock_skew - RESTATEMENT_MARGIN, epoch_seconds)
+    return range(first, epoch_of(now + max_clock_skew, epoch_seconds) + 1)
+
+
+def announcement_key(kind: str, name: str, host_id: str) -> str:
+    """The message key: ``<kind>/<name>@<host-id>``, one per provider, so compaction keeps each
+    provider's latest state. ``kind`` is ``tool-service``, ``tool`` or ``host`` (name = host id)."""
+    return f"{kind}/{name}@{host_id}"
+
+
+class Lease(BaseModel):
+    """``lease``: how long (``seconds``) this message keeps its host instance alive, and when the
+    host sent it (``sent_at``, unix seconds by the host's clock)."""
+
+    model_config = ConfigDict(strict=True)
+    seconds: float = Field(gt=0, le=86_400, allow_inf_nan=False)
+    sent_at: float = Field(ge=0, allow_inf_nan=False)
+
+
+class HostInfo(BaseModel):
+    """``host``: who serves. ``id`` is stable across restarts; ``instance`` is new on every
+    process start (empty from hosts that predate it)."""
+
+    model_config = ConfigDict(extra="allow")
+    id: str = Field(min_length=1)
+    hostname: str = ""
+    pid: int = 0
+    version: str = ""
+    instance: str = Field(default="", max_length=128)
+
+
+class Entries(BaseModel):
+    """``entries``: a host message's manifest, the names of every tool service and tool the
+    instance announces now (docs/protocol.md §4.4)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    tool_service: tuple[str, ...] = Field(default=(), alias="tool-service")
+    tool: tuple[str, ...] = ()
+
+    def keys(self) -> set[tuple[str, str]]:
+        """The (kind, name) pairs listed."""
+        return {("tool-service", n) for n in self.tool_service} | {("tool", n) for n in self.tool}
+
+
+class Announcement(BaseModel):
+    """One message value on an announcement topic (docs/protocol.md §4.3). The ``signature``
+    field, if any, is checked before this model (:mod:`tghost.protocol.trust`) and ignored by it.
+
+    ``since`` (unix seconds) is when this host instance first announced the entry (for a host
+    message: when the instance started); the earliest wins a conflict. ``entries`` is the
+    manifest and belongs on ``host`` messages only.
+    """
+
+    kind: Literal["host", "tool-service", "tool"]
+    name: str = Field(min_length=1)
+    status: Literal["available", "withdrawn"]
+    descriptor: dict[str, Any] | None = None
+    host: HostInfo
+    plugin: dict[str, Any] | None = None
+    lease: Lease
+    since: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    entries: Entries | None = None
+    external: bool = False
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Announcement:
+        if self.entries is not None and self.kind != "host":
+            raise ValueError(f"a {self.kind} announcement carries 'entries': only host messages do")
+        if self.kind == "host" and self.name != self.host.id:
+            raise ValueError(f"a host announcement names {self.name!r}, not its host id {self.host.id!r}")
+        return self
+
+
+def parse_descriptor(announcement: Announcement) -> ToolDescriptor | ToolServiceDescriptor | None:
+    """The validated descriptor an ``available`` tool or tool-service announcement carries
+    (``None`` for host messages and withdrawals).
+
+    Raises:
+        ValueError (pydantic's ValidationError too): the descriptor is missing, invalid, or
+            names another tool or service than the announcement does.
+    """
+    if announcement.kind == "host" or announcement.status == "withdrawn":
+        return None
+    if announcement.descriptor is None:
+        raise ValueError(f"{announcement.kind} {announcement.name!r} is announced without a descriptor")
+    model = ToolDescriptor if announcement.kind == "tool" else ToolServiceDescriptor
+    descriptor = model.model_validate(announcement.descriptor)
+    identity = descriptor.name if isinstance(descriptor, ToolDescriptor) else descriptor.id
+    if identity != announcement.name:
+        raise ValueError(f"announcement for {announcement.name!r} carries a descriptor for {identity!r}")
+    return descriptor

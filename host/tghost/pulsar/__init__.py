@@ -1,0 +1,5 @@
+"""pulsar: reach Pulsar. Clients with auth and TLS, the one hop from the C++ client's threads
+into the event loop, and the embedded pulsar-lite broker.
+
+Knows nothing of tools, services or the wire format.
+"""

@@ -1,0 +1,122 @@
+"""handoff: does another host share a draining service's Shared subscription?
+
+A host that shuts down should stop receiving at the broker, so that the Shared subscription
+``<service-id>-request`` routes new requests to the other hosts. But on a non-persistent topic
+a request published while the subscription has no consumer is dropped by the broker, never
+answered: a host that is the only one must stay subscribed and answer ``unavailable`` until it
+exits. The Pulsar client cannot ask the broker how many consumers a subscription has, so a
+draining host finds out by looking: a :class:`PeerLookout` reads every request on the topic on
+a subscription of its own, and the draining consumer reports each request it still receives.
+A Shared subscription dispatches the topic's messages in order, so a request that the lookout
+saw *before* one the draining consumer received, and that never reached the draining consumer,
+went to another consumer: another host is there (:meth:`PeerLookout.mine`). Then the draining
+host closes its request consumer (:mod:`tghost.serving.server`).
+
+Never answers requests and never knows about services.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Callable
+
+import pulsar
+import pulsar.asyncio
+
+from tghost.pulsar import hop
+
+__all__ = ["LOOKOUT_TIMEOUT", "PEER_WAIT", "PeerLookout"]
+
+log = logging.getLogger(__name__)
+
+#: Seconds a request the lookout saw may stay away from the draining consumer before it counts as
+#: taken by another host, when no later request arrives to tell by order.
+PEER_WAIT = 1.0
+#: Seconds the lookout's subscription may take; a host that cannot watch stays subscribed.
+LOOKOUT_TIMEOUT = 2.0
+#: Messages the lookout's consumer may buffer (it only notes ids; a burst beyond is not needed).
+LOOKOUT_QUEUE = 1000
+
+
+class PeerLookout:
+    """Tells, while a host drains one service, whether another consumer shares its Shared
+    subscription; calls ``found()`` once (on the loop) when one does.
+
+    Feed it every request the draining consumer still receives with :meth:`mine` (by the
+    request's ``id`` property); the lookout itself sees every request on the topic. Start with
+    :meth:`start`, end with :meth:`close`.
+    """
+
+    def __init__(self, found: Callable[[], None], wait: float = PEER_WAIT) -> None:
+        self._found = found
+        self._wait = wait
+        # seen by the lookout, not (yet) by the draining consumer: id -> (order seen, monotonic seconds)
+        self._unclaimed: dict[str, tuple[int, float]] = {}
+        self._count = 0
+        self._early: set[str] = set()  # received by the draining consumer before the lookout saw them
+        self._consumer: pulsar.asyncio.Consumer | None = None
+        self.peer_found = False
+        """Whether another consumer was seen taking a request (then ``found`` was called)."""
+        self._closed = False
+
+    async def start(self, client: pulsar.asyncio.Client, topic: str, subscription: str) -> PeerLookout:
+        """Read every request on ``topic`` on an Exclusive subscription of its own,
+        ``<subscription>-drain-<random>`` (gone when closed, on a non-persistent topic).
+
+        Raises:
+            pulsar.asyncio.PulsarException: the broker refused the subscription.
+        """
+        mailbox = hop.Mailbox(asyncio.get_running_loop())
+        self._consumer = await client.subscribe(
+            topic, f"{subscription}-drain-{uuid.uuid4().hex[:12]}", consumer_type=pulsar.ConsumerType.Exclusive,
+            receiver_queue_size=LOOKOUT_QUEUE,
+            message_listener=lambda consumer, message: mailbox.put(self._seen, message.properties().get("id")))
+        return self
+
+    def _seen(self, request_id: str | None) -> None:
+        if request_id is None or self.peer_found or self._closed:
+            return
+        if request_id in self._early:
+            self._early.discard(request_id)
+            return
+        now = time.monotonic()
+        self._unclaimed[request_id] = (self._count, now)
+        self._count += 1
+        _, oldest = next(iter(self._unclaimed.values()))
+        if now - oldest > self._wait:
+            self._peer(f"a request seen {now - oldest:.1f}s ago never reached this host")
+
+    def mine(self, request_id: str | None) -> None:
+        """The draining consumer received ``request_id``: a request the lookout saw before it, and
+        that the draining consumer did not receive, went to another consumer."""
+        if request_id is None or self.peer_found or self._closed:
+            return
+        claimed = self._unclaimed.pop(request_id, None)
+        if claimed is None:
+            self._early.add(request_id)
+            return
+        if self._unclaimed and next(iter(self._unclaimed.values()))[0] < claimed[0]:  # dicts keep insertion order
+            self._peer("a request before this one went to another consumer")
+
+    def _peer(self, why: str) -> None:
+        self.peer_found = True
+        self._unclaimed.clear()
+        self._early.clear()
+        log.debug("another consumer shares the subscription: %s", why)
+        self._found()
+
+    async def close(self) -> None:
+        """Close the lookout's consumer (its subscription goes with it) and tell nothing more;
+        errors are logged."""
+        self._closed = True
+        if self._consumer is None:
+            return
+        consumer, self._consumer = self._consumer, None
+        try:
+            await consumer.close()
+        except Exception as exc:
+            log.debug("could not close the drain watch: %s", exc)
+

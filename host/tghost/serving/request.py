@@ -1,0 +1,318 @@
+"""request: one request's way through a tool service, written once (docs/protocol.md §2).
+
+admit -> check -> invoke -> answer -> settle. Two drivers take a request along it, and neither
+calls into the other:
+
+- the event loop (:class:`tghost.serving.endpoint.ServiceEndpoint`): ``async def`` tools,
+  process isolation, persistent topics, and a stopping service's new requests;
+- the thread lane (:class:`tghost.serving.lane.ThreadLane`): a plain ``def`` tool on a
+  non-persistent topic, served from the C++ listener thread on the service's worker threads.
+
+What they share is here: the service's :class:`Terms` (limits, the checks before ``invoke``
+and the texts of refusals), the reply an exception comes to (:func:`failure`), one
+:class:`Request` in flight (exactly one last reply; a stream's window of unconfirmed chunks),
+and the :class:`Port` to Pulsar (send, acknowledge, settle).
+
+Never imports the agent side, and never runs plugin code itself: the executors do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent import futures
+from dataclasses import dataclass
+from typing import Any
+
+import pulsar
+import pulsar.asyncio
+
+from tghost.author.hookspecs import Authorize
+from tghost.author.service import ToolError, ToolService
+from tghost.protocol import wire
+from tghost.protocol.descriptors import ToolServiceDescriptor
+from tghost.pulsar import hop
+from tghost.serving.executors.base import Call
+
+__all__ = [
+    "NOT_STARTED",
+    "OK",
+    "RETURNED",
+    "UNANSWERABLE",
+    "CallListener",
+    "CallRecord",
+    "ChunkNotSent",
+    "Port",
+    "Request",
+    "Terms",
+    "failure",
+]
+
+log = logging.getLogger(__name__)
+
+#: ``CallRecord.status`` of a call answered without error; any other status is the wire error type.
+OK = "ok"
+#: ``CallRecord.status`` of a request without an ``id`` property: acknowledged, never answered.
+UNANSWERABLE = "unanswerable"
+#: ``CallRecord.status`` of a persistent request cut off by shutdown: left unacknowledged and
+#: unanswered, so the broker delivers it to another host.
+RETURNED = "returned"
+#: The cancel message of a request cancelled by shutdown while it waited for a slot.
+NOT_STARTED = "not started"
+
+
+@dataclass
+class CallRecord:
+    """What one request came to, handed to every :data:`CallListener` once it is settled.
+
+    ``status`` is :data:`OK`, :data:`UNANSWERABLE`, :data:`RETURNED` or the wire error type of
+    the reply (``timeout``, ``overloaded``, ``not-allowed``, ...). ``duration`` is seconds from
+    receipt to acknowledgement. ``user`` and ``arguments`` (the decoded arguments object) are
+    ``None`` when the envelope was not decoded.
+    """
+
+    service: str
+    request_id: str | None
+    user: str | None = None
+    status: str = OK
+    duration: float = 0.0
+    arguments: dict[str, Any] | None = None
+
+
+#: Called once per request, after it is settled (metrics, audit), on the event loop or on a
+#: service's worker thread (the thread lane): must be thread-safe and must not block; an
+#: exception is logged and the host goes on.
+CallListener = Callable[[CallRecord], None]
+
+
+class ChunkNotSent(Exception):
+    """The broker did not take a chunk of a streamed reply (the connection dropped)."""
+
+
+@dataclass(frozen=True)
+class Terms:
+    """What one service serves on: its limits, the checks before ``invoke`` and the texts of
+    its refusals. ``timeout`` is seconds, ``max_payload`` bytes; ``capacity`` is how many
+    requests may be admitted at once (``max_concurrency`` running plus ``max_queue`` waiting).
+    """
+
+    service: ToolService
+    descriptor: ToolServiceDescriptor
+    timeout: float
+    max_concurrency: int
+    max_queue: int
+    max_payload: int
+    max_redeliveries: int
+    authorize: Authorize | None = None
+
+    @property
+    def service_id(self) -> str:
+        return self.descriptor.id
+
+    @property
+    def capacity(self) -> int:
+        return self.max_concurrency + self.max_queue
+
+    @property
+    def persistent(self) -> bool:
+        """Whether requests arrive on a persistent topic (they are acknowledged only once the
+        broker has their reply, and go back to the broker when a shutdown cuts them off)."""
+        return self.descriptor.request_queue.startswith("persistent://")
+
+    def check(self, record: CallRecord, message: Any) -> Call:
+        """The call to make, once the request (a raw ``_pulsar.Message``) passes every check
+        before ``invoke``, in this order: the payload size, the redelivery count (persistent
+        topics), the envelope, ``authorize``, the required config params and the service's
+        argument policy. Sets the record's ``user`` and ``arguments``. Safe from any thread.
+
+        Raises:
+            ToolError: with the wire error type of the failed check (``bad-request``,
+                ``redelivery-limit``, ``not-allowed``, ``missing-config``, ``invalid-arguments``).
+        """
+        payload = message.data()
+        if len(payload) > self.max_payload:
+            raise ToolError(f"request is {len(payload)} bytes, over this host's limit of {self.max_payload} "
+                            "bytes; send less, or raise the limit (tghost run --max-payload)", wire.BAD_REQUEST)
+        if self.persistent and message.redelivery_count() > self.max_redeliveries:
+            raise ToolError(f"request was delivered {message.redelivery_count() + 1} times: every host that took "
+                            "it stopped before answering, so it is not invoked again (tghost run "
+                            "--max-redeliveries)", wire.REDELIVERY_LIMIT)
+        try:
+            request = wire.decode_request(payload)
+        except wire.BadRequest as exc:
+            raise ToolError(str(exc), wire.BAD_REQUEST) from None
+        record.user, record.arguments = request.user, request.arguments
+        if self.authorize is not None:
+            reason = self.authorize(request.user, self.service_id, request.config, request.arguments)
+            if reason is not None:
+                raise ToolError(reason, wire.NOT_ALLOWED)
+        missing = [p for p in self.descriptor.required_config if p not in request.config]
+        if missing:
+            raise ToolError(f"service {self.service_id!r} needs config param(s) {missing}", wire.MISSING_CONFIG)
+        return request.user, request.config, self.service.check_arguments(request.arguments)
+
+    def refusal(self, error_type: str, started: bool = False) -> str:
+        """The text of an ``overloaded``, ``timeout`` or ``unavailable`` reply (``started``: the
+        call was cut off by shutdown while it ran, not while it waited)."""
+        if error_type == wire.OVERLOADED:
+            return (f"service {self.service_id!r} has {self.max_concurrency} calls running and "
+                    f"{self.max_queue} waiting; retry later")
+        if error_type == wire.TIMEOUT:
+            return f"service {self.service_id!r} did not finish within {self.timeout}s"
+        if error_type == wire.UNAVAILABLE and not started:
+            return (f"this host stopped serving {self.service_id!r} (it is shutting down) before the call "
+                    "started; retry")
+        return f"the host shut down before the call {'finished' if started else 'started'}; retry"
+
+
+def failure(exc: Exception, service_id: str) -> tuple[str, str]:
+    """The error type and text of the reply to a call that raised ``exc`` in a check or in
+    ``invoke``: a :class:`ToolError` keeps its type; anything else is ``tool-service-error``
+    (and an unexpected exception from the plugin is logged with its traceback)."""
+    if isinstance(exc, ToolError):
+        return exc.error_type, str(exc)
+    if isinstance(exc, wire.TooLarge | ChunkNotSent):
+        return wire.TOOL_SERVICE_ERROR, str(exc)
+    log.error("service %s: invoke raised", service_id, exc_info=exc)
+    return wire.TOOL_SERVICE_ERROR, f"{type(exc).__name__}: {exc}"
+
+
+class Port:
+    """One service's side of Pulsar, as a request needs it: send a reply, learn when the broker
+    has it, acknowledge the request and tell the call listeners. Safe from any thread.
+
+    ``producer`` is the service's response producer; ``consumer`` (its request consumer) is set
+    once subscribed; ``mailbox`` carries receipts into the event loop.
+    """
+
+    def __init__(self, producer: pulsar.asyncio.Producer, mailbox: hop.Mailbox,
+                 listeners: Sequence[CallListener], service_id: str) -> None:
+        self.producer = producer
+        self.consumer: pulsar.asyncio.Consumer | None = None
+        self._mailbox = mailbox
+        self._listeners = tuple(listeners)
+        self._service_id = service_id
+
+    def send(self, request_id: str, payload: bytes) -> None:
+        """Send a reply without waiting for the broker (:func:`tghost.pulsar.hop.send`)."""
+        hop.send(self.producer, payload, {"id": request_id})
+
+    async def receipt(self, request_id: str, payload: bytes) -> None:
+        """Send a reply and wait (on the loop) until the broker has it.
+
+        Raises:
+            pulsar.asyncio.PulsarException: the broker did not take it.
+        """
+        await hop.receipt(self._mailbox, self.producer, payload, {"id": request_id})
+
+    def send_chunk(self, request_id: str, payload: bytes) -> futures.Future[bool]:
+        """Send one chunk of a stream; the future is done once the broker has it (True) or did
+        not take it (False)."""
+        sent: futures.Future[bool] = futures.Future()
+        hop.send(self.producer, payload, {"id": request_id},
+                 lambda result, _: sent.set_result(result == pulsar.Result.Ok))
+        return sent
+
+    def settle(self, record: CallRecord, message: Any, started: float, acknowledge: bool = True) -> None:
+        """A request is answered: acknowledge it (unless it goes back to the broker), time it from
+        ``started`` (:func:`time.perf_counter`) and tell the call listeners."""
+        if acknowledge and self.consumer is not None:
+            hop.acknowledge(self.consumer._consumer, message)
+        record.duration = time.perf_counter() - started
+        for listener in self._listeners:
+            try:
+                listener(record)
+            except Exception:
+                log.exception("service %s: call listener %r failed", self._service_id, listener)
+
+
+class Request:
+    """One request in flight: its record, its raw message, and who answered it.
+
+    Exactly one last reply per request: whoever :meth:`claim`\\ s it first (the call itself, its
+    deadline, a shutdown) answers it. A streamed reply's chunks go out through :meth:`chunk`,
+    which stops once the request is claimed and keeps at most :data:`tghost.pulsar.hop.STREAM_WINDOW`
+    chunks unconfirmed by the broker: a non-persistent topic has no flow control back from the
+    caller, so a stream is paced by the broker's receipts.
+    """
+
+    __slots__ = ("_lock", "answered", "deadline", "job", "message", "record", "started", "unconfirmed")
+
+    def __init__(self, record: CallRecord, message: Any, started: float | None = None) -> None:
+        self.record = record
+        self.message = message
+        self.started = time.perf_counter() if started is None else started
+        self.deadline = 0.0
+        """``time.monotonic()`` seconds by which ``invoke`` must end (the thread lane's clock)."""
+        self.job: Any = None
+        """The executor's handle on the running call (the thread lane abandons it at a timeout)."""
+        self.answered = False
+        self.unconfirmed: list[futures.Future[bool]] = []
+        self._lock = threading.Lock()
+
+    @property
+    def request_id(self) -> str:
+        return self.record.request_id or ""
+
+    def claim(self, status: str | None = None) -> bool:
+        """Take the right to send the last reply; False if someone already has. ``status`` (an
+        error type; ``None`` for a result) becomes the record's status."""
+        with self._lock:
+            if self.answered:
+                return False
+            self.answered = True
+        if status is not None:
+            self.record.status = status
+        return True
+
+    def chunk(self, port: Port, observation: str) -> list[futures.Future[bool]] | None:
+        """Send one chunk of the stream, unless the request was claimed (then ``None``: stop).
+
+        Returns the receipts to wait for before the next chunk (the window is full), else ``[]``.
+
+        Raises:
+            wire.TooLarge: the chunk is over Pulsar's message limit.
+        """
+        payload = wire.encode_response(observation, False)
+        with self._lock:
+            if self.answered:
+                return None
+            self.unconfirmed.append(port.send_chunk(self.request_id, payload))
+        if len(self.unconfirmed) < hop.STREAM_WINDOW:
+            return []
+        full, self.unconfirmed = self.unconfirmed, []
+        return full
+
+    def rest(self) -> list[futures.Future[bool]]:
+        """The chunks not yet confirmed: wait for them before the last reply."""
+        rest, self.unconfirmed = self.unconfirmed, []
+        return rest
+
+
+def confirmed(receipts: Sequence[futures.Future[bool]]) -> None:
+    """Wait (on a worker thread) until the broker took every chunk of ``receipts``.
+
+    Raises:
+        ChunkNotSent: it did not take one.
+    """
+    futures.wait(receipts)
+    _all_sent(receipts)
+
+
+async def confirmed_on_loop(receipts: Sequence[futures.Future[bool]]) -> None:
+    """:func:`confirmed`, on the event loop. One producer's receipts arrive in order, so waiting
+    for the last one is usually one hop for the whole window."""
+    if receipts:
+        await asyncio.wrap_future(receipts[-1])
+        for receipt in receipts:
+            if not receipt.done():
+                await asyncio.wrap_future(receipt)
+    _all_sent(receipts)
+
+
+def _all_sent(receipts: Sequence[futures.Future[bool]]) -> None:
+    if not all(receipt.result() for receipt in receipts):
+        raise ChunkNotSent("the broker did not take a chunk of the reply (connection lost); the stream is cut short")

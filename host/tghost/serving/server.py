@@ -1,0 +1,126 @@
+"""server: all the tool services of one host (:class:`Server`), started together, extended and
+shrunk by a live plugin install, and shut down gracefully: stop receiving, hand off, drain, close.
+
+Each service is a :class:`tghost.serving.endpoint.ServiceEndpoint`; the stall detector
+(:class:`tghost.serving.stalls.StallDetector`) watches their event loop while they serve.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Sequence
+
+import pulsar.asyncio
+
+from tghost.author.hookspecs import Authorize
+from tghost.author.service import ToolService
+from tghost.protocol.descriptors import ToolServiceDescriptor
+from tghost.serving.endpoint import ServiceEndpoint
+from tghost.serving.executors.thread import ThreadExecutor
+from tghost.serving.request import CallListener
+from tghost.serving.settings import ServeSettings
+from tghost.serving.stalls import StallDetector
+
+__all__ = ["Server"]
+
+
+class Server:
+    """All the services of one host, started together and shut down gracefully, plus the
+    stall detector (:class:`tghost.serving.stalls.StallDetector`) while they serve."""
+
+    def __init__(
+        self,
+        services: dict[str, ToolService],
+        descriptors: dict[str, ToolServiceDescriptor],
+        settings: ServeSettings | None = None,
+        listeners: Sequence[CallListener] = (),
+        authorize: Authorize | None = None,
+    ) -> None:
+        """Serve ``services`` (by service id) under their ``descriptors``.
+
+        ``listeners`` are told of every request once it is acknowledged (see :class:`CallRecord`).
+        ``authorize`` is asked about every decoded request before ``invoke`` (see
+        :data:`tghost.author.hookspecs.Authorize`); ``None`` allows every call.
+        """
+        self.settings = settings or ServeSettings()
+        self._listeners = tuple(listeners)
+        self._authorize = authorize
+        self.endpoints = self._endpoints(services, descriptors)
+        self.stall_detector: StallDetector | None = None
+        self._client: pulsar.asyncio.Client | None = None
+        self._grace_over = asyncio.Event()
+
+    def _endpoints(self, services: dict[str, ToolService],
+                   descriptors: dict[str, ToolServiceDescriptor]) -> list[ServiceEndpoint]:
+        return [ServiceEndpoint(services[sid], descriptors[sid], self.settings, self._listeners, self._authorize)
+                for sid in descriptors]
+
+    async def start(self, client: pulsar.asyncio.Client) -> None:
+        """Start the stall detector (unless ``stall_threshold`` is 0) and every service endpoint.
+
+        Raises:
+            pulsar.asyncio.PulsarException: a subscription or producer could not be created.
+        """
+        if self.settings.stall_threshold > 0:
+            self.stall_detector = StallDetector(self.settings.stall_threshold, owner_type=ThreadExecutor,
+                                         label=lambda executor: executor.service_id).start()
+        self._client = client
+        await asyncio.gather(*(endpoint.start(client) for endpoint in self.endpoints))
+
+    async def add(self, services: dict[str, ToolService], descriptors: dict[str, ToolServiceDescriptor]) -> None:
+        """Start serving more services (by service id) on the client given to :meth:`start`, with
+        the same settings, listeners and ``authorize``; a live plugin install (:mod:`tghost.operate.plugin_watch`).
+
+        Raises:
+            RuntimeError: the server was not started.
+            ValueError: a service id is already served (nothing is started then).
+            pulsar.asyncio.PulsarException: a subscription or producer could not be created; the
+                endpoints that did start are closed again.
+        """
+        if self._client is None:
+            raise RuntimeError("Server.add() before Server.start()")
+        taken = sorted(set(descriptors) & {endpoint.descriptor.id for endpoint in self.endpoints})
+        if taken:
+            raise ValueError(f"service id(s) {taken} already served")
+        endpoints = self._endpoints(services, descriptors)
+        results = await asyncio.gather(*(e.start(self._client) for e in endpoints), return_exceptions=True)
+        failed = next((r for r in results if isinstance(r, BaseException)), None)
+        if failed is not None:
+            await self._shut(endpoints, 0)
+            raise failed
+        self.endpoints += endpoints
+
+    async def remove(self, service_ids: Iterable[str], grace: float | None = None) -> int:
+        """Stop serving ``service_ids`` as :meth:`stop` does for all: hand off and stop receiving,
+        give in-flight calls ``grace`` seconds (default ``settings.grace``), close. Unknown ids are
+        ignored.
+
+        Returns the number of calls cancelled because the grace period ran out.
+        """
+        ids = set(service_ids)
+        leaving = [endpoint for endpoint in self.endpoints if endpoint.descriptor.id in ids]
+        self.endpoints = [endpoint for endpoint in self.endpoints if endpoint.descriptor.id not in ids]
+        return await self._shut(leaving, self.settings.grace if grace is None else grace)
+
+    def end_grace(self) -> None:
+        """End every grace period now, and any later one at once (a second Ctrl-C or SIGTERM):
+        calls still running are answered ``unavailable`` (persistent: returned to the broker)."""
+        self._grace_over.set()
+
+    async def _shut(self, endpoints: list[ServiceEndpoint], grace: float) -> int:
+        await asyncio.gather(*(w.stop_receiving() for w in endpoints))
+        cancelled = sum(await asyncio.gather(*(w.drain(grace, self._grace_over) for w in endpoints)))
+        await asyncio.gather(*(w.close() for w in endpoints))
+        return cancelled
+
+    async def stop(self, grace: float | None = None) -> int:
+        """Stop receiving (requests that did not start are answered ``unavailable``, and another
+        host takes the new ones: see :meth:`ServiceEndpoint.stop_receiving`), let in-flight calls
+        finish within ``grace`` seconds or until :meth:`end_grace`, then close.
+
+        Returns the number of calls cancelled because the grace period ran out.
+        """
+        cancelled = await self._shut(self.endpoints, self.settings.grace if grace is None else grace)
+        if self.stall_detector is not None:
+            self.stall_detector.stop()
+        return cancelled

@@ -1,0 +1,40 @@
+"""settings: the host-wide serving limits of ``tghost run`` (:class:`ServeSettings`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tghost.serving import executors
+
+__all__ = ["ServeSettings"]
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """Host-wide serving limits; a service descriptor's ``timeout``/``max-concurrency`` override.
+
+    ``timeout``, ``grace`` and ``stall_threshold`` are seconds; ``max_payload`` is bytes.
+
+    - ``max_queue``: requests per service that may wait for a free slot before new ones are
+      answered ``overloaded`` (non-persistent topics; a persistent topic queues in the broker).
+    - ``max_payload``: a larger request is answered ``bad-request`` and never decoded.
+    - ``max_redeliveries``: how often a request on a persistent topic may be delivered again
+      (its host died or shut down mid-call) and still be invoked; one more delivery is answered
+      ``redelivery-limit``, and the client moves any later one to the dead-letter topic
+      ``<request topic>-<subscription>-DLQ``.
+    - ``stall_threshold``: the stall detector warns when the event loop is blocked longer;
+      ``0`` turns it off.
+    - ``isolation``: where ``invoke`` runs unless the service says (:data:`tghost.serving.executors.ISOLATIONS`):
+      ``thread`` (the host's worker threads) or ``process`` (worker processes).
+    - ``worker_limits``: when worker processes are recycled (:class:`tghost.serving.executors.WorkerLimits`).
+    """
+
+    timeout: float = 30.0
+    max_concurrency: int = 16
+    max_queue: int = 64
+    grace: float = 10.0
+    max_payload: int = 1024 * 1024
+    max_redeliveries: int = 3
+    stall_threshold: float = 0.5
+    isolation: str = executors.THREAD
+    worker_limits: executors.WorkerLimits = field(default_factory=executors.WorkerLimits)
