@@ -23,7 +23,7 @@ from typing import Any
 
 import tghost
 from tghost.agent.client import ToolCallError
-from tghost.serving.executors import WorkerLimits
+from tghost.serving.executors.base import WorkerLimits
 from tghost.serving.executors.child import ObjectSource
 from tghost.serving.executors.process import ProcessExecutor
 from tghost.serving.executors.thread import ThreadExecutor

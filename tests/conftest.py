@@ -1,9 +1,16 @@
-"""Shared test fixtures. The broker fixture ``pulsar_broker`` comes from ``tghost.testing``."""
+"""Shared test fixtures. The broker fixture ``pulsar_broker`` comes from ``tghost.testing``.
+
+The tests mirror the stage packages of ``host/tghost`` (``tests/<stage>/``); the ones at this
+level check the README, ``docs/`` and the examples. Every test that talks to a real broker is
+marked ``broker`` here (it uses the ``pulsar_broker`` or ``host_process`` fixture, or starts a
+broker or a ``LocalHost`` itself), so ``pytest -m "not broker"`` runs the rest in seconds.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import importlib
+import inspect
 import os
 import queue
 import re
@@ -24,6 +31,25 @@ from tghost.discovery.discover import ENTRY_POINT_GROUP
 
 T = TypeVar("T")
 
+#: Fixtures that start or use a real broker, and the names a test uses to start one itself.
+BROKER_FIXTURES = frozenset({"pulsar_broker", "host_process"})
+BROKER_NAMES = ("EmbeddedBroker", "LocalHost", "ensure_broker", "tghost(", "run_tghost", "subprocess")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test that talks to a real broker ``broker`` (see the module docstring)."""
+    for item in items:
+        if BROKER_FIXTURES & set(getattr(item, "fixturenames", ())) or _starts_a_broker(item):
+            item.add_marker(pytest.mark.broker)
+
+
+def _starts_a_broker(item: pytest.Item) -> bool:
+    function = getattr(item, "function", None)
+    try:
+        source = inspect.getsource(function) if function is not None else ""
+    except (OSError, TypeError):
+        return True
+    return any(name in source for name in BROKER_NAMES)
 
 
 class PluginDir:

@@ -3,7 +3,7 @@
 How it works: :func:`blocks` collects every fenced block with its language. A block a reader
 would run or copy is claimed in :data:`RUN_BY` by its file and first line, naming the test
 module that fetches it (with :func:`block` or :func:`commands`) and runs it; a block in
-docs/protocol.md under an ``<!-- example: NAME -->`` marker is checked by tests/test_protocol.py;
+docs/protocol.md under an ``<!-- example: NAME -->`` marker is checked by tests/protocol/test_protocol.py;
 the few that no test can run here are in :data:`NOT_RUN` with the reason. A new block that is
 none of these fails :func:`test_every_code_block_is_run_by_a_test_or_is_output`.
 
@@ -146,7 +146,7 @@ NOT_RUN = {
     ("README.md", "export TGHOST_PULSAR_URL=pulsar+ssl://pulsar.example.com:6651"):
         "needs an Apache Pulsar cluster with TLS and token auth (pulsar-lite enforces neither)",
     ("README.md", '{"mcpServers": {"tghost": {"command": "tghost", "args": ["mcp", "--group", "default"],'):
-        "an MCP client's own config file; tests/test_bridge.py runs 'tghost mcp' over stdio as a client does",
+        "an MCP client's own config file; tests/adapters/test_mcp.py runs 'tghost mcp' over stdio as a client does",
     ("README.md", "pip install -e plugins/tghost-amplifier"):
         "installs an Amplifier module from GitHub (network); plugins/tghost-amplifier/tests serve local modules",
     ("README.md", "[amplifier.tool-filesystem]"):
@@ -177,12 +177,12 @@ def test_every_claimed_block_exists_and_its_test_fetches_it() -> None:
     claimed = {claim(b) for b in blocks()}
     assert set(RUN_BY) | set(NOT_RUN) <= claimed, sorted((set(RUN_BY) | set(NOT_RUN)) - claimed)
     for (path, first_line), module in RUN_BY.items():
-        source = (ROOT / "tests" / f"{module}.py").read_text()
+        source = next((ROOT / "tests").rglob(f"{module}.py")).read_text()
         assert path in source and first_line.split("  #")[0].strip() in source, (path, first_line, module)
 
 
 def test_the_protocol_examples_are_checked_by_name() -> None:
-    source = (ROOT / "tests" / "test_protocol.py").read_text()
+    source = (ROOT / "tests" / "protocol" / "test_protocol.py").read_text()
     names = {b.example.split(":")[0].strip() for b in blocks() if b.example is not None}
     assert names and all(f'examples("{name}")' in source for name in names), names
 

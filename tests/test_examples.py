@@ -10,10 +10,10 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+from tests.test_docs import block, commands
 from tghost.pulsar.embedded import EmbeddedBroker
 
 from .conftest import HostProcess
-from .test_docs import block, commands
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 

@@ -12,12 +12,12 @@ from collections.abc import Callable
 from importlib.metadata import entry_points
 from pathlib import Path
 
+from tests.author.test_scaffold import OFFLINE_PIP, _env
+from tests.test_docs import block, commands
 from tghost.discovery.discover import ENTRY_POINT_GROUP
 from tghost.pulsar.embedded import EmbeddedBroker
 
 from .conftest import HostProcess
-from .test_docs import block, commands
-from .test_scaffold import OFFLINE_PIP, _env
 
 README = "README.md"
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.test_docs import block, commands
 from tghost.pulsar.embedded import EmbeddedBroker
 
 from .conftest import HostProcess
-from .test_docs import block, commands
 
 README = "README.md"
 TRY_IT = "$ .venv/bin/tghost tools                      # the live tools every agent sees (--json for programs)"

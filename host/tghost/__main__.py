@@ -1,4 +1,4 @@
-"""``python -m tghost``: the same as the ``tghost`` command."""
+"""__main__: ``python -m tghost``, the same as the ``tghost`` command."""
 
 from tghost.cli import main
 

@@ -160,26 +160,11 @@ class LocalHost:
         raise KeyError(f"no tool or service named {name!r} is served here; tools: {sorted(self.catalog.tools)}, "
                        f"services: {sorted(self.descriptors)}")
 
-    async def call(
-        self,
-        name: str,
-        arguments: dict[str, Any] | None = None,
-        config: dict[str, Any] | None = None,
-        *,
-        user: str | None = "test",
-        timeout: float = 10.0,
-    ) -> str:
-        """Call tool (or service) ``name`` over Pulsar and return the observation, all chunks joined.
-
-        ``config`` is added to the tool's config values (see :meth:`request`); ``timeout`` is in
-        seconds; ``user`` goes into the request envelope.
-
-        Raises:
-            tghost.ToolCallError: the service answered with an error (``.error_type``, ``.message``)
-                or not in time (``timeout``).
-            KeyError: nothing is served here by that name.
-        """
-        return "".join([chunk async for chunk in self.stream(name, arguments, config, user=user, timeout=timeout)])
+    async def call(self, name: str, arguments: dict[str, Any] | None = None, config: dict[str, Any] | None = None,
+                   **options: Any) -> str:
+        """Call tool (or service) ``name`` over Pulsar and return the observation, all chunks
+        joined; the ``options`` (``user``, ``timeout``) and the errors are :meth:`stream`'s."""
+        return "".join([chunk async for chunk in self.stream(name, arguments, config, **options)])
 
     async def stream(
         self,
@@ -190,7 +175,16 @@ class LocalHost:
         user: str | None = "test",
         timeout: float = 10.0,
     ) -> AsyncIterator[str]:
-        """Call tool (or service) ``name`` and yield its observation chunks as they arrive; as :meth:`call`."""
+        """Call tool (or service) ``name`` over Pulsar and yield its observation chunks as they arrive.
+
+        ``config`` is added to the tool's config values (see :meth:`request`); ``timeout`` is in
+        seconds; ``user`` goes into the request envelope.
+
+        Raises:
+            tghost.ToolCallError: the service answered with an error (``.error_type``, ``.message``)
+                or not in time (``timeout``).
+            KeyError: nothing is served here by that name.
+        """
         service_id, merged = self.request(name, config)
         caller = await self.caller(service_id)
         async for chunk in caller.stream(merged, arguments or {}, user=user, timeout=timeout):

@@ -1,6 +1,6 @@
-"""bridge: the live tool directory as a Model Context Protocol server (``tghost mcp``), over
+"""mcp: the live tool directory as a Model Context Protocol server (``tghost mcp``), over
 stdio or streamable HTTP, with the official ``mcp`` SDK's low-level server. Agent side: never
-imports serve or discover, and never writes anything but MCP messages to stdout.
+writes anything but MCP messages to stdout.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""invoke: the agent's calls by tool name. Checks seed 001 groups/state and the caller's
+"""calls: the agent's calls by tool name. Checks seed 001 groups/state and the caller's
 allowed groups against the live tool set, merges the tool's config values into the request,
 calls its service over Pulsar and records each call. Never reads the announcement topic:
 the directory hands it the live tools.
@@ -23,7 +23,7 @@ from tghost.protocol.descriptors import ToolServiceDescriptor
 from tghost.protocol.groups import DEFAULT_GROUPS, DEFAULT_STATE, WILDCARD, is_available, next_state
 
 __all__ = [
-    "GROUPS_EXCEED_ALLOWED", "NOT_AVAILABLE", "OK", "UNKNOWN_TOOL", "ToolCallListener", "ToolCallRecord", "ToolCalls",
+    "GROUPS_EXCEED_ALLOWED", "NOT_AVAILABLE", "UNKNOWN_TOOL", "ToolCallListener", "ToolCallRecord", "ToolCalls",
 ]
 
 log = logging.getLogger(__name__)
@@ -33,8 +33,6 @@ UNKNOWN_TOOL = "unknown-tool"
 NOT_AVAILABLE = "not-available"
 GROUPS_EXCEED_ALLOWED = "groups-exceed-allowed"
 
-#: ``ToolCallRecord.status`` of a call answered without error.
-OK = "ok"
 
 
 @dataclass(frozen=True)
@@ -45,7 +43,7 @@ class ToolCallRecord:
     ``groups`` are the request's groups (``("default",)`` when it gave none), ``allowed_groups``
     the caller's permitted groups (``None``: not checked). ``state_before``/``state_after`` are
     seed 001 states; the state moves only on success (:func:`tghost.protocol.groups.next_state`).
-    ``status`` is :data:`OK`, ``cancelled`` (the caller stopped reading), the error type of a
+    ``status`` is :data:`tghost.protocol.wire.OK`, ``cancelled`` (the caller stopped reading), the error type of a
     refusal or error reply (``unknown-tool``, ``not-allowed``, ``timeout``, ...), or the class
     name of any other exception. ``service`` is ``None`` when the tool is unknown. ``duration``
     is seconds from the call to its end.
@@ -171,7 +169,7 @@ class ToolCalls:
         started = time.perf_counter()
         known = self.tools.get(name)
         tool: DirectoryTool | None = None  # once allowed
-        status = OK
+        status = wire.OK
         try:
             tool = self.check(name, groups, state, allowed_groups)
             caller = await self.caller(tool.service.descriptor)
@@ -193,7 +191,7 @@ class ToolCalls:
                 groups=tuple(DEFAULT_GROUPS if groups is None else groups),
                 allowed_groups=None if allowed_groups is None else tuple(allowed_groups),
                 state_before=before,
-                state_after=next_state(tool.descriptor, before, status == OK) if tool else before,
+                state_after=next_state(tool.descriptor, before, status == wire.OK) if tool else before,
                 status=status, duration=time.perf_counter() - started))
 
     def _notify(self, record: ToolCallRecord) -> None:
@@ -203,21 +201,11 @@ class ToolCalls:
             except Exception:
                 log.exception("invoke listener %r failed on a call of %r", listener, record.tool)
 
-    async def invoke(
-        self,
-        name: str,
-        arguments: dict[str, Any],
-        *,
-        user: str | None = None,
-        groups: Sequence[str] | None = None,
-        state: str | None = None,
-        allowed_groups: Sequence[str] | None = None,
-        timeout: float = 60.0,
-    ) -> str:
-        """Invoke tool ``name`` and return the observation string; as :meth:`stream`."""
-        chunks = self.stream(name, arguments, user=user, groups=groups, state=state,
-                             allowed_groups=allowed_groups, timeout=timeout)
-        return "".join([chunk async for chunk in chunks])
+    async def invoke(self, name: str, arguments: dict[str, Any], **options: Any) -> str:
+        """Invoke tool ``name`` and return the observation string, all chunks joined; the
+        ``options`` (``user``, ``groups``, ``state``, ``allowed_groups``, ``timeout``) and the
+        errors are :meth:`stream`'s."""
+        return "".join([chunk async for chunk in self.stream(name, arguments, **options)])
 
 
 def _excess_groups(requested: Sequence[str], allowed: Sequence[str]) -> list[str]:

@@ -1,9 +1,9 @@
-"""call: the caller's side of the wire contract, as TrustGraph's ``ToolServiceClient``.
+"""client: the caller's side of the wire contract, as TrustGraph's ``ToolServiceClient``.
 
 Sends request envelopes with an ``id`` property and routes the responses, which every
 caller of a service sees on its shared response topic, back by that ``id``. Requests go out
 with the producer's ``send_async``; responses arrive through a C++ message listener and cross
-into the event loop once (:class:`tghost.pulsar.hop.Mailbox`). Never imports serve or discover.
+into the event loop once (:class:`tghost.pulsar.hop.Mailbox`).
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 the live claims of its :class:`~tghost.agent.ledger.Ledger` into tools and services (conflicts
 included), emits change events, expires instances whose lease ran out and filters by seed 001
 group/state. Reading the epoch topics is :mod:`tghost.agent.window`'s, applying each message the
-ledger's, calls by tool name :mod:`tghost.agent.calls`'s. Never imports serve or discover, and never
-lets a bad message on the topic raise or replace a live tool.
+ledger's, calls by tool name :mod:`tghost.agent.calls`'s. Never lets a bad message on the topic
+raise or replace a live tool.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ import pulsar.exceptions
 from tghost.agent.calls import (
     GROUPS_EXCEED_ALLOWED,
     NOT_AVAILABLE,
-    OK,
     UNKNOWN_TOOL,
     ToolCallListener,
     ToolCallRecord,
@@ -61,7 +60,6 @@ __all__ = [
     "MAX_ANNOUNCEMENT_BYTES",
     "MAX_DEPTH",
     "NOT_AVAILABLE",
-    "OK",
     "STALE",
     "UNKNOWN_TOOL",
     "Change",

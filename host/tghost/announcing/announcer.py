@@ -1,4 +1,4 @@
-"""announce: publish what this host serves (and the external tool services its config declares,
+"""announcer: publish what this host serves (and the external tool services its config declares,
 marked ``"external": true``) on the announcement topics: everything on start, on
 every new epoch's topic and after a reconnect; a heartbeat with the manifest every lease/3;
 withdrawals before shutdown (docs/protocol.md §4.4). With a signing key every value is signed

@@ -1,4 +1,4 @@
-"""check: the one argument policy of both authoring styles (``@tghost.tool`` and ``ToolService``).
+"""arguments: the one argument policy of both authoring styles (``@tghost.tool`` and ``ToolService``).
 
 Every service has one JSON Schema for its arguments (its ``input_schema``, the signature's, or
 one derived from its seed 000 ``arguments``). Before ``invoke`` the host, in this order:

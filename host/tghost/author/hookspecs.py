@@ -3,7 +3,6 @@
 A registration hook receives a ``register`` callable rather than returning a list, so the
 host knows which plugin registered what and isolates each plugin's failures (as llm does).
 Every hook is called with keyword arguments only; an implementation may accept fewer.
-Never imports the host's stages.
 """
 
 from __future__ import annotations

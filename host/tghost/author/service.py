@@ -1,7 +1,7 @@
-"""author: what a plugin writes. A ``ToolService`` subclass (seed 000's DynamicToolService)
+"""service: what a plugin writes. A ``ToolService`` subclass (seed 000's DynamicToolService)
 or a typed function under ``@tghost.tool`` (as FastMCP and llm derive tools from signatures).
 
-Never touches Pulsar: serving is ``serve``'s job; this module only describes and invokes.
+This module only describes and invokes; serving is :mod:`tghost.serving`'s job.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from tghost.protocol.trust import KeyFileError, Signer
 from tghost.pulsar import hop
 from tghost.pulsar.clients import BrokerError, PulsarSettings
 from tghost.pulsar.embedded import default_data_dir, ensure_broker
-from tghost.serving.executors import ISOLATIONS, PROCESS, THREAD, WorkerLimits
+from tghost.serving.executors.base import ISOLATIONS, PROCESS, THREAD, WorkerLimits
 from tghost.serving.settings import ServeSettings
 from tghost.system.paths import app_dir
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -78,17 +79,24 @@ def _check(catalog: Catalog, tool: ToolDescriptor) -> str | None:
     return None
 
 
+def _tables(report: PluginReport, path: Path, key: str, tables: Any) -> Iterator[tuple[str, str, dict[str, Any]]]:
+    """Each ``[<key>.<name>]`` table of the file as (name, where it is, table); one that is not a
+    table, or a ``key`` that is not a table of tables, is reported and skipped."""
+    if not isinstance(tables, dict):
+        report.fail(f"{path}: {key!r} must be a table of [{key}.<name>] tables")
+        return
+    for name, entry in tables.items():
+        origin = f"{path}: [{key}.{name}]"
+        if isinstance(entry, dict):
+            yield name, origin, entry
+        else:
+            report.fail(f"{origin}: must be a table")
+
+
 def _load_external(catalog: Catalog, report: PluginReport, path: Path, tables: Any) -> None:
     """Add each ``[external-services.<id>]`` table (a seed 000 tool-service descriptor) to
     ``catalog.external``; a bad one, or one whose id is served here, is reported and skipped."""
-    if not isinstance(tables, dict):
-        report.fail(f"{path}: 'external-services' must be a table of [external-services.<id>] tables")
-        return
-    for sid, entry in tables.items():
-        origin = f"{path}: [external-services.{sid}]"
-        if not isinstance(entry, dict):
-            report.fail(f"{origin}: must be a table")
-            continue
+    for sid, origin, entry in _tables(report, path, "external-services", tables):
         try:
             descriptor = ToolServiceDescriptor.model_validate({**entry, "id": sid})
         except ValidationError as exc:
@@ -136,15 +144,7 @@ def load_config_tools(catalog: Catalog, path: Path, document: dict[str, Any] | N
         report.fail(str(exc))
         return report
     _load_external(catalog, report, path, document.get("external-services", {}))
-    tables = document.get("tools", {})
-    if not isinstance(tables, dict):
-        report.fail(f"{path}: 'tools' must be a table of [tools.<name>] tables")
-        return report
-    for name, entry in tables.items():
-        origin = f"{path}: [tools.{name}]"
-        if not isinstance(entry, dict):
-            report.fail(f"{origin}: must be a table")
-            continue
+    for name, origin, entry in _tables(report, path, "tools", document.get("tools", {})):
         try:
             tool = ToolDescriptor.model_validate(_tool_fields(catalog, name, entry))
         except ValidationError as exc:

@@ -13,11 +13,12 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tghost.serving.executors import WorkerStats
+    from tghost.serving.executors.base import WorkerStats
 
-__all__ = ["DEGRADED", "OK", "STARTING", "ErrorCapture", "Health"]
+__all__ = ["DEGRADED", "HEALTHY", "STARTING", "ErrorCapture", "Health"]
 
-OK = "ok"
+#: ``/health`` statuses: ``ok`` (connected, no problem), ``degraded``, ``starting``.
+HEALTHY = "ok"
 DEGRADED = "degraded"
 STARTING = "starting"
 
@@ -46,7 +47,7 @@ class ErrorCapture(logging.Handler):
 class Health:
     """The health of one host. ``connected`` is asked at each :meth:`snapshot` (``None``: not yet
     known); ``services`` lists the service ids served, ``workers`` their executors' stats by
-    service id (:class:`tghost.serving.executors.WorkerStats`). Records at ERROR and above are captured
+    service id (:class:`tghost.serving.executors.base.WorkerStats`). Records at ERROR and above are captured
     from ``loggers`` (the host's own, and the Pulsar client's, which says why it cannot connect)
     between :meth:`attach` and :meth:`detach`.
     """
@@ -89,7 +90,7 @@ class Health:
         problems = [f"service {sid!r}: {problem}" for sid, stats in workers.items()
                     if (problem := stats.problem()) is not None]
         return {
-            "status": STARTING if connected is None else OK if connected and not problems else DEGRADED,
+            "status": STARTING if connected is None else HEALTHY if connected and not problems else DEGRADED,
             "connected": connected,
             "services": list(self.services()),
             "workers": {sid: stats.to_json() for sid, stats in workers.items()},

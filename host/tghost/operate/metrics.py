@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, make_wsgi_a
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from tghost.operate.health import OK, Health
+from tghost.operate.health import HEALTHY, Health
 from tghost.protocol import wire
 from tghost.serving.request import UNANSWERABLE, CallRecord
 
@@ -230,7 +230,7 @@ class MetricsServer:
         if path == "/health":
             snapshot = self.health.snapshot()
             body = json.dumps(snapshot).encode()
-            status = "200 OK" if snapshot["status"] == OK else "503 Service Unavailable"
+            status = "200 OK" if snapshot["status"] == HEALTHY else "503 Service Unavailable"
             start_response(status, [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
             return [body]
         if path in ("/", "/metrics"):

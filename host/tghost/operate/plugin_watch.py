@@ -1,4 +1,4 @@
-"""watch: live plugin install for ``tghost run --watch-plugins``. Polls the ``tghost.plugins``
+"""plugin_watch: live plugin install for ``tghost run --watch-plugins``. Polls the ``tghost.plugins``
 entry points; serves and announces a new plugin, withdraws and stops an uninstalled one.
 Never re-imports a module, and never overwrites a name another plugin already serves.
 

@@ -1,4 +1,4 @@
-"""host: one ``tghost run``. Connect, serve a discovered catalog, announce it, wait for a
+"""run: one ``tghost run``. Connect, serve a discovered catalog, announce it, wait for a
 signal, then withdraw, stop taking requests, drain in-flight calls and close.
 Never parses the command line.
 """

@@ -1,7 +1,7 @@
-"""describe: the two descriptor tiers of seed 000 (tool service, tool) plus seed 001's group/state.
+"""descriptors: the two descriptor tiers of seed 000 (tool service, tool) plus seed 001's group/state.
 
 Pure data: JSON keys are exactly the seed's (``request-queue``, ``config-params`` ...).
-Never imports Pulsar, pluggy or the serving code.
+No I/O.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ import binascii
 import hashlib
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -181,11 +181,22 @@ def write_key_pair(prefix: Path, force: bool = False) -> KeyPairPaths:
     return KeyPairPaths(private_path, public_path, key_id(private_key.public_key()))
 
 
-def _read(path: Path, what: str) -> bytes:
+def _load(path: Path, what: str, form: str, suffix: str, parse: Callable[[bytes], Any]) -> Any:
+    """``parse`` of the bytes of the key file ``path`` (the ``what``, a file in ``form`` that
+    'tghost keygen' writes with ``suffix``).
+
+    Raises:
+        KeyFileError: the file is unreadable or does not parse.
+    """
     try:
-        return Path(path).read_bytes()
+        data = Path(path).read_bytes()
     except OSError as exc:
         raise KeyFileError(f"cannot read the {what} {path}: {exc.strerror or exc}; {_KEYGEN_HINT}") from None
+    try:
+        return parse(data)
+    except (ValueError, TypeError) as exc:
+        raise KeyFileError(f"{path} is not {form} ({exc}); pass the {suffix} file that 'tghost keygen' wrote, "
+                           f"or {_KEYGEN_HINT}") from None
 
 
 def load_private_key(path: Path) -> Ed25519PrivateKey:
@@ -194,12 +205,8 @@ def load_private_key(path: Path) -> Ed25519PrivateKey:
     Raises:
         KeyFileError: the file is missing, unreadable, not PEM, encrypted, or not Ed25519.
     """
-    data = _read(path, "signing key")
-    try:
-        key = serialization.load_pem_private_key(data, password=None)
-    except (ValueError, TypeError) as exc:
-        raise KeyFileError(f"{path} is not an unencrypted PEM private key ({exc}); pass the '.key' file "
-                           f"that 'tghost keygen' wrote, or {_KEYGEN_HINT}") from None
+    key = _load(path, "signing key", "an unencrypted PEM private key", "'.key'",
+                lambda data: serialization.load_pem_private_key(data, password=None))
     if not isinstance(key, Ed25519PrivateKey):
         raise KeyFileError(f"{path} holds a {type(key).__name__}, not an Ed25519 private key; {_KEYGEN_HINT}")
     return key
@@ -211,12 +218,7 @@ def load_public_key(path: Path) -> Ed25519PublicKey:
     Raises:
         KeyFileError: the file is missing, unreadable, not PEM, or not Ed25519.
     """
-    data = _read(path, "trusted key")
-    try:
-        key = serialization.load_pem_public_key(data)
-    except (ValueError, TypeError) as exc:
-        raise KeyFileError(f"{path} is not a PEM public key ({exc}); pass the '.pub' file that "
-                           f"'tghost keygen' wrote") from None
+    key = _load(path, "trusted key", "a PEM public key", "'.pub'", serialization.load_pem_public_key)
     if not isinstance(key, Ed25519PublicKey):
         raise KeyFileError(f"{path} holds a {type(key).__name__}, not an Ed25519 public key; {_KEYGEN_HINT}")
     return key

@@ -16,6 +16,7 @@ __all__ = [
     "MAX_MESSAGE",
     "MISSING_CONFIG",
     "NOT_ALLOWED",
+    "OK",
     "OVERLOADED",
     "REDELIVERY_LIMIT",
     "TIMEOUT",
@@ -44,6 +45,9 @@ NOT_ALLOWED = "not-allowed"
 UNAVAILABLE = "unavailable"
 #: A request on a persistent topic delivered more often than the host's redelivery limit.
 REDELIVERY_LIMIT = "redelivery-limit"
+#: The status of a call answered without error, on both sides' call records (any other
+#: status is an error type).
+OK = "ok"
 
 #: TrustGraph's DynamicToolService uses this user when the request names none.
 DEFAULT_USER = "trustgraph"

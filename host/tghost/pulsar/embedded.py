@@ -102,8 +102,25 @@ _LOCK = "broker.lock"
 _START_LOCK = "start.lock"
 
 
+class _Place:
+    """Where an embedded broker lives: ``port`` on loopback, and ``data_dir``."""
+
+    port: int
+    data_dir: Path
+
+    @property
+    def url(self) -> str:
+        """The broker's service URL, ``pulsar://127.0.0.1:<port>``."""
+        return f"pulsar://127.0.0.1:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        """The broker's log file (older ones: ``broker.log.1``, ``broker.log.2``)."""
+        return self.data_dir / "broker.log"
+
+
 @dataclasses.dataclass(frozen=True)
-class BrokerStatus:
+class BrokerStatus(_Place):
     """What is known about the embedded broker on ``port`` with ``data_dir``."""
 
     port: int
@@ -116,14 +133,6 @@ class BrokerStatus:
     """The running broker's record (``None`` when not running, or run in-process)."""
     started: bool = False
     """Whether the call that returned this status started the broker."""
-
-    @property
-    def url(self) -> str:
-        return f"pulsar://127.0.0.1:{self.port}"
-
-    @property
-    def log_path(self) -> Path:
-        return self.data_dir / "broker.log"
 
     def stop_command(self) -> str:
         """The ``tghost broker stop`` command line that stops this broker."""
@@ -320,7 +329,7 @@ def _binary() -> str:
     return shutil.which(found) or found
 
 
-class EmbeddedBroker:
+class EmbeddedBroker(_Place):
     """A pulsar-lite process on ``127.0.0.1:port`` with its data in ``data_dir``, a child of this
     process (the test fixture's, and ``tghost broker``'s in the foreground).
 
@@ -348,16 +357,6 @@ class EmbeddedBroker:
         self.process: subprocess.Popen[bytes] | None = None
         self._lock: _DataDirLock | None = None
         self._pump: _LogPump | None = None
-
-    @property
-    def url(self) -> str:
-        """The broker's service URL, ``pulsar://127.0.0.1:<port>``."""
-        return f"pulsar://127.0.0.1:{self.port}"
-
-    @property
-    def log_path(self) -> Path:
-        """The broker's log file (older ones: ``broker.log.1``, ``broker.log.2``)."""
-        return self.data_dir / "broker.log"
 
     @property
     def config_path(self) -> Path:

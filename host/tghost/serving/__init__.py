@@ -2,5 +2,5 @@
 one request state machine driven by the event loop and by the thread lane, and the executors
 that run ``invoke`` in worker threads or worker processes.
 
-Never imports the agent side.
+What each stage may import is written as import-linter contracts in pyproject.toml.
 """

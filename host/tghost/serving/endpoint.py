@@ -11,7 +11,7 @@ and the request is acknowledged as it is sent. A persistent topic is read with `
 instead, one request per free slot, and a request there is acknowledged only once the broker
 has its reply.
 
-Never imports the agent side, and never lets one service's faults stop another from answering.
+Never lets one service's faults stop another from answering.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from tghost.protocol.descriptors import ToolServiceDescriptor
 from tghost.pulsar import hop
 from tghost.serving import executors, handoff
 from tghost.serving.deadlines import Deadlines
+from tghost.serving.executors.base import Call
 from tghost.serving.executors.thread import ThreadExecutor
 from tghost.serving.lane import ThreadLane
 from tghost.serving.request import (
@@ -67,7 +68,7 @@ RECEIVER_QUEUE = 10_000
 class ServiceEndpoint:
     """Serves one tool service: receive, bound, check, invoke, reply, then acknowledge.
 
-    ``invoke`` runs in this service's own :class:`tghost.serving.executors.Executor` (worker
+    ``invoke`` runs in this service's own :class:`tghost.serving.executors.base.Executor` (worker
     threads or worker processes, ``max_concurrency`` at most), so a plugin that never returns
     starves only its own service. At the timeout the caller is answered ``timeout`` at once and
     the slot is freed; the executor stops the call if it can (a worker process is killed).
@@ -275,7 +276,7 @@ class ServiceEndpoint:
         except Exception as exc:
             await self._refuse(request, *failure(exc, self.descriptor.id))
 
-    async def _invoke(self, request: Request, call: executors.Call) -> None:
+    async def _invoke(self, request: Request, call: Call) -> None:
         """Run the call and send its reply: one response, or for a generator one per chunk
         (:meth:`tghost.serving.request.Request.chunk`) then an empty last one."""
         result = await self.executor.run(call)

@@ -10,7 +10,7 @@ a subscription of its own, and the draining consumer reports each request it sti
 A Shared subscription dispatches the topic's messages in order, so a request that the lookout
 saw *before* one the draining consumer received, and that never reached the draining consumer,
 went to another consumer: another host is there (:meth:`PeerLookout.mine`). Then the draining
-host closes its request consumer (:mod:`tghost.serving.server`).
+host closes its request consumer (:mod:`tghost.serving.endpoint`).
 
 Never answers requests and never knows about services.
 """

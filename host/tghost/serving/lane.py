@@ -20,7 +20,7 @@ so its semantics and reply texts are the loop path's:
 - ``unavailable`` for calls that did not start when the service stops (:meth:`ThreadLane.stop`)
   and for those still running when its grace ends (:meth:`ThreadLane.cut_off`).
 
-Never imports the endpoint: it owns its state, and reaches Pulsar only through its port.
+It owns its state, and reaches Pulsar only through its port.
 """
 
 from __future__ import annotations

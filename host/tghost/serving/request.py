@@ -13,7 +13,7 @@ and the texts of refusals), the reply an exception comes to (:func:`failure`), o
 :class:`Request` in flight (exactly one last reply; a stream's window of unconfirmed chunks),
 and the :class:`Port` to Pulsar (send, acknowledge, settle).
 
-Never imports the agent side, and never runs plugin code itself: the executors do.
+Never runs plugin code itself: the executors do.
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ from tghost.serving.executors.base import Call
 
 __all__ = [
     "NOT_STARTED",
-    "OK",
     "RETURNED",
     "UNANSWERABLE",
     "CallListener",
@@ -53,8 +52,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: ``CallRecord.status`` of a call answered without error; any other status is the wire error type.
-OK = "ok"
 #: ``CallRecord.status`` of a request without an ``id`` property: acknowledged, never answered.
 UNANSWERABLE = "unanswerable"
 #: ``CallRecord.status`` of a persistent request cut off by shutdown: left unacknowledged and
@@ -68,7 +65,7 @@ NOT_STARTED = "not started"
 class CallRecord:
     """What one request came to, handed to every :data:`CallListener` once it is settled.
 
-    ``status`` is :data:`OK`, :data:`UNANSWERABLE`, :data:`RETURNED` or the wire error type of
+    ``status`` is :data:`tghost.protocol.wire.OK`, :data:`UNANSWERABLE`, :data:`RETURNED` or the wire error type of
     the reply (``timeout``, ``overloaded``, ``not-allowed``, ...). ``duration`` is seconds from
     receipt to acknowledgement. ``user`` and ``arguments`` (the decoded arguments object) are
     ``None`` when the envelope was not decoded.
@@ -77,7 +74,7 @@ class CallRecord:
     service: str
     request_id: str | None
     user: str | None = None
-    status: str = OK
+    status: str = wire.OK
     duration: float = 0.0
     arguments: dict[str, Any] | None = None
 

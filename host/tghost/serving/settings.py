@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tghost.serving import executors
+from tghost.serving.executors.base import THREAD, WorkerLimits
 
 __all__ = ["ServeSettings"]
 
@@ -24,9 +24,9 @@ class ServeSettings:
       ``<request topic>-<subscription>-DLQ``.
     - ``stall_threshold``: the stall detector warns when the event loop is blocked longer;
       ``0`` turns it off.
-    - ``isolation``: where ``invoke`` runs unless the service says (:data:`tghost.serving.executors.ISOLATIONS`):
+    - ``isolation``: where ``invoke`` runs unless the service says (:data:`tghost.serving.executors.base.ISOLATIONS`):
       ``thread`` (the host's worker threads) or ``process`` (worker processes).
-    - ``worker_limits``: when worker processes are recycled (:class:`tghost.serving.executors.WorkerLimits`).
+    - ``worker_limits``: when worker processes are recycled (:class:`tghost.serving.executors.base.WorkerLimits`).
     """
 
     timeout: float = 30.0
@@ -36,5 +36,5 @@ class ServeSettings:
     max_payload: int = 1024 * 1024
     max_redeliveries: int = 3
     stall_threshold: float = 0.5
-    isolation: str = executors.THREAD
-    worker_limits: executors.WorkerLimits = field(default_factory=executors.WorkerLimits)
+    isolation: str = THREAD
+    worker_limits: WorkerLimits = field(default_factory=WorkerLimits)

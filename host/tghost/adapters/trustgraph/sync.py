@@ -13,7 +13,7 @@ import contextlib
 import json
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Literal
 
 import pulsar.asyncio
@@ -136,6 +136,7 @@ def _problem(key: ItemKey, value: dict[str, Any], desired: Mapping[ItemKey, dict
     return None
 
 
+@dataclass(eq=False)
 class TrustGraphSync:
     """Keeps ``workspace``'s tool items in TrustGraph's config service in step with ``directory``.
 
@@ -153,36 +154,23 @@ class TrustGraphSync:
     ``max_backoff`` seconds. ``on_change`` gets every :class:`ItemChange` a pass makes.
     """
 
-    def __init__(
-        self,
-        directory: ToolDirectory,
-        config: ConfigServiceClient,
-        workspace: str = "default",
-        owner: str = "tghost",
-        *,
-        groups: Sequence[str] | None = None,
-        state: str | None = None,
-        resync_interval: float = 60.0,
-        settle: float = 0.2,
-        max_backoff: float = 15.0,
-        on_change: Callable[[ItemChange], None] | None = None,
-    ) -> None:
-        self.directory = directory
-        self.config = config
-        self.workspace = workspace
-        self.owner = owner
-        self.groups = groups
-        self.state = state
-        self.resync_interval = resync_interval
-        self.settle = settle
-        self.max_backoff = max_backoff
-        self.on_change = on_change
-        self.passes = 0
-        """Passes that completed."""
-        self._gone: dict[str, str] = {}
-        self._skipped: set[ItemChange] = set()
-        self._workspace_checked = False
-        self._wake = asyncio.Event()
+    directory: ToolDirectory
+    config: ConfigServiceClient
+    workspace: str = "default"
+    owner: str = "tghost"
+    _: KW_ONLY
+    groups: Sequence[str] | None = None
+    state: str | None = None
+    resync_interval: float = 60.0
+    settle: float = 0.2
+    max_backoff: float = 15.0
+    on_change: Callable[[ItemChange], None] | None = None
+    passes: int = field(default=0, init=False)
+    """Passes that completed."""
+    _gone: dict[str, str] = field(default_factory=dict, init=False, repr=False)
+    _skipped: set[ItemChange] = field(default_factory=set, init=False, repr=False)
+    _workspace_checked: bool = field(default=False, init=False, repr=False)
+    _wake: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)
 
     async def read(self) -> dict[ItemKey, str | None]:
         """Every ``tool-service`` and ``tool`` item of the workspace, item -> value string.

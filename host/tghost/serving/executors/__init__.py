@@ -1,4 +1,4 @@
-"""executors: how a service's ``invoke`` runs, behind one small interface (:class:`Executor`), as
+"""executors: how a service's ``invoke`` runs, behind one small interface (:class:`.base.Executor`), as
 Celery's pools are: in the host's worker threads (:mod:`.thread`) or in worker processes
 (:mod:`.process`, whose child runs :mod:`.child`).
 
@@ -10,42 +10,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tghost.serving.executors.base import (
-    CRASH,
-    ISOLATIONS,
-    MEMORY,
-    PROCESS,
-    RECYCLED,
-    RESTART_REASONS,
-    THREAD,
-    TIMEOUT,
-    Call,
-    Executor,
-    Outcome,
-    WorkerLimits,
-    WorkerStats,
-)
+from tghost.serving.executors.base import ISOLATIONS, PROCESS, THREAD, Executor, WorkerLimits
 
 if TYPE_CHECKING:
     from tghost.author.service import ToolService
     from tghost.protocol.descriptors import ToolServiceDescriptor
 
-__all__ = [
-    "CRASH",
-    "ISOLATIONS",
-    "MEMORY",
-    "PROCESS",
-    "RECYCLED",
-    "RESTART_REASONS",
-    "THREAD",
-    "TIMEOUT",
-    "Call",
-    "Executor",
-    "Outcome",
-    "WorkerLimits",
-    "WorkerStats",
-    "create",
-]
+__all__ = ["create"]
 
 
 def create(service: ToolService, descriptor: ToolServiceDescriptor, max_workers: int, isolation: str,

@@ -96,7 +96,7 @@ class WorkerStats:
 class Executor(abc.ABC):
     """Runs one service's calls, at most ``max_workers`` at once (the service's max concurrency).
 
-    A call is cancelled when its caller stops waiting (``serve``'s timeout, or the end of the
+    A call is cancelled when its caller stops waiting (the call's timeout, or the end of the
     shutdown grace); an executor frees the slot at once and stops the plugin code if it can.
     """
 

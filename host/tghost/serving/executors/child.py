@@ -1,7 +1,7 @@
 """child: the main loop of one worker process (process isolation). It loads its
 service (importing the plugin by entry point), then runs one call at a time from its pipe.
 
-Runs in the child only. Never imports Pulsar, and never outlives the host (Linux: the
+Runs in the child only, and never outlives the host (Linux: the
 parent-death signal; elsewhere: the end of its pipe).
 """
 

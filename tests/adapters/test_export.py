@@ -1,0 +1,160 @@
+"""export: ``tghost export`` from a live host over the embedded broker, and the schema builder."""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+from tests.cli.test_cli import tghost
+from tests.conftest import HostProcess, PluginDir
+from tghost import ToolDescriptor, ToolServiceDescriptor
+from tghost.adapters.export import input_schema, mcp_tool, trustgraph_tool
+from tghost.pulsar.embedded import EmbeddedBroker
+
+#: A class-based service described by a seed 000 ``arguments`` list only (no JSON Schema), and
+#: a decorated one whose schema comes from its signature.
+WEATHER = """
+import tghost
+from tghost import Argument, ToolService
+
+class Weather(tghost.ToolService):
+    id = "weather"
+    description = "Weather by city."
+    config_params = ["units"]
+    arguments = [Argument(name="city", type="string", description="The city."),
+                 Argument(name="days", type="integer", description="Days ahead.")]
+
+    def invoke(self, user, config, arguments):
+        return f"{arguments['city']} in {arguments['days']} days: sunny, 20 degrees {config['units']}"
+
+@tghost.tool
+def greet(name: str) -> str:
+    '''Greet someone by name.
+
+    Args:
+        name: Who to greet.
+    '''
+    return f"hello {name}"
+
+@tghost.hookimpl
+def tghost_register_services(register):
+    register(Weather())
+    register(greet)
+
+@tghost.hookimpl
+def tghost_register_tools(register):
+    register(Weather().tool("forecast", "Forecast the weather in a city.", units="celsius", group=["outdoor"],
+                            state="forecasted", available_in_states=["undefined", "planning"]))
+"""
+
+
+@pytest.fixture
+def env(pulsar_broker: EmbeddedBroker, plugin_dir: PluginDir, tmp_path: Path) -> dict[str, str]:
+    """The WEATHER plugin installed, this broker, a fresh descriptors topic, a private config dir."""
+    plugin_dir.add("weather", WEATHER)
+    return plugin_dir.user_env(pulsar_broker.url, tmp_path / "config", "export")
+
+
+@pytest.fixture
+def live(env: dict[str, str], host_process: Callable[..., HostProcess]) -> Iterator[dict[str, str]]:
+    """A running host serving WEATHER; stopped with Ctrl-C (and checked to exit 0) at the end."""
+    host = host_process(env=env)
+    host.wait_for("announced")
+    yield env
+    host.process.send_signal(signal.SIGINT)
+    assert host.finish() == 0
+
+
+def export(env: dict[str, str], *args: str) -> Any:
+    result = tghost("export", *args, env=env)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_trustgraph_export_round_trips_through_the_descriptor_models(live: dict[str, str]) -> None:
+    config = export(live, "--format", "trustgraph")
+    assert set(config) == {"tool-service", "tool"}
+    assert set(config["tool"]) == {"forecast", "greet"}
+    assert set(config["tool-service"]) == {"weather", "greet"}
+    for name, value in config["tool"].items():
+        assert value["type"] == "tool-service"  # seed 000: required
+        assert "available_in_states" not in value and None not in value.values()
+        tool = ToolDescriptor.model_validate(value)  # reads TrustGraph's "applicable-states" back
+        assert tool.name == name and trustgraph_tool(tool) == value
+        assert tool.service in config["tool-service"]
+    for service_id, value in config["tool-service"].items():
+        service = ToolServiceDescriptor.model_validate(value)
+        assert service.id == service_id and service.to_json_dict() == value
+    forecast = config["tool"]["forecast"]
+    assert forecast["service"] == "weather"
+    assert forecast["units"] == "celsius" and forecast["group"] == ["outdoor"]  # config value at the top level
+    # seed 001 as TrustGraph's agent names it (trustgraph-flow agent/tool_filter.py)
+    assert forecast["state"] == "forecasted" and forecast["applicable-states"] == ["undefined", "planning"]
+    assert "state" not in config["tool"]["greet"] and "applicable-states" not in config["tool"]["greet"]
+    assert config["tool-service"]["weather"]["request-queue"] == "non-persistent://tg/request/weather"
+    assert config["tool-service"]["weather"]["config-params"] == [{"name": "units", "required": False}]
+
+
+def test_trustgraph_export_with_a_group_holds_only_that_groups_tools_and_their_services(
+        live: dict[str, str]) -> None:
+    config = export(live, "--format", "trustgraph", "--group", "outdoor")
+    assert set(config["tool"]) == {"forecast"} and set(config["tool-service"]) == {"weather"}
+
+
+def test_openai_export_gives_the_schema_the_host_checks_for_an_arguments_list_or_a_signature(
+        live: dict[str, str]) -> None:
+    definitions = {d["function"]["name"]: d for d in export(live, "--format", "openai")}
+    assert set(definitions) == {"forecast", "greet"}
+    assert all(d["type"] == "function" for d in definitions.values())
+    forecast = definitions["forecast"]["function"]
+    assert forecast["description"] == "Forecast the weather in a city."
+    assert forecast["parameters"] == {
+        "type": "object", "required": ["city", "days"], "additionalProperties": False,
+        "properties": {"city": {"type": "string", "description": "The city."},
+                       "days": {"type": "integer", "description": "Days ahead."}}}
+    greet = definitions["greet"]["function"]["parameters"]
+    assert greet["required"] == ["name"] and greet["properties"]["name"]["type"] == "string"
+    jsonschema.validate({"name": "Ada"}, greet)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({}, greet)
+    with pytest.raises(jsonschema.ValidationError):  # unknown arguments are refused, as the host refuses them
+        jsonschema.validate({"name": "Ada", "mood": "sunny"}, greet)
+
+
+def test_mcp_export_lists_tool_objects_filtered_by_group(live: dict[str, str]) -> None:
+    tools = export(live, "--format", "mcp", "--group", "default")
+    assert [t["name"] for t in tools] == ["greet"]
+    (greet,) = tools
+    assert greet["description"].startswith("Greet someone by name.")
+    assert greet["inputSchema"]["properties"]["name"]["description"] == "Who to greet."
+    assert greet["annotations"] == {"title": "Greet"}
+
+
+def test_export_needs_a_format_and_a_broker() -> None:
+    assert tghost("export").returncode == 2
+    result = tghost("export", "--format", "mcp", "--pulsar-url", "pulsar://127.0.0.1:1")
+    assert result.returncode == 1 and "no Pulsar broker answers" in result.stderr
+
+
+def test_input_schema_prefers_the_tools_own_schema() -> None:
+    own = {"type": "object", "properties": {"q": {"type": "string", "minLength": 1}}, "required": ["q"]}
+    tool = ToolDescriptor.model_validate({"name": "ask", "description": "Ask.", "service": "kb",
+                                          "arguments": [{"name": "other", "type": "number"}], "input-schema": own})
+    assert input_schema(tool) == own
+
+
+def test_input_schema_from_arguments_requires_each_and_skips_empty_descriptions() -> None:
+    tool = ToolDescriptor.model_validate({"name": "add_up", "description": "Add.", "service": "calc",
+                                          "arguments": [{"name": "a", "type": "number"},
+                                                        {"name": "b", "type": "number", "description": "B."}]})
+    schema = input_schema(tool)
+    assert schema == {"type": "object", "required": ["a", "b"],
+                      "properties": {"a": {"type": "number"}, "b": {"type": "number", "description": "B."}}}
+    jsonschema.Draft202012Validator.check_schema(schema)
+    assert mcp_tool(tool)["annotations"] == {"title": "Add up"}

@@ -1,0 +1,194 @@
+"""bridge: ``tghost mcp`` as an MCP client sees it, with the SDK's own client, over a live host
+and the embedded broker."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from mcp import ClientSession, StdioServerParameters, types
+from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.memory import create_client_server_memory_streams
+
+from tests.cli.test_cli import ECHO, SHOUT, tghost
+from tests.conftest import HostProcess, PluginDir
+from tghost.adapters.mcp import Bridge
+from tghost.agent.directory import ToolDirectory
+from tghost.pulsar.clients import PulsarSettings, free_port
+from tghost.pulsar.embedded import EmbeddedBroker
+
+
+@pytest.fixture
+def env(pulsar_broker: EmbeddedBroker, plugin_dir: PluginDir, tmp_path: Path) -> dict[str, str]:
+    """The ECHO plugin installed, this broker, a fresh descriptors topic, a private config dir."""
+    plugin_dir.add("echo", ECHO)
+    return plugin_dir.user_env(pulsar_broker.url, tmp_path / "config", "mcp")
+
+
+class Notifications:
+    """Collects the server's ``notifications/tools/list_changed`` for a ClientSession."""
+
+    def __init__(self) -> None:
+        self.list_changed = asyncio.Event()
+
+    async def __call__(self, message: Any) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            self.list_changed.set()
+
+
+@asynccontextmanager
+async def mcp_client(env: dict[str, str], *args: str,
+                     notifications: Notifications | None = None) -> AsyncIterator[ClientSession]:
+    """``tghost mcp ARGS`` as a stdio MCP server, and an initialized SDK client session on it."""
+    params = StdioServerParameters(command=sys.executable, args=["-m", "tghost", "mcp", *args], env=env)
+    async with stdio_client(params) as (read, write), \
+            ClientSession(read, write, message_handler=notifications) as session:
+        await session.initialize()
+        yield session
+
+
+def text(result: types.CallToolResult) -> str:
+    (content,) = result.content
+    assert isinstance(content, types.TextContent)
+    return content.text
+
+
+async def test_lists_the_default_groups_tools_with_their_schemas(
+        env: dict[str, str], host_process: Callable[..., HostProcess]) -> None:
+    host = host_process(env=env)
+    host.wait_for("announced")
+    async with mcp_client(env) as session:
+        tools = {tool.name: tool for tool in (await session.list_tools()).tools}
+        capabilities = session.initialize_result.capabilities if session.initialize_result else None
+    assert capabilities is not None and capabilities.tools is not None and capabilities.tools.list_changed
+    assert set(tools) == {"echo", "unhurried", "failing"}  # ask-staff is in group hr only
+    echo = tools["echo"]
+    assert echo.description == "Echo the text back."
+    assert echo.input_schema["required"] == ["text"]
+    assert echo.input_schema["properties"]["text"]["type"] == "string"
+    assert echo.annotations is not None and echo.annotations.title == "Echo"
+    host.process.send_signal(signal.SIGINT)
+    assert host.finish() == 0
+
+
+async def test_calls_a_tool_over_pulsar_and_errors_come_back_as_is_error(
+        env: dict[str, str], host_process: Callable[..., HostProcess]) -> None:
+    host = host_process(env=env)
+    host.wait_for("announced")
+    async with mcp_client(env, "--group", "hr", "--group", "default") as session:
+        echoed = await session.call_tool("echo", {"text": "hello over MCP"})
+        asked = await session.call_tool("ask-staff", {"question": "holidays?"})
+        failed = await session.call_tool("failing", {})
+        invalid = await session.call_tool("echo", {})
+        unknown = await session.call_tool("no-such-tool", {})
+    assert (echoed.is_error, text(echoed)) == (False, "hello over MCP")
+    assert (asked.is_error, text(asked)) == (False, "staff says: holidays?")  # the tool's config merged in
+    assert failed.is_error and text(failed) == "tool-service-error: RuntimeError: out of coffee"
+    assert invalid.is_error and text(invalid).startswith("invalid-arguments:")
+    assert unknown.is_error and text(unknown).startswith("unknown-tool:")
+    host.process.send_signal(signal.SIGINT)
+    assert host.finish() == 0
+
+
+async def test_a_tool_outside_the_bridges_groups_is_refused(
+        env: dict[str, str], host_process: Callable[..., HostProcess]) -> None:
+    host = host_process(env=env)
+    host.wait_for("announced")
+    async with mcp_client(env) as session:
+        refused = await session.call_tool("ask-staff", {"question": "holidays?"})
+    assert refused.is_error and text(refused).startswith("not-allowed: tool 'ask-staff' is in groups ['hr']")
+    host.process.send_signal(signal.SIGINT)
+    assert host.finish() == 0
+
+
+async def test_a_second_host_with_a_new_plugin_sends_list_changed_and_the_new_tool(
+        env: dict[str, str], plugin_dir: PluginDir, host_process: Callable[..., HostProcess]) -> None:
+    first = host_process("--host-id", "first", env=env)
+    first.wait_for("announced")
+    notifications = Notifications()
+    async with mcp_client(env, notifications=notifications) as session:
+        before = {tool.name for tool in (await session.list_tools()).tools}
+        assert "shout" not in before and not notifications.list_changed.is_set()
+        plugin_dir.add("shout", SHOUT)  # "pip install" a plugin, then start a second host
+        second = host_process("--host-id", "second", env=env)
+        await asyncio.to_thread(second.wait_for, "announced")
+        await asyncio.wait_for(notifications.list_changed.wait(), 20)
+        after = {tool.name for tool in (await session.list_tools()).tools}
+        shouted = await session.call_tool("shout", {"text": "hey"})
+    assert after == before | {"shout"}
+    assert text(shouted) == "HEY"
+    for host in (second, first):
+        host.process.send_signal(signal.SIGINT)
+        assert host.finish() == 0
+
+
+def wait_for_port(port: int, process: subprocess.Popen[str], timeout: float = 30.0) -> None:
+    """Wait until something accepts connections on 127.0.0.1:``port``, or fail if ``process`` exits."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and process.poll() is None:
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise AssertionError(f"nothing listens on port {port} (exit code {process.poll()})")
+
+
+async def test_streamable_http_transport_lists_and_calls(
+        env: dict[str, str], host_process: Callable[..., HostProcess]) -> None:
+    host = host_process(env=env)
+    host.wait_for("announced")
+    port = free_port()
+    bridge = subprocess.Popen([sys.executable, "-m", "tghost", "mcp", "--transport", "http", "--port", str(port)],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        await asyncio.to_thread(wait_for_port, port, bridge)
+        async with streamable_http_client(f"http://127.0.0.1:{port}/mcp") as (read, write), \
+                ClientSession(read, write) as session:
+            initialized = await session.initialize()
+            tools = {tool.name for tool in (await session.list_tools()).tools}
+            echoed = await session.call_tool("echo", {"text": "over HTTP"})
+        assert initialized.capabilities.tools is not None and initialized.capabilities.tools.list_changed
+        assert tools == {"echo", "unhurried", "failing"}
+        assert (echoed.is_error, text(echoed)) == (False, "over HTTP")
+    finally:
+        bridge.send_signal(signal.SIGINT)
+        out, err = bridge.communicate(timeout=30)
+    assert bridge.returncode == 0, err
+    assert out == ""  # HTTP mode writes nothing to stdout either
+    host.process.send_signal(signal.SIGINT)
+    assert host.finish() == 0
+
+
+async def test_a_session_is_remembered_from_its_handshake_until_its_connection_closes(
+        pulsar_broker: EmbeddedBroker) -> None:
+    topic = f"persistent://tg/config/mcp-{uuid.uuid4().hex[:8]}"
+    async with ToolDirectory(PulsarSettings(pulsar_broker.url), topic) as directory, \
+            create_client_server_memory_streams() as (client_streams, (read, write)):
+        bridge = Bridge(directory, None, None)
+        async with anyio.create_task_group() as group:
+            group.start_soon(bridge.server.run, read, write, bridge.server.create_initialization_options())
+            async with ClientSession(*client_streams) as session:
+                assert bridge.sessions == set()
+                await session.initialize()
+                assert (await session.list_tools()).tools == []
+                assert len(bridge.sessions) == 1
+            group.cancel_scope.cancel()  # the connection ends
+    assert bridge.sessions == set()
+
+
+def test_mcp_without_a_broker_says_how_to_start_one() -> None:
+    result = tghost("mcp", "--pulsar-url", "pulsar://127.0.0.1:1")
+    assert result.returncode == 1 and result.stdout == ""
+    assert "no Pulsar broker answers at pulsar://127.0.0.1:1" in result.stderr

@@ -1,0 +1,498 @@
+"""cli: ``tghost`` as a user runs it, in subprocesses, against the embedded broker."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conftest import HostProcess, PluginDir
+from tests.discovery.test_discover import GREETER
+from tghost.cli import pulsar_options
+from tghost.pulsar.clients import PulsarSettings, free_port
+from tghost.pulsar.embedded import EmbeddedBroker
+from tghost.serving.settings import ServeSettings
+
+ECHO = """
+import asyncio
+import tghost
+
+@tghost.tool
+async def echo(text: str) -> str:
+    '''Echo the text back.'''
+    return text
+
+@tghost.tool
+async def unhurried(seconds: float) -> str:
+    '''Sleep for seconds, then say so.'''
+    await asyncio.sleep(seconds)
+    return f"slept {seconds}s"
+
+@tghost.tool
+def failing() -> str:
+    '''Always raises.'''
+    raise RuntimeError("out of coffee")
+
+@tghost.tool(service="kb", config=["collection"], timeout=5)
+def lookup(question: str, collection: str) -> str:
+    '''Look a question up in a collection.'''
+    return f"{collection} says: {question}"
+
+@tghost.hookimpl
+def tghost_register_services(register):
+    for service in (echo, unhurried, failing, lookup):
+        register(service)
+
+@tghost.hookimpl
+def tghost_register_tools(register):
+    register(lookup.tool("ask-staff", collection="staff", group=["hr"], state="answered"))
+"""
+
+SHOUT = """
+import tghost
+
+@tghost.tool
+async def shout(text: str) -> str:
+    '''Shout the text back.'''
+    return text.upper()
+
+@tghost.hookimpl
+def tghost_register_services(register):
+    register(shout)
+"""
+
+READY = r"\d+ service\(s\), \d+ tool\(s\) on"
+
+
+@pytest.fixture
+def env(pulsar_broker: EmbeddedBroker, plugin_dir: PluginDir, tmp_path: Path) -> dict[str, str]:
+    """A user's environment: the ECHO plugin installed, this broker, a fresh descriptors topic,
+    and a private config dir (host slots, tools.toml)."""
+    plugin_dir.add("echo", ECHO)
+    return plugin_dir.user_env(pulsar_broker.url, tmp_path / "config", "cli")
+
+
+def live_tools(env: dict[str, str], *args: str) -> dict[str, dict[str, object]]:
+    result = tghost("tools", "--json", *args, env=env)
+    assert result.returncode == 0, result.stderr
+    return {row["name"]: row for row in json.loads(result.stdout)}
+
+
+def tghost(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tghost", *args], env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_plugins_json_lists_loaded_and_failed_plugins_and_exits_1(plugin_dir: PluginDir) -> None:
+    plugin_dir.add("echo", ECHO, version="3.1")
+    plugin_dir.add("broken", "import not_a_module_anywhere\n")
+    result = tghost("plugins", "--json", env=plugin_dir.env())
+    reports = {r["name"]: r for r in json.loads(result.stdout)}
+    assert result.returncode == 1
+    assert reports["echo"]["status"] == "loaded" and reports["echo"]["version"] == "3.1"
+    assert reports["echo"]["services"] == ["echo", "unhurried", "failing", "kb"]
+    assert reports["broken"]["status"] == "failed"
+    assert "not_a_module_anywhere" in reports["broken"]["errors"][0]
+
+
+def test_plugins_human_output_says_what_failed(plugin_dir: PluginDir) -> None:
+    plugin_dir.add("broken", "import not_a_module_anywhere\n")
+    result = tghost("plugins", env=plugin_dir.env())
+    assert "broken (tghost-test-broken 1.0) failed" in result.stdout
+    assert "error: cannot load entry point 'tghost_test_broken'" in result.stdout
+
+
+def test_plugins_lists_added_plugins_with_their_kind_and_gives_the_config_file_to_their_adder(
+    plugin_dir: PluginDir, tmp_path: Path
+) -> None:
+    plugin_dir.add("greeter", GREETER)
+    config = tmp_path / "tghost.toml"
+    config.write_text('[greeter]\ngreetings = ["hi"]\n')
+    result = tghost("plugins", "--config", str(config), env=plugin_dir.env(TGHOST_LOAD_PLUGINS="greeter"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert ("greeter-hi (? ?) loaded\n  kind:        greeter (added by plugin greeter)\n"
+            "  entry point: greeting 'hi'\n  services:    greet-hi\n") in result.stdout
+    config.write_text("[greeter\n")
+    unreadable = tghost("plugins", env=plugin_dir.env(TGHOST_LOAD_PLUGINS="greeter", TGHOST_CONFIG=str(config)))
+    assert unreadable.returncode == 1
+    assert f"error: cannot read {config}: " in unreadable.stderr
+    assert "greeter-hello (? ?) loaded" in unreadable.stdout  # listed as without a config file
+
+
+def test_run_serves_plugins_and_call_prints_the_observation(
+    pulsar_broker: EmbeddedBroker, plugin_dir: PluginDir, host_process: Callable[..., HostProcess]
+) -> None:
+    plugin_dir.add("echo", ECHO)
+    env = plugin_dir.env(TGHOST_PULSAR_URL=pulsar_broker.url)
+    host = host_process(env=env)
+    assert "echo" in host.wait_for(r"serving echo on non-persistent://tg/request/echo")
+    host.wait_for(READY)
+    ok = tghost("call", "--service", "echo", "text=hello there", env=env)
+    assert (ok.returncode, ok.stdout) == (0, "hello there\n")
+    as_json = tghost("call", "--service", "echo", "--json", '{"text": "from json"}', env=env)
+    assert as_json.stdout == "from json\n"
+    failed = tghost("call", "--service", "failing", env=env)
+    assert failed.returncode == 1
+    assert "error: tool-service-error: RuntimeError: out of coffee" in failed.stderr
+    host.process.send_signal(signal.SIGINT)
+    assert host.finish() == 0
+
+
+def test_sigterm_lets_in_flight_calls_finish_then_exits_0(
+    pulsar_broker: EmbeddedBroker, plugin_dir: PluginDir, host_process: Callable[..., HostProcess]
+) -> None:
+    plugin_dir.add("echo", ECHO)
+    env = plugin_dir.env(TGHOST_PULSAR_URL=pulsar_broker.url)
+    port = free_port()
+    host = host_process("--grace", "10", "--metrics-port", str(port), env=env)
+    host.wait_for(READY)
+    result: dict[str, subprocess.CompletedProcess[str]] = {}
+    caller = threading.Thread(target=lambda: result.update(
+        call=tghost("call", "--service", "unhurried", "seconds:=1.5", env=env)))
+    caller.start()
+    wait_for_in_flight(port, "unhurried")
+    host.process.send_signal(signal.SIGTERM)
+    caller.join(30)
+    assert result["call"].returncode == 0 and result["call"].stdout == "slept 1.5s\n"
+    assert host.finish() == 0
+    assert "waiting up to 10.0s for 1 in-flight call(s)" in host.log
+
+
+def wait_for_in_flight(port: int, service: str, timeout: float = 20) -> None:
+    """Wait until the host's metrics show a call of ``service`` in flight."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), \
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            families = text_string_to_metric_families(response.read().decode())
+            if any(s.name == "tghost_in_flight" and s.labels == {"service": service} and s.value >= 1
+                   for family in families for s in family.samples):
+                return
+        time.sleep(0.02)
+    raise AssertionError(f"no call of {service} in flight after {timeout}s")
+
+
+def test_joke_service_tells_a_pun_about_cats(
+    pulsar_broker: EmbeddedBroker, host_process: Callable[..., HostProcess]
+) -> None:
+    env = {**os.environ, "TGHOST_PULSAR_URL": pulsar_broker.url}
+    host = host_process(env=env)
+    host.wait_for(READY)
+    result = tghost("call", "--service", "joke-service", "--config", "style=pun", "topic=cats", env=env)
+    assert result.returncode == 0, result.stderr
+    assert "pun" in result.stdout and "cat" in result.stdout.lower()
+    host.process.send_signal(signal.SIGTERM)
+    assert host.finish() == 0
+
+
+def test_call_without_a_broker_says_how_to_start_one() -> None:
+    url = f"pulsar://127.0.0.1:{free_port()}"
+    result = tghost("call", "--service", "echo", "--topic", "echo", "--pulsar-url", url)
+    assert result.returncode == 1 and "start one with 'tghost run'" in result.stderr
+
+
+def test_call_rejects_malformed_arguments_with_usage_exit_2() -> None:
+    result = tghost("call", "--service", "echo", "--topic", "echo", "novalue")
+    assert result.returncode == 2 and "is not KEY=VALUE" in result.stderr
+
+
+def test_call_of_a_service_neither_announced_nor_installed_fails_at_once_unless_a_topic_is_given(
+    env: dict[str, str]
+) -> None:
+    typo = tghost("call", "--service", "no-such-svc", "text=hi", env=env)
+    assert typo.returncode == 1 and typo.stdout == ""
+    assert "Error: service 'no-such-svc' is neither announced nor installed here" in typo.stderr
+    assert "--topic T" in typo.stderr
+    anyway = tghost("call", "--service", "no-such-svc", "--topic", f"nobody-{uuid.uuid4().hex[:8]}",
+                    "--timeout", "0.5", "text=hi", env=env)  # sent: nobody answers
+    assert anyway.returncode == 1 and "error: timeout: no complete answer" in anyway.stderr
+
+
+def test_call_waits_as_long_as_the_service_says_else_as_long_as_a_host_does(
+    env: dict[str, str], tmp_path: Path, host_process: Callable[..., HostProcess]
+) -> None:
+    config = tmp_path / "silent.toml"  # an external service that nobody serves, announcing a 0.5 s timeout
+    config.write_text('[external-services.silent]\nrequest-queue = "non-persistent://tg/request/silent-x"\n'
+                      'response-queue = "non-persistent://tg/response/silent-x"\ntimeout = 0.5\n'
+                      '[tools.hush]\nservice = "silent"\ndescription = "Never answers."\n')
+    host = host_process("--config", str(config), "--load-plugins", "", env=env)
+    host.wait_for("announced")
+    result = tghost("call", "hush", env=env)
+    assert result.returncode == 1 and "no complete answer from non-persistent://tg/request/silent-x within 0.5s" \
+        in result.stderr
+    host.process.send_signal(signal.SIGINT)
+    assert host.finish() == 0
+    unannounced = tghost("call", "--help", env=env).stdout
+    assert f"else {ServeSettings.timeout:g}, a host's default" in " ".join(unannounced.split())
+    assert ServeSettings.timeout == ServeSettings().timeout  # the default the host serves with
+
+
+@pytest.mark.parametrize("option", [("--config", "style=pun"), ("--topic", "joke")])
+def test_call_of_a_tool_with_a_service_option_is_a_usage_error_saying_what_to_use(option: tuple[str, str]) -> None:
+    result = tghost("call", "tell-joke", *option, "topic=cats")
+    assert result.returncode == 2
+    assert f"{option[0]} goes with --service, not with a tool name" in result.stderr
+    assert f"tghost call --service ID {option[0]}" in result.stderr
+
+
+def test_call_refuses_an_argument_given_twice() -> None:
+    result = tghost("call", "tell-joke", "topic=cats", "topic:=\"dogs\"")
+    assert result.returncode == 2 and "'topic' is given twice" in result.stderr
+
+
+def test_tools_json_lists_what_a_running_host_announced(env: dict[str, str],
+                                                        host_process: Callable[..., HostProcess]) -> None:
+    host = host_process("--host-id", "alpha", env=env)
+    host.wait_for("announced")
+    tools = live_tools(env)
+    assert set(tools) == {"echo", "unhurried", "failing", "ask-staff"}
+    assert tools["ask-staff"]["service"] == "kb" and tools["ask-staff"]["providers"] == ["alpha"]
+    assert tools["ask-staff"]["config"] == {"collection": "staff"} and tools["ask-staff"]["group"] == ["hr"]
+    assert tools["ask-staff"]["collection"] == "staff"  # the whole descriptor: config values at the top level
+    assert tools["ask-staff"]["input-schema"] == {
+        "type": "object", "title": "lookupArguments", "additionalProperties": False, "required": ["question"],
+        "properties": {"question": {"type": "string", "title": "Question"}}}
+    assert [row["name"] for row in json.loads(tghost("tools", "--json", "--group", "hr", env=env).stdout)] == [
+        "ask-staff"]
+    table = tghost("tools", env=env).stdout
+    assert table.splitlines()[0].split() == ["TOOL", "SERVICE", "PROVIDERS", "GROUPS", "STATES", "->", "STATE"]
+    assert any(line.split()[:4] == ["ask-staff", "kb", "alpha", "hr"] for line in table.splitlines())
+    host.process.send_signal(signal.SIGINT)
+    assert host.finish() == 0
+
+
+def test_call_by_tool_name_merges_config_and_checks_groups(env: dict[str, str],
+                                                           host_process: Callable[..., HostProcess]) -> None:
+    host = host_process(env=env)
+    host.wait_for("announced")
+    refused = tghost("call", "ask-staff", "question=holidays?", env=env)
+    assert refused.returncode == 1
+    assert "not-allowed: tool 'ask-staff' is in groups ['hr']" in refused.stderr
+    allowed = tghost("call", "ask-staff", "question=holidays?", "--group", "hr", env=env)
+    assert allowed.returncode == 0, allowed.stderr
+    assert allowed.stdout == "staff says: holidays?\n"
+    assert "state: undefined -> answered" in allowed.stderr
+    unknown = tghost("call", "no-such-tool", env=env)
+    assert unknown.returncode == 1 and "unknown-tool" in unknown.stderr
+    host.process.send_signal(signal.SIGINT)
+    assert host.finish() == 0
+
+
+def test_a_config_declared_tool_is_announced_and_callable(env: dict[str, str], tmp_path: Path,
+                                                          host_process: Callable[..., HostProcess]) -> None:
+    config = tmp_path / "tools.toml"
+    config.write_text('[tools.query-orders]\nservice = "kb"\ndescription = "Orders"\ncollection = "orders"\n'
+                      '[tools.broken]\nservice = "nowhere"\ndescription = "x"\n')
+    host = host_process("--config", str(config), env=env)
+    assert "added tools query-orders" in host.wait_for("config .*: added tools")
+    assert "[tools.broken]: service 'nowhere' is not served here" in host.log
+    host.wait_for("announced")
+    assert live_tools(env)["query-orders"]["config"] == {"collection": "orders"}
+    result = tghost("call", "query-orders", "question=late?", env=env)
+    assert (result.returncode, result.stdout) == (0, "orders says: late?\n")
+    host.process.send_signal(signal.SIGINT)
+    assert host.finish() == 0
+
+
+def test_a_killed_host_expires_after_its_lease(env: dict[str, str], host_process: Callable[..., HostProcess]) -> None:
+    host = host_process("--lease", "1", env=env)
+    host.wait_for("announced")
+    assert "echo" in live_tools(env)
+    host.process.kill()  # SIGKILL: no withdraw
+    host.process.wait()
+    deadline = time.monotonic() + 15
+    while live_tools(env) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert live_tools(env) == {}
+
+
+def test_watch_shows_a_second_host_arriving_and_leaving(env: dict[str, str], plugin_dir: PluginDir,
+                                                        host_process: Callable[..., HostProcess]) -> None:
+    watcher = subprocess.Popen([sys.executable, "-m", "tghost", "watch", "--json"], env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in watcher.stdout], daemon=True).start()  # type: ignore[union-attr]
+
+    def changes(n: int) -> list[tuple[str, str]]:
+        return [(c["change"], c["tool"]) for c in (json.loads(lines.get(timeout=20)) for _ in range(n))]
+
+    try:
+        first = host_process("--host-id", "first", env=env)
+        first.wait_for("announced")
+        assert sorted(changes(4)) == sorted(("added", t) for t in ("echo", "unhurried", "failing", "ask-staff"))
+        plugin_dir.add("shout", SHOUT)  # "pip install" a plugin, then start a second host
+        second = host_process("--host-id", "second", env=env)
+        second.wait_for("announced")
+        shared = {("updated", t) for t in ("echo", "unhurried", "failing", "ask-staff")}  # a provider more
+        assert set(changes(5)) == shared | {("added", "shout")}
+        second.process.send_signal(signal.SIGINT)  # Ctrl-C
+        assert second.finish() == 0
+        assert set(changes(5)) == shared | {("removed", "shout")}
+        first.process.send_signal(signal.SIGINT)
+        assert first.finish() == 0
+    finally:
+        watcher.send_signal(signal.SIGINT)
+        watcher.wait(10)
+
+
+def _settings_seen(args: list[str], env: dict[str, str]) -> PulsarSettings:
+    """Run a command decorated with ``pulsar_options`` and return the PulsarSettings it was handed."""
+    seen: list[PulsarSettings] = []
+
+    @click.command()
+    @pulsar_options
+    def probe(pulsar: PulsarSettings, descriptors_topic: str) -> None:
+        seen.append(pulsar)
+
+    result = CliRunner().invoke(probe, args, env=env, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return seen[0]
+
+
+def test_pulsar_options_come_from_the_environment(tmp_path: Path) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_text("not checked here")
+    settings = _settings_seen([], {"TGHOST_PULSAR_URL": "pulsar+ssl://broker:6651", "TGHOST_PULSAR_TOKEN": "env-jwt",
+                                   "TGHOST_TLS_TRUST_CERTS": str(ca), "TGHOST_TLS_ALLOW_INSECURE": "1",
+                                   "TGHOST_TLS_VALIDATE_HOSTNAME": "true"})
+    assert settings == PulsarSettings("pulsar+ssl://broker:6651", token="env-jwt", tls_trust_certs=str(ca),
+                                      tls_allow_insecure=True, tls_validate_hostname=True)
+
+
+def test_pulsar_option_flags_override_the_environment() -> None:
+    settings = _settings_seen(["--pulsar-url", "pulsar://other:6650", "--pulsar-token", "flag-jwt"],
+                              {"TGHOST_PULSAR_URL": "pulsar://env:6650", "TGHOST_PULSAR_TOKEN": "env-jwt"})
+    assert (settings.url, settings.token, settings.tls_trust_certs) == ("pulsar://other:6650", "flag-jwt", None)
+    assert not settings.tls_allow_insecure
+
+
+def test_a_missing_trust_certs_file_is_a_usage_error() -> None:
+    result = tghost("call", "--service", "echo", "--tls-trust-certs", "/nonexistent/ca.pem")
+    assert result.returncode == 2 and "/nonexistent/ca.pem" in result.stderr
+
+
+def test_run_and_call_with_a_pulsar_token(env: dict[str, str], host_process: Callable[..., HostProcess]) -> None:
+    """The token passes through ``tghost run`` and ``tghost call`` to the broker without breaking
+    anything. pulsar-lite 0.2.0 does not enforce auth: it accepts any token, so this cannot show
+    that a wrong token is refused."""
+    host = host_process("--pulsar-token", "x", env=env)
+    host.wait_for(READY)
+    result = tghost("call", "--pulsar-token", "x", "--service", "echo", "text=with a token", env=env)
+    assert (result.returncode, result.stdout) == (0, "with a token\n"), result.stderr
+    by_env = tghost("call", "--service", "echo", "text=token from env", env={**env, "TGHOST_PULSAR_TOKEN": "x"})
+    assert (by_env.returncode, by_env.stdout) == (0, "token from env\n"), by_env.stderr
+    host.process.send_signal(signal.SIGINT)
+    assert host.finish() == 0
+
+
+def test_plugin_flags_block_plugins_and_plugins_lists_why(plugin_dir: PluginDir) -> None:
+    plugin_dir.add("echo", ECHO)
+    plugin_dir.add("shout", SHOUT)
+    env = plugin_dir.env(TGHOST_DISABLE_PLUGINS="echo")
+    result = tghost("plugins", "--json", "--load-plugins", "echo,shout,typo", env=env)
+    reports = {r["name"]: r for r in json.loads(result.stdout)}
+    assert reports["echo"]["status"] == "blocked" and reports["echo"]["blocked"] == "disabled by TGHOST_DISABLE_PLUGINS"
+    assert reports["shout"]["status"] == "loaded" and reports["shout"]["services"] == ["shout"]
+    assert reports["typo"]["status"] == "missing" and "--load-plugins names entry point 'typo'" in (
+        reports["typo"]["errors"][0])
+    assert result.returncode == 1  # the unknown name is an error
+    assert {r["status"] for name, r in reports.items() if name not in ("echo", "shout", "typo")} == {"blocked"}
+    human = tghost("plugins", "--load-plugins", "shout", "--disable-plugins", "", env=env)
+    assert human.returncode == 0, human.stdout
+    assert "echo (tghost-test-echo 1.0) blocked\n  entry point: tghost_test_echo\n  blocked:     not listed in " \
+           "--load-plugins" in human.stdout
+
+
+def test_status_reports_a_running_host_and_exits_1_once_it_stops(
+    env: dict[str, str], tmp_path: Path, host_process: Callable[..., HostProcess]
+) -> None:
+    port = free_port()
+    audit = tmp_path / "audit.jsonl"
+    host = host_process("--audit-log", str(audit), env={**env, "TGHOST_METRICS_PORT": str(port)})
+    host.wait_for("announced")
+    url = f"http://127.0.0.1:{port}/health"
+    deadline = time.monotonic() + 15
+    while (status := tghost("status", "--json", "--url", url, env=env)).returncode and time.monotonic() < deadline:
+        time.sleep(0.1)  # "starting" until the host watches its connection, just after announcing
+    health = json.loads(status.stdout)
+    assert (status.returncode, health["status"], health["connected"]) == (0, "ok", True), status.stderr
+    assert sorted(health["services"]) == ["echo", "failing", "kb", "unhurried"]
+    human = tghost("status", env={**env, "TGHOST_METRICS_PORT": str(port)})
+    assert human.returncode == 0 and "connected:  yes" in human.stdout
+    secret = uuid.uuid4().hex
+    assert tghost("call", "--service", "echo", f"text={secret}", env=env).stdout == f"{secret}\n"
+    host.process.send_signal(signal.SIGINT)
+    assert host.finish() == 0
+    [line] = audit.read_text().splitlines()
+    entry = json.loads(line)
+    assert (entry["service"], entry["status"], entry["argument_names"]) == ("echo", "ok", ["text"])
+    assert secret not in line
+    gone = tghost("status", "--url", url, env=env)
+    assert gone.returncode == 1 and f"no tghost host answers at {url}" in gone.stderr
+
+
+def test_status_without_a_url_says_how_to_give_one() -> None:
+    result = tghost("status", env={k: v for k, v in os.environ.items() if not k.startswith("TGHOST_")})
+    assert result.returncode == 2 and "TGHOST_METRICS_PORT" in result.stderr
+
+
+def test_connect_timeout_comes_from_the_flag_or_the_environment() -> None:
+    assert _settings_seen([], {}).connect_timeout == PulsarSettings.connect_timeout
+    assert _settings_seen([], {"TGHOST_CONNECT_TIMEOUT": "120"}).connect_timeout == 120
+    assert _settings_seen(["--connect-timeout", "0"], {"TGHOST_CONNECT_TIMEOUT": "120"}).connect_timeout == 0
+
+
+def test_watch_started_before_the_broker_waits_for_it(plugin_dir: PluginDir, tmp_path: Path,
+                                                      host_process: Callable[..., HostProcess]) -> None:
+    """'tghost watch' follows like an agent: started with no broker, it waits (one line per
+    retry interval) and reports the tools once a broker and a host come."""
+    plugin_dir.add("echo", ECHO)
+    port = free_port()
+    env = plugin_dir.user_env(f"pulsar://127.0.0.1:{port}", tmp_path / "config", "late")
+    watch = subprocess.Popen([sys.executable, "-m", "tghost", "watch", "--json", "--connect-timeout", "120"],
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert watch.stderr is not None and watch.stdout is not None
+        assert "waiting for a Pulsar broker" in watch.stderr.readline()
+        with EmbeddedBroker(tmp_path / "broker", port):
+            host = host_process(env=env)
+            host.wait_for("announced")
+            assert {json.loads(watch.stdout.readline())["tool"] for _ in range(4)} == {
+                "echo", "unhurried", "failing", "ask-staff"}
+            host.process.send_signal(signal.SIGINT)
+            assert host.finish() == 0
+    finally:
+        watch.terminate()
+        watch.wait(10)
+
+
+def test_a_host_stopped_while_its_broker_is_down_withdraws_nothing_and_exits(
+        plugin_dir: PluginDir, tmp_path: Path, host_process: Callable[..., HostProcess]) -> None:
+    """With no broker connection a withdraw could only wait out the client's 30 s operation
+    timeout: the host sends nothing (its entries expire with its lease) and exits 0."""
+    plugin_dir.add("echo", ECHO)
+    port = free_port()
+    env = plugin_dir.user_env(f"pulsar://127.0.0.1:{port}", tmp_path / "config", "down")
+    with EmbeddedBroker(tmp_path / "broker", port):
+        host = host_process("--grace", "0", env=env)
+        host.wait_for("announced")
+    host.wait_for("lost the broker connection")
+    host.process.send_signal(signal.SIGTERM)
+    assert host.finish() == 0
+    assert "not connected to the broker: withdrawing nothing; entries expire after the 30.0s lease" in host.log
+    assert "could not withdraw" not in host.log

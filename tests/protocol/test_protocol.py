@@ -1,0 +1,134 @@
+"""docs/protocol.md: every example message on the page is exactly what tghost sends, and what
+it accepts: requests and descriptors as encoded, responses as the example services answer,
+announcements as an Announcer builds them and a directory applies them, the signature test
+vector as tghost.protocol.trust signs it."""
+
+from __future__ import annotations
+
+import json
+import re
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from tghost.agent.ledger import Ledger
+from tghost.announcing.announcer import Announcer, HostIdentity
+from tghost.discovery.discover import ENTRY_POINT_GROUP, Catalog, discover
+from tghost.protocol import wire
+from tghost.protocol.announcement import Announcement, announcement_key, epoch_of, epoch_topic, read_window
+from tghost.protocol.trust import Signer, TrustedKeys, canonical_json
+from tghost.pulsar.embedded import EmbeddedBroker
+from tghost.testing import LocalHost, RawWire
+
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
+EXAMPLE = re.compile(r"<!-- example: (?P<label>[^>]+?) -->\n```(?:json|text)\n(?P<body>.*?)\n```", re.S)
+#: The host of the page's examples, at its clock.
+IDENTITY = HostIdentity("laptop-3f9a2b1c0d4e", "laptop", 4242, version="0.1.0", instance="9c1e5b7a2d4f6e80")
+STARTED, SENT = 1770999990.5, 1771000000.25
+
+
+def examples(label: str) -> list[str]:
+    found = [m["body"] for m in EXAMPLE.finditer(PAGE.read_text()) if m["label"] == label]
+    assert found, f"no example {label!r} in {PAGE}"
+    return found
+
+
+def plugin(name: str) -> Catalog:
+    return discover([ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == name])
+
+
+def announcer() -> Announcer:
+    """The page's host, serving the joke plugin, started at STARTED."""
+    host = Announcer(plugin("joke"), IDENTITY, lease=30.0)
+    host._started_at, host._since = STARTED, dict.fromkeys(host._since, STARTED)
+    return host
+
+
+def test_every_example_is_labelled_and_checked() -> None:
+    labels = {m["label"] for m in EXAMPLE.finditer(PAGE.read_text())}
+    assert labels == {"request", "response", "stream", "error", "tool-service descriptor", "tool descriptor",
+                      "epoch", "announcement", "canonical", "signed announcement"}
+    assert PAGE.read_text().count("<!-- example:") == len(list(EXAMPLE.finditer(PAGE.read_text())))
+
+
+def test_the_request_is_what_a_caller_encodes_and_a_service_decodes() -> None:
+    [text] = examples("request")
+    assert text == wire.encode_request("alice", {"style": "pun"}, {"topic": "cats"}).decode()
+    assert wire.decode_request(text.encode()) == wire.Request("alice", {"style": "pun"}, {"topic": "cats"})
+
+
+async def test_the_responses_are_what_the_example_services_answer(pulsar_broker: EmbeddedBroker) -> None:
+    catalog, knowledge = plugin("calculator"), plugin("knowledge")
+    [response], [stream], [error] = examples("response"), examples("stream"), examples("error")
+    arguments = {"expression": "2 * (3 + 4)"}
+    async with LocalHost(pulsar_broker.url, catalog), LocalHost(pulsar_broker.url, knowledge):
+        async with RawWire(pulsar_broker.url, catalog.descriptors["calculator"]) as raw:
+            assert [body for _, body in await raw.request(arguments)] == [json.loads(response)]
+        async with RawWire(pulsar_broker.url, catalog.descriptors["calculator-steps"]) as raw:
+            streamed = [body for _, body in await raw.request(arguments)]
+        assert streamed == [json.loads(line) for line in stream.splitlines()]
+        async with RawWire(pulsar_broker.url, knowledge.descriptors["custom-rag"]) as raw:
+            assert [body for _, body in await raw.request({"question": "Who is on the enterprise tier?"})] == [
+                json.loads(error)]
+    assert response.encode() == wire.encode_response("14")
+
+
+def test_the_descriptors_are_the_joke_plugins() -> None:
+    catalog = plugin("joke")
+    [service], [tool] = examples("tool-service descriptor"), examples("tool descriptor")
+    assert json.loads(service) == catalog.descriptors["joke-service"].to_json_dict()
+    assert json.loads(tool) == {"type": "tool-service", **catalog.tools["tell-joke"].to_json_dict()}
+
+
+def test_the_epoch_example_is_computed_as_specified() -> None:
+    [text] = examples("epoch")
+    example = json.loads(text)
+    assert example["epoch"] == epoch_of(example["now"])
+    assert example["topic"] == epoch_topic("persistent://tg/config/tool-descriptors", example["epoch"])
+    assert example["read"] == list(read_window(example["now"], max_clock_skew=60.0))
+
+
+def test_the_announcements_are_what_the_announcer_sends() -> None:
+    host = announcer()
+    sent = dict(host._messages("available", None, SENT))
+    withdrawal = host._message("tool", "tell-joke", None, plugin("joke").tool_origin["tell-joke"].origin_json(),
+                               "withdrawn", SENT + 20)
+    expected = [sent[announcement_key("host", IDENTITY.id, IDENTITY.id)],
+                sent[announcement_key("tool-service", "joke-service", IDENTITY.id)],
+                sent[announcement_key("tool", "tell-joke", IDENTITY.id)], withdrawal[1]]
+    assert [json.loads(text) for text in examples("announcement")] == expected
+
+
+def test_a_directory_applies_the_announcements_in_order() -> None:
+    ledger = Ledger("docs")
+    values: list[dict[str, Any]] = [json.loads(text) for text in examples("announcement")]
+    for value in values[:3]:
+        Announcement.model_validate(value)
+        assert ledger.apply(json.dumps(value).encode(), value["lease"]["sent_at"],
+                            announcement_key(value["kind"], value["name"], value["host"]["id"])) is not None
+    assert ledger.rejections == {}
+    assert sorted(ledger.claims) == [("tool", "tell-joke"), ("tool-service", "joke-service")]
+    last = values[3]
+    ledger.apply(json.dumps(last).encode(), last["lease"]["sent_at"],
+                 announcement_key("tool", "tell-joke", IDENTITY.id))
+    assert sorted(ledger.claims) == [("tool-service", "joke-service")]
+
+
+@pytest.fixture
+def test_vector() -> Signer:
+    return Signer(Ed25519PrivateKey.from_private_bytes(bytes(range(32))))
+
+
+def test_the_signature_test_vector(test_vector: Signer) -> None:
+    heartbeat = announcer()._message("host", IDENTITY.id, None, None, "available", SENT + 10)[1]
+    [canonical], [signed] = examples("canonical"), examples("signed announcement")
+    assert canonical.encode() == canonical_json(heartbeat)
+    assert json.loads(signed) == test_vector.sign(heartbeat)
+    assert TrustedKeys([test_vector.public_key]).verify(json.loads(signed)) is None
+    pem = test_vector.public_key.public_bytes(serialization.Encoding.PEM,
+                                               serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+    assert "\n".join("    " + line for line in pem.strip().splitlines()) in PAGE.read_text()

@@ -1,0 +1,398 @@
+"""embedded: the local pulsar-lite broker's life, as a user drives it (``tghost run``, ``tghost
+broker``, ``tghost broker start|status|stop``) and as the test fixture uses it. Every broker
+started here is stopped at the end of its test, and none uses the default port or config dir.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+import pulsar
+from tests.conftest import HostProcess, PluginDir
+from tghost.pulsar import embedded
+from tghost.pulsar.clients import free_port, is_reachable
+from tghost.pulsar.embedded import EmbeddedBroker, default_data_dir, stop_broker
+
+ECHO = """
+import tghost
+
+@tghost.tool
+async def echo(text: str) -> str:
+    '''Echo the text back.'''
+    return text
+
+@tghost.hookimpl
+def tghost_register_services(register):
+    register(echo)
+"""
+
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc; PR_SET_PDEATHSIG")
+
+
+class Output:
+    """A subprocess's stdout or stderr, read line by line in a thread, so waits keep their deadline."""
+
+    def __init__(self, stream: Iterator[str]) -> None:
+        self.text = ""
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, args=(stream,), daemon=True).start()
+
+    def _read(self, stream: Iterator[str]) -> None:
+        for line in stream:
+            self._lines.put(line)
+        self._lines.put(None)
+
+    def wait_for(self, predicate: Callable[[str], bool], timeout: float = 60.0) -> str:
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = self._lines.get(timeout=left)
+            except queue.Empty:
+                break
+            if line is None:
+                self._lines.put(None)
+                break
+            self.text += line
+            if predicate(line):
+                return line
+        raise AssertionError(f"no such line in {timeout}s; output so far:\n{self.text}")
+
+    def rest(self, timeout: float = 10.0) -> str:
+        with contextlib.suppress(AssertionError):
+            self.wait_for(lambda line: False, timeout)
+        return self.text
+
+
+@dataclass
+class Local:
+    """A user of this machine with a private config (and home) dir, the echo plugin installed,
+    and a free local URL where nothing runs yet."""
+
+    port: int
+    env: dict[str, str]
+    brokers: list[tuple[int, Path]] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"pulsar://127.0.0.1:{self.port}"
+
+    def data_dir(self, port: int | None = None) -> Path:
+        """The default data dir of the broker on ``port`` (this user's)."""
+        return default_data_dir(port or self.port)
+
+    def tghost(self, *args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "tghost", *args], env=self.env, capture_output=True,
+                              text=True, timeout=timeout)
+
+    def broker(self, *args: str) -> subprocess.Popen[str]:
+        """A foreground ``tghost broker`` in its own session (as from another terminal)."""
+        return subprocess.Popen([sys.executable, "-m", "tghost", "broker", *args], env=self.env,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                text=True, start_new_session=True)
+
+    def cleanup(self, port: int, data_dir: Path | None = None) -> None:
+        """Stop the detached broker on ``port`` at the end of the test."""
+        self.brokers.append((port, data_dir or self.data_dir(port)))
+
+
+@pytest.fixture
+def local(tmp_path: Path, plugin_dir: PluginDir, monkeypatch: pytest.MonkeyPatch) -> Iterator[Local]:
+    plugin_dir.add("echo", ECHO)
+    home = tmp_path / "home"
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(home / ".config"))
+    port = free_port()
+    env = plugin_dir.user_env(f"pulsar://127.0.0.1:{port}", home / ".config", "embedded")
+    user = Local(port, {**env, "HOME": str(home)})
+    user.cleanup(port)
+    yield user
+    for broker_port, data_dir in user.brokers:
+        stop_broker(broker_port, data_dir)
+
+
+def record(data_dir: Path) -> dict[str, object]:
+    return json.loads((data_dir / "broker.json").read_text())
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+def until(condition: Callable[[], bool], timeout: float = 15.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def listening(pid: int) -> set[tuple[str, int]]:
+    """The (IPv4 address, port) pairs process ``pid`` listens on (Linux /proc)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    found = set()
+    for row in Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]:
+        cols = row.split()
+        if cols[3] == "0A" and cols[9] in inodes:  # 0A: LISTEN
+            address, port = cols[1].split(":")
+            found.add((socket.inet_ntoa(bytes.fromhex(address)[::-1]), int(port, 16)))
+    return found
+
+
+# -- the broker tghost run starts ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_the_broker_outlives_the_host_that_started_it(
+    local: Local, host_process: Callable[..., HostProcess], sig: signal.Signals
+) -> None:
+    first = host_process("--lease", "2", env=local.env)
+    started = first.wait_for("started the embedded broker there", timeout=60)
+    assert f"'tghost broker stop --port {local.port}' stops it" in started
+    first_id = first.wait_for("announced").split(" as host ")[1].split()[0].rstrip(",")
+    broker_pid = record(local.data_dir())["pid"]
+    second = host_process("--host-id", "second", env=local.env)
+    assert f"(pid {broker_pid}," in second.wait_for("using the embedded broker at")
+    second.wait_for("announced")
+    watch = subprocess.Popen([sys.executable, "-m", "tghost", "watch", "--json"], env=local.env,
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert watch.stdout is not None
+        changes = Output(watch.stdout)
+        changes.wait_for(lambda line: sorted(json.loads(line)["providers"]) == sorted([first_id, "second"]))
+
+        first.process.send_signal(sig)
+        first.process.wait(30)
+
+        # The watcher sees the first host go (withdrawn, or its lease expired) on the same broker...
+        changes.wait_for(lambda line: json.loads(line)["providers"] == ["second"])
+        # ...the second host still serves on it, and the broker is the one the first host started.
+        result = local.tghost("call", "--service", "echo", "text=still here")
+        assert (result.returncode, result.stdout) == (0, "still here\n"), result.stderr
+        status = json.loads(local.tghost("broker", "status", "--port", str(local.port), "--json").stdout)
+        assert status["running"] and status["answering"] and status["pid"] == broker_pid
+    finally:
+        watch.terminate()
+        watch.wait(10)
+    second.process.send_signal(signal.SIGINT)
+    assert second.finish() == 0
+    assert is_reachable(local.url), "the broker stops only when asked"
+
+
+def test_two_hosts_starting_at_once_share_one_broker(local: Local, host_process: Callable[..., HostProcess]) -> None:
+    hosts = [host_process("--host-id", f"h{i}", env=local.env) for i in range(2)]
+    lines = [host.wait_for("the embedded broker", timeout=60) for host in hosts]
+    assert sorted("started the embedded broker" in line for line in lines) == [False, True], lines
+    for host in hosts:
+        host.wait_for("announced")
+        host.process.send_signal(signal.SIGINT)
+        assert host.finish() == 0
+
+
+# -- tghost broker start | status | stop -----------------------------------------------------
+
+
+def test_broker_start_status_stop_with_json_and_exit_codes(local: Local) -> None:
+    port = str(local.port)
+    before = local.tghost("broker", "status", "--port", port, "--json")
+    assert before.returncode == 3 and json.loads(before.stdout)["running"] is False
+
+    started = local.tghost("broker", "start", "--port", port, "--json")
+    assert started.returncode == 0, started.stderr
+    info = json.loads(started.stdout)
+    assert info["started"] and info["running"] and info["answering"] and info["detached"]
+    assert info["data_dir"] == str(local.data_dir()) and info["stop"] == f"tghost broker stop --port {port}"
+    assert alive(info["pid"]) and alive(info["broker_pid"])
+
+    again = local.tghost("broker", "start", "--port", port)
+    assert again.returncode == 0 and again.stdout.startswith("already running: ")
+    status = local.tghost("broker", "status", "--port", port)
+    assert status.returncode == 0 and f"(pid {info['pid']}, pulsar-lite pid {info['broker_pid']}" in status.stdout
+
+    stopped = local.tghost("broker", "stop", "--port", port, "--json")
+    assert stopped.returncode == 0 and json.loads(stopped.stdout)["stopped"] is True
+    assert not alive(info["pid"]) and not alive(info["broker_pid"]) and not is_reachable(local.url)
+    assert not (local.data_dir() / "broker.json").exists()
+    after = local.tghost("broker", "status", "--port", port)
+    assert after.returncode == 3 and "no embedded broker runs" in after.stdout
+    nothing = local.tghost("broker", "stop", "--port", port, "--json")
+    assert nothing.returncode == 0 and json.loads(nothing.stdout)["stopped"] is False
+
+
+def test_two_brokers_on_two_ports_get_their_own_data_dirs(local: Local) -> None:
+    other = free_port()
+    local.cleanup(other)
+    for port in (local.port, other):
+        result = local.tghost("broker", "start", "--port", str(port), "--json")
+        assert result.returncode == 0, result.stderr
+        assert json.loads(result.stdout)["data_dir"] == str(local.data_dir(port))
+    assert local.data_dir(local.port) != local.data_dir(other)
+    assert all(is_reachable(f"pulsar://127.0.0.1:{port}") for port in (local.port, other))
+
+
+def test_concurrent_starts_start_one_broker(local: Local) -> None:
+    command = [sys.executable, "-m", "tghost", "broker", "start", "--port", str(local.port), "--json"]
+    starters = [subprocess.Popen(command, env=local.env, stdout=subprocess.PIPE, text=True) for _ in range(3)]
+    results = [json.loads(starter.communicate(timeout=90)[0]) for starter in starters]
+    assert [r["started"] for r in results].count(True) == 1
+    assert len({r["pid"] for r in results}) == 1
+
+
+# -- the foreground broker -------------------------------------------------------------------
+
+
+@linux_only
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=["SIGINT", "SIGTERM", "SIGHUP"])
+def test_a_signal_stops_the_foreground_broker_and_its_pulsar_lite(local: Local, sig: signal.Signals) -> None:
+    broker = local.broker("--port", str(local.port))
+    assert broker.stderr is not None
+    out = Output(broker.stderr)
+    assert "Ctrl-C to stop" in out.wait_for(lambda line: "embedded broker at" in line)
+    pids = record(local.data_dir())
+    assert pids["detached"] is False
+    broker.send_signal(sig)
+    assert broker.wait(30) == 0, out.rest()
+    assert not alive(int(pids["broker_pid"])) and not is_reachable(local.url)
+    assert not (local.data_dir() / "broker.json").exists()
+
+
+@linux_only
+def test_a_killed_foreground_broker_leaves_no_pulsar_lite_behind(local: Local) -> None:
+    broker = local.broker("--port", str(local.port))
+    assert broker.stderr is not None
+    Output(broker.stderr).wait_for(lambda line: "embedded broker at" in line)
+    pulsar_lite = int(record(local.data_dir())["broker_pid"])
+    broker.kill()
+    broker.wait(10)
+    # Its main thread can show as a zombie while its other threads still close its socket: wait for both.
+    assert until(lambda: not alive(pulsar_lite) and not is_reachable(local.url)), \
+        "pulsar-lite outlived its killed 'tghost broker'"
+
+
+def test_the_broker_exits_1_naming_the_port_when_it_is_taken(local: Local) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", local.port))
+        taken.listen()
+        result = local.tghost("broker", "--port", str(local.port))
+    assert result.returncode == 1
+    assert f"port {local.port} on 127.0.0.1 is already in use" in result.stderr
+    assert "pass another --port" in result.stderr and "embedded broker at" not in result.stderr
+
+
+def test_the_broker_exits_1_naming_the_broker_that_holds_its_data_dir(local: Local) -> None:
+    started = local.tghost("broker", "start", "--port", str(local.port), "--json")
+    owner = json.loads(started.stdout)["pid"]
+    result = local.tghost("broker", "--port", str(free_port()), "--data-dir", str(local.data_dir()))
+    assert result.returncode == 1
+    assert f"is in use by the embedded broker pid {owner} at {local.url}" in result.stderr
+    assert "pass another --data-dir" in result.stderr and f"tghost broker stop --port {local.port}" in result.stderr
+
+
+def test_the_broker_exits_1_when_another_pulsar_lite_locked_its_data(local: Local, tmp_path: Path) -> None:
+    data_dir = tmp_path / "shared"
+    data_dir.mkdir()
+    other = subprocess.Popen([embedded._binary(), "--addr", f"127.0.0.1:{local.port}", "--db-path",
+                              str(data_dir / "db"), "--log-level", "error"], cwd=tmp_path,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert until(lambda: is_reachable(local.url))
+        result = local.tghost("broker", "--port", str(free_port()), "--data-dir", str(data_dir))
+    finally:
+        other.terminate()
+        other.wait(10)
+    assert result.returncode == 1
+    assert f"the data dir {data_dir} is locked by another pulsar-lite" in result.stderr
+
+
+def test_the_broker_exits_1_when_pulsar_lite_dies(local: Local) -> None:
+    broker = local.broker("--port", str(local.port))
+    assert broker.stderr is not None
+    out = Output(broker.stderr)
+    out.wait_for(lambda line: "embedded broker at" in line)
+    os.kill(int(record(local.data_dir())["broker_pid"]), signal.SIGKILL)
+    assert broker.wait(30) == 1
+    assert "pulsar-lite exited by itself" in out.rest()
+
+
+# -- EmbeddedBroker: log, config, metrics ----------------------------------------------------
+
+
+@linux_only
+def test_pulsar_lite_listens_only_on_its_port_by_default_and_logs_at_warn(tmp_path: Path) -> None:
+    port = free_port()
+    with EmbeddedBroker(tmp_path, port) as broker:
+        assert broker.process is not None
+        assert listening(broker.process.pid) == {("127.0.0.1", port)}  # no metrics endpoint
+    log_lines = broker.log_path.read_text().splitlines()
+    assert log_lines and all(" tghost] " in line for line in log_lines), log_lines  # no INFO from pulsar-lite
+
+
+@linux_only
+def test_pulsar_lite_metrics_when_asked_are_on_loopback_only(tmp_path: Path) -> None:
+    port, metrics = free_port(), free_port()
+    with EmbeddedBroker(tmp_path, port, metrics_port=metrics) as broker:
+        assert broker.process is not None
+        assert until(lambda: ("127.0.0.1", metrics) in listening(broker.process.pid))  # type: ignore[union-attr]
+        assert listening(broker.process.pid) == {("127.0.0.1", port), ("127.0.0.1", metrics)}
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=10) as response:
+            assert response.status == 200
+
+
+def test_the_broker_log_is_rotated_and_capped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(embedded, "LOG_MAX_BYTES", 400)
+    with EmbeddedBroker(tmp_path, free_port(), log_level="info"):
+        pass
+    logs = sorted(tmp_path.glob("broker.log*"))
+    assert [p.name for p in logs] == ["broker.log", "broker.log.1", "broker.log.2"]
+    longest_line = max(len(line) + 1 for p in logs for line in p.read_text().splitlines())
+    assert all(p.stat().st_size <= 400 + longest_line for p in logs)
+
+
+def test_routine_pulsar_lite_warnings_stay_in_its_log_and_off_the_terminal(tmp_path: Path) -> None:
+    """pulsar-lite warns 'No dispatcher found for subscription' for each message published after a
+    reader went (every 'tghost tools' or 'tghost call' leaves two, and each heartbeat then warns):
+    the foreground broker keeps them in its log and out of its terminal."""
+    terminal = io.StringIO()
+    with EmbeddedBroker(tmp_path, free_port(), echo=terminal) as broker:
+        client = pulsar.Client(broker.url, logger=logging.getLogger("test.pulsar"))
+        try:
+            topic = f"persistent://tg/test/readers-{uuid.uuid4().hex[:8]}"
+            producer = client.create_producer(topic, batching_enabled=False)
+            producer.send(b"one")
+            reader = client.create_reader(topic, pulsar.MessageId.earliest)
+            assert reader.read_next(10_000).data() == b"one"
+            reader.close()
+            producer.send(b"two")  # pulsar-lite still looks for the closed reader's dispatcher
+        finally:
+            client.close()
+        assert until(lambda: "No dispatcher found for subscription" in broker.log_path.read_text())
+    assert "started pulsar-lite pid" in terminal.getvalue()  # what is not routine still shows
+    assert "No dispatcher found" not in terminal.getvalue(), terminal.getvalue()
