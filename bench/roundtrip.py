@@ -78,7 +78,7 @@ FLOORS = (
     ("a4 raw listener echo, one hop to a loop", "listener-loop"),
 )
 #: The ``tghost run`` rows: (label, isolation, the echo a plain ``def``). ``async def`` runs on the
-#: event loop; a plain ``def`` in the worker threads (the thread lane, tghost/lane.py).
+#: event loop; a plain ``def`` in the worker threads (the thread lane, tghost/serving/lane.py).
 HOSTS = (
     ("b tghost run", "thread", False),
     ("b1 tghost run, plain def", "thread", True),

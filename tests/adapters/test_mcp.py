@@ -1,4 +1,4 @@
-"""bridge: ``tghost mcp`` as an MCP client sees it, with the SDK's own client, over a live host
+"""mcp: ``tghost mcp`` as an MCP client sees it, with the SDK's own client, over a live host
 and the embedded broker."""
 
 from __future__ import annotations

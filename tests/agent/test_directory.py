@@ -1,4 +1,4 @@
-"""directory + announce: hosts announce, the directory catches up, follows, expires and invokes."""
+"""directory: hosts announce, the directory catches up, follows, expires and invokes."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+import pulsar
 import pytest
 from prometheus_client import generate_latest
 
-import pulsar
 import tghost
 from tghost.agent.client import ToolCallError
 from tghost.agent.directory import Change, ToolCallRecord, ToolDirectory
@@ -347,7 +347,7 @@ async def test_a_replayed_message_on_the_topic_never_resurrects_a_withdrawn_tool
         await found.close()
 
 
-# -- allowed groups, refusals and invoke records ---------------------------------------------
+# -- allowed groups, refusals and call records ---------------------------------------------
 
 
 async def test_a_request_for_groups_beyond_the_allowed_ones_is_refused_counted_and_never_sent(
@@ -355,7 +355,7 @@ async def test_a_request_for_groups_beyond_the_allowed_ones_is_refused_counted_a
 ) -> None:
     async with LocalHost(pulsar_broker.url, kb_catalog(), announce_as="h", topic=topic) as host:
         found = await directory(pulsar_broker, topic)
-        worker = next(w for w in host.server.endpoints if w.descriptor.id == "count")
+        endpoint = next(w for w in host.server.endpoints if w.descriptor.id == "count")
         try:
             assert await found.invoke("count", {"text": "ab"}, groups=["math"], allowed_groups=["math", "hr"]) == "2"
             assert await found.invoke("count", {"text": "ab"}, groups=["*"], allowed_groups=["*"]) == "2"
@@ -374,7 +374,7 @@ async def test_a_request_for_groups_beyond_the_allowed_ones_is_refused_counted_a
             with pytest.raises(ToolCallError, match="not-allowed: tool 'count' is in groups"):
                 found.check("count", ["default"], allowed_groups=["default"])
             assert found.refusals == {"groups-exceed-allowed": 4, "unknown-tool": 1, "not-available": 1}
-            assert worker.counters["received"] == 3  # only the allowed calls reached the host
+            assert endpoint.counters["received"] == 3  # only the allowed calls reached the host
         finally:
             await found.close()
 
@@ -418,7 +418,7 @@ async def test_every_invoke_and_stream_is_recorded_with_its_state_transition(
         ("ghost", None, None, ("default",), None, "s", "s", "unknown-tool"),
     ]
     assert all(r.duration >= 0 for r in records)
-    assert sum("invoke listener" in r.message and "failed" in r.message for r in caplog.records) == 5
+    assert sum("call listener" in r.message and "failed" in r.message for r in caplog.records) == 5
     assert records[0].to_json()["groups"] == ["math"] and "arguments" not in records[0].to_json()
 
 

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import pulsar
 import pulsar.asyncio
 import pytest
 import pytest_asyncio
@@ -24,7 +25,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-import pulsar
 import tghost
 from tghost.agent.directory import ToolDirectory
 from tghost.announcing.announcer import Announcer, HostIdentity, announcement_key

@@ -1,4 +1,4 @@
-"""window (with announce and directory): announcements move to a new topic every epoch, a
+"""window (with the announcer and the directory): announcements move to a new topic every epoch, a
 following directory moves with them without a blip, and a directory that starts after a long
 history reads only the epochs a live host can be on."""
 

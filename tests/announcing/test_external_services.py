@@ -1,4 +1,4 @@
-"""External tool services: a real TrustGraph ``DynamicToolService`` (trustgraph-base 2.11),
+"""external_services: external tool services: a real TrustGraph ``DynamicToolService`` (trustgraph-base 2.11),
 declared in ``tghost run``'s config file, is announced by the host (marked external, served by
 nobody but itself) and called by tool name through ``ToolDirectory`` and through ``tghost mcp``."""
 

@@ -1,5 +1,5 @@
 """audit: one JSON line per call, host side (a Server's call listener) and directory side
-(a ToolDirectory's invoke listener), over the embedded broker."""
+(a ToolDirectory's call listener), over the embedded broker."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""watch: ``tghost run --watch-plugins`` on the embedded broker. A plugin installed while the host
+"""plugin_watch: ``tghost run --watch-plugins`` on the embedded broker. A plugin installed while the host
 runs is served and announced, one uninstalled is withdrawn, a colliding one never overwrites,
 and an upgraded one is reported as "restart needed"."""
 
@@ -157,7 +157,7 @@ async def test_server_adds_and_removes_services_while_it_serves(pulsar_broker: E
         with pytest.raises(ValueError, match=r"service id\(s\) \['shout'\] already served"):
             await host.server.add({"shout": shout}, {"shout": shout.descriptor})
         assert await host.server.remove(["shout"]) == 0
-        assert [worker.descriptor.id for worker in host.server.endpoints] == ["echo"]
+        assert [endpoint.descriptor.id for endpoint in host.server.endpoints] == ["echo"]
         assert await host.call("echo", {"text": "still here"}) == "still here"
 
 

@@ -1,4 +1,4 @@
-"""describe: the seed 000/001 descriptor models round-trip the seeds' own JSON examples."""
+"""descriptors: the seed 000/001 descriptor models round-trip the seeds' own JSON examples."""
 
 from __future__ import annotations
 

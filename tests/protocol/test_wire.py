@@ -1,4 +1,4 @@
-"""wire: the seed 000 envelope codec (bytes in, values out). The Pulsar path is in test_serve."""
+"""wire: the seed 000 envelope codec (bytes in, values out). The Pulsar path is in tests/serving/test_endpoint.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""announce + directory + serve: survive a restart of the broker process. The host reconnects,
-announces again and serves; the directory re-syncs; calls after recovery succeed; no tool is
-lost or duplicated. Uses its own broker (never the session one) on a fixed port and data dir.
+"""broker_restart: the announcer, the directory and the endpoints survive a restart of the broker
+process. The host reconnects, announces again and serves; the directory re-syncs; calls after
+recovery succeed; no tool is lost or duplicated. Uses its own broker (never the session one) on a
+fixed port and data dir.
 """
 
 from __future__ import annotations

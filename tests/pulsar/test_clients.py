@@ -1,4 +1,4 @@
-"""broker: the Pulsar client options (token auth, TLS), waiting for a broker, failing fast and
+"""clients: the Pulsar client options (token auth, TLS), waiting for a broker, failing fast and
 clearly where there is none, the C++ client's log, and consumer ids on pulsar-lite; against the
 embedded broker, an HTTP server and free ports."""
 
@@ -17,10 +17,10 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import pulsar
 import pulsar.asyncio
 import pytest
 
-import pulsar
 from tghost.pulsar import clients
 from tghost.pulsar.clients import (
     CLIENT_LOG,

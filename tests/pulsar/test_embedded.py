@@ -23,9 +23,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pulsar
 import pytest
 
-import pulsar
 from tests.conftest import HostProcess, PluginDir
 from tghost.pulsar import embedded
 from tghost.pulsar.clients import free_port, is_reachable

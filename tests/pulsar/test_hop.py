@@ -91,11 +91,11 @@ async def test_a_request_arriving_after_the_host_stopped_receiving_is_answered_u
     """A non-persistent request delivered while the host drains is not left unanswered."""
     async with LocalHost(pulsar_broker.url, [ping]) as host:
         assert await host.call("ping") == "pong"
-        [worker] = host.server.endpoints
-        await worker.stop_receiving()
+        [endpoint] = host.server.endpoints
+        await endpoint.stop_receiving()
         with pytest.raises(ToolCallError) as info:
             await host.call("ping")
-        assert worker.counters["received"] == 2
+        assert endpoint.counters["received"] == 2
     assert info.value.error_type == "unavailable" and "shutting down" in info.value.message
 
 

@@ -1,9 +1,9 @@
-"""Draining after SIGTERM, SIGINT, a watched uninstall or ``Server.remove``, on the embedded broker:
+"""drain: draining after SIGTERM, SIGINT, a watched uninstall or ``Server.remove``, on the embedded broker:
 calls sent at a steady rate while a host drains are all answered (``ok`` by another host, or
 ``unavailable``); none is left without a reply (issue 10, item 1). Counts, not timing.
 
 Every drain test runs twice (the ``style`` fixture): with an ``async def`` tool, served on the
-event loop, and with a plain ``def`` one, served by the thread lane (tghost/lane.py)."""
+event loop, and with a plain ``def`` one, served by the thread lane (tghost/serving/lane.py)."""
 
 from __future__ import annotations
 
@@ -112,11 +112,11 @@ async def until(condition: Callable[[], bool], what: str, timeout: float = 20.0)
     raise AssertionError(f"{what}: not within {timeout}s")
 
 
-def test_peer_watch_tells_another_consumer_by_the_order_of_requests_and_never_for_a_lone_one() -> None:
+def test_peer_lookout_tells_another_consumer_by_the_order_of_requests_and_never_for_a_lone_one() -> None:
     lone: list[bool] = []
     shared: list[bool] = []
     alone = PeerLookout(lambda: lone.append(True))
-    for i in range(50):  # the draining consumer gets every request, before or after the watch sees it
+    for i in range(50):  # the draining consumer gets every request, before or after the lookout sees it
         first, second = (alone._seen, alone.mine) if i % 2 else (alone.mine, alone._seen)
         first(f"r{i}")
         second(f"r{i}")
@@ -160,8 +160,8 @@ def held_service(style: str) -> tuple[tghost.ToolService, Callable[[], None]]:
 
 async def hold_a_call(host: LocalHost, via: LocalHost, held: list[asyncio.Task[str]]) -> None:
     """Send held calls (through ``via``) until ``host`` runs one."""
-    worker = host.server.endpoints[0]
-    while worker.in_flight == 0:
+    endpoint = host.server.endpoints[0]
+    while endpoint.in_flight == 0:
         held.append(asyncio.create_task(via.call("drained", {"hold": True}, timeout=60)))
         await until(lambda: sum(w.in_flight for h in (host, via) for w in h.server.endpoints) >= len(held),
                     "a held call is running")
@@ -212,12 +212,12 @@ async def test_requests_waiting_for_a_slot_are_answered_unavailable_at_once(puls
     service, release = held_service(style)
     settings = ServeSettings(max_concurrency=1)
     async with LocalHost(pulsar_broker.url, [service], settings) as host:
-        worker = host.server.endpoints[0]
+        endpoint = host.server.endpoints[0]
         running = asyncio.create_task(host.call("drained", {"hold": True}, timeout=60))
-        await until(lambda: worker.in_flight == 1, "the call is running")
+        await until(lambda: endpoint.in_flight == 1, "the call is running")
         caller = await host.caller("drained")
         waiting = [asyncio.create_task(outcome(caller)) for _ in range(3)]
-        await until(lambda: worker.in_flight == 4, "three calls wait for the slot")
+        await until(lambda: endpoint.in_flight == 4, "three calls wait for the slot")
         stopping = asyncio.create_task(host.server.stop(grace=60))
         assert await asyncio.gather(*waiting) == ["unavailable"] * 3  # while the held call still runs
         assert not running.done()

@@ -1,4 +1,4 @@
-"""serve: every reply goes through the embedded broker and is checked against the wire contract."""
+"""endpoint: every reply goes through the embedded broker and is checked against the wire contract."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
+import pulsar
 import pytest
 
-import pulsar
 import tghost
 from tests.conftest import PluginDir
 from tghost.agent.client import ToolCallError
@@ -138,9 +138,9 @@ async def test_request_without_id_is_counted_acknowledged_and_not_answered(
         await raw.send(wire.encode_request("u", {"needed": 1}, {}), {})
         await raw.send(wire.encode_request("u", {"needed": 1}, {"after": True}), {"id": "next"})
         [(_, body)] = await raw.replies("next")  # the only reply is the one with an id
-        [worker] = host.server.endpoints
+        [endpoint] = host.server.endpoints
     assert json.loads(body["response"])["arguments"] == {"after": True}
-    assert worker.counters["unanswerable"] == 2
+    assert endpoint.counters["unanswerable"] == 2
     assert recorder.calls == 1
 
 

@@ -1,4 +1,4 @@
-"""Faults the host survives, on the embedded broker: misbehaving plugins, overload, and a host
+"""faults: faults the host survives, on the embedded broker: misbehaving plugins, overload, and a host
 killed mid-call on a persistent request topic. In each, the other services keep answering."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Fuzzing the request handler with hypothesis: the pure decoder over arbitrary input, then
+"""fuzz_requests: fuzzing the request handler with hypothesis: the pure decoder over arbitrary input, then
 payloads through the embedded broker, each of which must get exactly one well-formed reply."""
 
 from __future__ import annotations

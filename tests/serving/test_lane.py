@@ -1,4 +1,4 @@
-"""The thread lane (tghost/lane.py): a plain ``def`` tool on a non-persistent topic is served on
+"""lane: the thread lane (tghost/serving/lane.py): a plain ``def`` tool on a non-persistent topic is served on
 its worker threads with no event-loop hop, and keeps every behaviour of the loop path. Each test
 causes the case on the embedded broker and counts the replies on the wire.
 
@@ -27,8 +27,8 @@ from tghost.testing import LocalHost, RawWire
 
 def lane_of(host: LocalHost) -> Any:
     """The only service's thread lane (None: it is served on the loop)."""
-    [worker] = host.server.endpoints
-    return worker._lane
+    [endpoint] = host.server.endpoints
+    return endpoint._lane
 
 
 async def test_a_plain_def_is_served_by_the_lane_and_an_async_def_is_not(pulsar_broker: EmbeddedBroker) -> None:
@@ -183,11 +183,11 @@ async def test_a_call_still_running_when_the_grace_ends_is_answered_unavailable_
 
     async with LocalHost(pulsar_broker.url, [endless]) as host:
         call = asyncio.create_task(host.call("endless", timeout=30))
-        [worker] = host.server.endpoints
-        while worker.in_flight == 0:
+        [endpoint] = host.server.endpoints
+        while endpoint.in_flight == 0:
             await asyncio.sleep(0.01)
         assert await host.server.stop(grace=0.2) == 1
-        stuck = worker.executor.stats().stuck
+        stuck = endpoint.executor.stats().stuck
         with pytest.raises(ToolCallError) as info:
             await call
         release.set()

@@ -199,7 +199,7 @@ class ToolCalls:
             try:
                 listener(record)
             except Exception:
-                log.exception("invoke listener %r failed on a call of %r", listener, record.tool)
+                log.exception("call listener %r failed on a call of %r", listener, record.tool)
 
     async def invoke(self, name: str, arguments: dict[str, Any], **options: Any) -> str:
         """Invoke tool ``name`` and return the observation string, all chunks joined; the

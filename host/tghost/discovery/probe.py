@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent import futures
 from importlib.metadata import EntryPoint
 from typing import Any
 
@@ -49,7 +49,7 @@ def probe(eps: Sequence[EntryPoint], load: Load, timeout: float = PROBE_TIMEOUT,
                 fatal = future.result()
             except pebble.ProcessExpired as exc:
                 fatal = f"importing it killed the process ({describe_exit(exc.exitcode)})"
-            except FutureTimeout:
+            except futures.TimeoutError:
                 fatal = f"importing it did not finish within {timeout:g}s"
             except Exception:
                 fatal = None

@@ -99,9 +99,9 @@ def _server_metrics(server: Server) -> Iterator[Metric]:
                               labels=["service"])
     restarts = CounterMetricFamily("tghost_worker_restarts", "Worker processes replaced, by reason.",
                                    labels=["service", "reason"])
-    for worker in list(server.endpoints):
-        sid, stats = worker.descriptor.id, worker.executor.stats()
-        in_flight.add_metric([sid], worker.in_flight)
+    for endpoint in list(server.endpoints):
+        sid, stats = endpoint.descriptor.id, endpoint.executor.stats()
+        in_flight.add_metric([sid], endpoint.in_flight)
         workers.add_metric([sid, stats.isolation], stats.workers)
         stuck.add_metric([sid], stats.stuck)
         for reason, count in stats.restarts.items():
@@ -169,7 +169,7 @@ class HostMetrics:
         """Export ``tghost_in_flight{service}``, ``tghost_workers{service,isolation}``,
         ``tghost_stuck_workers{service}``, ``tghost_worker_restarts_total{service,reason}`` and
         ``tghost_loop_stalls_total``."""
-        self.calls.declare(worker.descriptor.id for worker in server.endpoints)
+        self.calls.declare(endpoint.descriptor.id for endpoint in server.endpoints)
         self._collect(lambda: _server_metrics(server))
 
     def collect_catalog(self, catalog: Catalog) -> None:
@@ -242,7 +242,7 @@ class MetricsServer:
 
 class HostMonitor:
     """Metrics and health for ``tghost run``: ``with HostMonitor(host, port) as monitor:`` binds
-    the port and captures errors logged under ``tghost``; ``run_host`` then calls :meth:`watch`
+    the port and captures errors logged under ``tghost``; ``run_host`` then calls :meth:`observe`
     once the host serves. Give :attr:`listeners` to the server.
 
     Raises (on enter):
@@ -269,7 +269,7 @@ class HostMonitor:
         self.http.stop()
         self.health.detach()
 
-    async def watch(self, catalog: Catalog, server: Server, announcer: Announcer | None) -> None:
+    async def observe(self, catalog: Catalog, server: Server, announcer: Announcer | None) -> None:
         """Read the live host from now on. Pulsar connectivity is the announcer's producer's (else
         the first service's response producer's): producers the host already has."""
         self.metrics.collect_catalog(catalog)

@@ -4,7 +4,7 @@ Never re-imports a module, and never overwrites a name another plugin already se
 
 Why an upgrade is reported, not reloaded: Python cannot safely replace a module in place.
 ``importlib.reload`` re-runs the new code inside the old module object, but every object the old
-code made lives on: service instances held by workers, closures, classes other modules
+code made lives on: service instances held by endpoints and executors, closures, classes other modules
 imported, sub-modules the new code no longer has, threads still in a call. A reloaded plugin is
 therefore a mix of both versions, and a plugin's import-time state (clients, caches, open files)
 would leak or run twice. So an upgraded distribution (same entry point, new version) keeps
@@ -133,7 +133,7 @@ class PluginWatcher:
       checked against what the host serves (a collision is reported, never overwrites), then
       served on the host's Pulsar client and announced ``available``.
     - An entry point gone (its distribution uninstalled) has its tools and services announced
-      ``withdrawn``, then its workers stop (in-flight calls get the host's grace).
+      ``withdrawn``, then its services stop (in-flight calls get the host's grace).
     - An entry point whose distribution version changed is logged once as "restart needed".
 
     ``catalog`` is the host's own, shared with the announcer; its ``plugins`` list gains the new

@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 class Monitor(Protocol):
     """Watches a serving host (metrics, health; :class:`tghost.operate.metrics.HostMonitor`)."""
 
-    async def watch(self, catalog: Catalog, server: Server, announcer: Announcer | None) -> None:
+    async def observe(self, catalog: Catalog, server: Server, announcer: Announcer | None) -> None:
         """Start reading the live host; called once it serves and announces."""
 
 
@@ -73,7 +73,7 @@ async def run_host(
     ``serve_settings.grace`` seconds, and closes. A second SIGINT/SIGTERM ends the grace at once
     (:meth:`tghost.serving.server.Server.end_grace`). Returns the number of calls cancelled at the end
     of the grace. ``listeners`` get
-    every call's record (metrics, audit); ``monitor`` watches the host once it serves. With
+    every call's record (metrics, audit); ``monitor`` observes the host once it serves. With
     ``watch``, plugins installed or uninstalled meanwhile are served or withdrawn live
     (:class:`tghost.operate.plugin_watch.PluginWatcher`; ``catalog`` changes with them).
 
@@ -93,7 +93,7 @@ async def run_host(
         if announcer is not None:
             await announcer.start(client)
         if monitor is not None:
-            await monitor.watch(catalog, server, announcer)
+            await monitor.observe(catalog, server, announcer)
         watcher = PluginWatcher(catalog, server, announcer, watch).start() if watch is not None else None
         await stop.wait()
         if watcher is not None:

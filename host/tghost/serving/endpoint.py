@@ -210,7 +210,6 @@ class ServiceEndpoint:
         task: asyncio.Task[None] = asyncio.current_task()  # type: ignore[assignment]
         request = Request(CallRecord(self.descriptor.id, message.properties().get("id")), message)
         log.debug("service %s: request %s received", self.descriptor.id, request.record.request_id)
-        acknowledge = True
         try:
             if request.record.request_id is None:
                 self.counters["unanswerable"] += 1
@@ -221,19 +220,20 @@ class ServiceEndpoint:
                 if self._peers is not None:
                     self._peers.mine(request.record.request_id)
                 await self._refuse(request, wire.UNAVAILABLE, self.terms.refusal(wire.UNAVAILABLE))
-            elif self._admitted >= self.terms.capacity:
-                await self._refuse(request, wire.OVERLOADED, self.terms.refusal(wire.OVERLOADED))
+            elif (refusal := self.terms.over_capacity(self._admitted)) is not None:
+                await self._refuse(request, wire.OVERLOADED, refusal)
             else:
                 await self._admit(request, task)
         except asyncio.CancelledError as exc:
-            acknowledge = not self.persistent
-            await self._cut_off(request, started=NOT_STARTED not in exc.args)
+            if not request.answered:
+                await self._cut_off(request, started=NOT_STARTED not in exc.args)
             raise
         except Exception:
             log.exception("service %s: could not reply to request %s", self.descriptor.id, request.record.request_id)
         finally:
             self._tasks.discard(task)  # answered: no longer in flight
-            self._port.settle(request.record, message, request.started, acknowledge)  # type: ignore[union-attr]
+            self._port.settle(request.record, message, request.started,  # type: ignore[union-attr]
+                              acknowledge=request.record.status != RETURNED)
 
     async def _admit(self, request: Request, task: asyncio.Task[None]) -> None:
         self._admitted += 1
@@ -305,14 +305,27 @@ class ServiceEndpoint:
         only once the broker has it. A non-persistent one's is not: the broker never delivers a
         non-persistent request again, so the acknowledgement changes nothing, and waiting would
         cost a hop and the client's I/O thread the GIL (docs/benchmarks.md §1). The producer is
-        flushed before it closes."""
+        flushed before it closes. A persistent request whose reply the broker did not take is
+        left unacknowledged (:data:`~tghost.serving.request.RETURNED`), for another delivery."""
         if not request.claim(status):
             return
         port: Port = self._port  # type: ignore[assignment]
-        if self.persistent:
-            await port.receipt(request.request_id, payload)
-        else:
+        if not self.persistent:
             port.send(request.request_id, payload)
+            return
+        receipt = asyncio.ensure_future(port.receipt(request.request_id, payload))
+        try:
+            await asyncio.shield(receipt)
+        except asyncio.CancelledError:  # a timeout or shutdown while the reply was on its way
+            with contextlib.suppress(Exception):
+                await receipt  # the reply is out: settle the request once the broker has it
+            if receipt.cancelled() or receipt.exception() is not None:
+                request.record.status = RETURNED
+            raise
+        except pulsar.asyncio.PulsarException as exc:
+            log.warning("service %s: the broker did not take the reply to request %s (%s); the request is left "
+                        "unacknowledged, so the broker delivers it again", self.descriptor.id, request.request_id, exc)
+            request.record.status = RETURNED
 
     async def stop_receiving(self) -> None:
         """Stop taking new requests; in-flight ones go on (see :meth:`drain`).

@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 #: Seconds a request the lookout saw may stay away from the draining consumer before it counts as
 #: taken by another host, when no later request arrives to tell by order.
 PEER_WAIT = 1.0
-#: Seconds the lookout's subscription may take; a host that cannot watch stays subscribed.
+#: Seconds the lookout's subscription may take; a host that cannot look out stays subscribed.
 LOOKOUT_TIMEOUT = 2.0
 #: Messages the lookout's consumer may buffer (it only notes ids; a burst beyond is not needed).
 LOOKOUT_QUEUE = 1000
@@ -118,5 +118,5 @@ class PeerLookout:
         try:
             await consumer.close()
         except Exception as exc:
-            log.debug("could not close the drain watch: %s", exc)
+            log.debug("could not close the lookout: %s", exc)
 

@@ -78,12 +78,11 @@ class ThreadLane:
         """Admit one answerable request and queue it for a worker thread, or answer ``overloaded``."""
         request = Request(record, message)
         with self._lock:
-            full = self.in_flight >= self._terms.capacity
-            starved = None if full else self._executor.starved()
-            if not full and starved is None:
+            refusal = self._terms.over_capacity(self.in_flight) or self._executor.starved()
+            if refusal is None:
                 self._waiting[request] = None
-        if full or starved is not None:
-            self._refuse(request, wire.OVERLOADED, starved or self._terms.refusal(wire.OVERLOADED))
+        if refusal is not None:
+            self._refuse(request, wire.OVERLOADED, refusal)
             return
         request.job = self._executor.submit(self._run, request)
 

@@ -19,6 +19,8 @@ Never runs plugin code itself: the executors do.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import logging
 import threading
 import time
@@ -151,6 +153,11 @@ class Terms:
             raise ToolError(f"service {self.service_id!r} needs config param(s) {missing}", wire.MISSING_CONFIG)
         return request.user, request.config, self.service.check_arguments(request.arguments)
 
+    def over_capacity(self, admitted: int) -> str | None:
+        """The text of the ``overloaded`` reply when ``admitted`` requests already fill the
+        service (``capacity``), else ``None``: the admission check of both drivers."""
+        return self.refusal(wire.OVERLOADED) if admitted >= self.capacity else None
+
     def refusal(self, error_type: str, started: bool = False) -> str:
         """The text of an ``overloaded``, ``timeout`` or ``unavailable`` reply (``started``: the
         call was cut off by shutdown while it ran, not while it waited)."""
@@ -159,10 +166,10 @@ class Terms:
                     f"{self.max_queue} waiting; retry later")
         if error_type == wire.TIMEOUT:
             return f"service {self.service_id!r} did not finish within {self.timeout}s"
-        if error_type == wire.UNAVAILABLE and not started:
+        if not started:
             return (f"this host stopped serving {self.service_id!r} (it is shutting down) before the call "
                     "started; retry")
-        return f"the host shut down before the call {'finished' if started else 'started'}; retry"
+        return "the host shut down before the call finished; retry"
 
 
 def failure(exc: Exception, service_id: str) -> tuple[str, str]:
@@ -209,8 +216,7 @@ class Port:
         """Send one chunk of a stream; the future is done once the broker has it (True) or did
         not take it (False)."""
         sent: futures.Future[bool] = futures.Future()
-        hop.send(self.producer, payload, {"id": request_id},
-                 lambda result, _: sent.set_result(result == pulsar.Result.Ok))
+        hop.send(self.producer, payload, {"id": request_id}, functools.partial(_receipt_of, sent))
         return sent
 
     def settle(self, record: CallRecord, message: Any, started: float, acknowledge: bool = True) -> None:
@@ -224,6 +230,14 @@ class Port:
                 listener(record)
             except Exception:
                 log.exception("service %s: call listener %r failed", self._service_id, listener)
+
+
+def _receipt_of(sent: futures.Future[bool], result: Any, _: Any) -> None:
+    """On the client's I/O thread: the broker's answer to one chunk. Never raises: an exception
+    here would end the process (pulsar-client-python #184); a receipt nobody waits for any more
+    (the future was cancelled) is dropped."""
+    with contextlib.suppress(futures.InvalidStateError):
+        sent.set_result(result == pulsar.Result.Ok)
 
 
 class Request:
@@ -303,10 +317,10 @@ async def confirmed_on_loop(receipts: Sequence[futures.Future[bool]]) -> None:
     """:func:`confirmed`, on the event loop. One producer's receipts arrive in order, so waiting
     for the last one is usually one hop for the whole window."""
     if receipts:
-        await asyncio.wrap_future(receipts[-1])
+        await asyncio.shield(asyncio.wrap_future(receipts[-1]))  # a cancelled caller leaves them be
         for receipt in receipts:
             if not receipt.done():
-                await asyncio.wrap_future(receipt)
+                await asyncio.shield(asyncio.wrap_future(receipt))
     _all_sent(receipts)
 
 

@@ -2,7 +2,7 @@
 shrunk by a live plugin install, and shut down gracefully: stop receiving, hand off, drain, close.
 
 Each service is a :class:`tghost.serving.endpoint.ServiceEndpoint`; the stall detector
-(:class:`tghost.serving.stalls.StallDetector`) watches their event loop while they serve.
+(:class:`tghost.serving.stalls.StallDetector`) samples their event loop while they serve.
 """
 
 from __future__ import annotations

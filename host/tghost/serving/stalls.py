@@ -1,7 +1,7 @@
 """stalls: a stall detector for the serving event loop. A daemon thread pings the loop and,
 when a ping waits longer than a threshold, logs once per stall whose code holds the loop.
 
-Never changes the loop or the code it watches: it only reads the loop thread's stack.
+Never changes the loop or the code it samples: it only reads the loop thread's stack.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 class Stall:
     """What held the event loop when a stall crossed the threshold.
 
-    ``owner`` is the label of the innermost owner object (a service worker) on the loop
+    ``owner`` is the label of the innermost owner object (a service's thread executor) on the loop
     thread's stack, or ``None`` when the blocking code runs outside any. ``entry`` is
     ``file:line in function`` of the first frame the owner called (the plugin's code), and
     ``where`` the same for the innermost Python frame (``entry`` again when that is it).
@@ -80,7 +80,7 @@ class StallDetector:
         self._thread: threading.Thread | None = None
 
     def start(self) -> StallDetector:
-        """Watch the running loop (call from its thread); returns ``self``.
+        """Sample the running loop (call from its thread); returns ``self``.
 
         Raises:
             RuntimeError: no event loop runs in this thread.
@@ -93,7 +93,7 @@ class StallDetector:
         return self
 
     def stop(self) -> None:
-        """Stop watching; returns within about one ``interval``."""
+        """Stop sampling; returns within about one ``interval``."""
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=1.0)

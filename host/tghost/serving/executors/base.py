@@ -1,5 +1,4 @@
-"""base: the executor interface's ``invoke`` runs, behind one small interface, as Celery's pools are:
-in the host's worker threads (:mod:`.thread`) or in worker processes (:mod:`.process`).
+"""base: the one small interface every executor has, as Celery's pools share one.
 
 What every executor is (:class:`Executor`), what it runs (:data:`Call`) and gives back
 (:data:`Outcome`), and what it reports (:class:`WorkerStats`).

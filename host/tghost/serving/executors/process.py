@@ -3,7 +3,7 @@ max concurrency. A worker whose call outlives its caller is terminated, then kil
 (signal, ``os._exit``, OOM) fails only its own call; both are replaced at once, as are workers
 recycled after ``max_calls`` calls or above ``max_memory``.
 
-Host side only: never runs plugin code (:mod:`.worker` does, in the child). Workers start with
+Host side only: never runs plugin code (:mod:`.child` does, in the child). Workers start with
 ``forkserver``: ``fork`` is unsafe once the Pulsar client's threads run.
 
 Why not pebble or loky here: a call is a conversation, not a job. A generator streams chunks while

@@ -49,7 +49,7 @@ class ThreadExecutor(Executor):
     answered ``overloaded`` at once, saying so, instead of waiting for a thread that never comes.
 
     :meth:`submit` and :meth:`abandon` are the synchronous interface, safe from any thread (the
-    thread lane, :mod:`tghost.serving.lane`, uses them); :meth:`invoke` is the awaitable one.
+    thread lane, :mod:`tghost.serving.lane`, uses them); :meth:`run` is the awaitable one.
     """
 
     isolation = THREAD

@@ -1,0 +1,173 @@
+"""request: the one request state machine both drivers share. Its parts on their own (the checks
+and their order, the reply an exception comes to, exactly one last reply, the stream window),
+and a chunk receipt that arrives for a caller who stopped waiting, on the embedded broker.
+(The drivers themselves are tests/serving/test_endpoint.py and test_lane.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from concurrent import futures
+from typing import Any
+
+import _pulsar
+import pulsar
+import pytest
+
+import tghost
+from tghost.protocol import wire
+from tghost.protocol.descriptors import ToolServiceDescriptor
+from tghost.pulsar import hop
+from tghost.pulsar.embedded import EmbeddedBroker
+from tghost.serving.request import (
+    CallRecord,
+    ChunkNotSent,
+    Port,
+    Request,
+    Terms,
+    _receipt_of,
+    confirmed,
+    failure,
+)
+
+
+@tghost.tool
+def echo(text: str) -> str:
+    """Echo the text."""
+    return text
+
+
+def terms(**overrides: Any) -> Terms:
+    fields: dict[str, Any] = {"service": echo, "descriptor": echo.descriptor, "timeout": 2.0, "max_concurrency": 2,
+                              "max_queue": 1, "max_payload": 200, "max_redeliveries": 3}
+    return Terms(**{**fields, **overrides})
+
+
+def message(body: dict[str, Any] | bytes) -> Any:
+    """A real ``_pulsar.Message``, built as the client builds one, with an ``id`` property."""
+    builder = _pulsar.MessageBuilder()
+    builder.content(body if isinstance(body, bytes) else json.dumps(body).encode())
+    builder.property("id", "r1")
+    return builder.build()
+
+
+def checked(t: Terms, body: dict[str, Any] | bytes) -> tuple[CallRecord, Any]:
+    record = CallRecord("echo", "r1")
+    return record, t.check(record, message(body))
+
+
+def error_type(t: Terms, body: dict[str, Any] | bytes) -> str:
+    with pytest.raises(tghost.ToolError) as info:
+        checked(t, body)
+    return info.value.error_type
+
+
+def test_check_passes_a_good_request_and_records_its_user_and_arguments() -> None:
+    record, call = checked(terms(), {"user": "ada", "config": "{}", "arguments": json.dumps({"text": "hi"})})
+    assert call == ("ada", {}, {"text": "hi"})
+    assert (record.user, record.arguments) == ("ada", {"text": "hi"})
+
+
+def test_check_refuses_in_order_size_envelope_authorize_config_then_arguments() -> None:
+    assert error_type(terms(max_payload=10), {"arguments": "{}"}) == wire.BAD_REQUEST
+    assert error_type(terms(), b"not json") == wire.BAD_REQUEST
+    deny = terms(authorize=lambda user, service, config, arguments: "no")
+    assert error_type(deny, {"arguments": json.dumps({"text": "x"})}) == wire.NOT_ALLOWED
+    needs = ToolServiceDescriptor.model_validate({**echo.descriptor.to_json_dict(),
+                                                  "config-params": [{"name": "style", "required": True}]})
+    assert error_type(terms(descriptor=needs), {"arguments": "{}"}) == wire.MISSING_CONFIG
+    assert error_type(terms(), {"arguments": json.dumps({"text": 1, "extra": 2})}) == wire.INVALID_ARGUMENTS
+
+
+def test_refusal_texts_name_the_service_its_limits_and_what_to_do() -> None:
+    t = terms()
+    assert t.over_capacity(2) is None
+    assert t.over_capacity(3) == t.refusal(wire.OVERLOADED) == \
+        "service 'echo' has 2 calls running and 1 waiting; retry later"
+    assert t.refusal(wire.TIMEOUT) == "service 'echo' did not finish within 2.0s"
+    assert "stopped serving 'echo'" in t.refusal(wire.UNAVAILABLE) and "retry" in t.refusal(wire.UNAVAILABLE)
+    assert t.refusal(wire.UNAVAILABLE, started=True) == "the host shut down before the call finished; retry"
+
+
+def test_failure_keeps_a_tool_error_type_and_makes_anything_else_a_tool_service_error() -> None:
+    assert failure(tghost.ToolError("nope", "not-found"), "echo") == ("not-found", "nope")
+    assert failure(ChunkNotSent("lost"), "echo") == (wire.TOOL_SERVICE_ERROR, "lost")
+    assert failure(ZeroDivisionError("division by zero"), "echo") == \
+        (wire.TOOL_SERVICE_ERROR, "ZeroDivisionError: division by zero")
+
+
+def test_exactly_one_of_many_threads_claims_the_last_reply() -> None:
+    request = Request(CallRecord("echo", "r1"), None)
+    start = threading.Barrier(8)
+    won: list[bool] = []
+
+    def claim(status: str) -> None:
+        start.wait()
+        won.append(request.claim(status))
+
+    threads = [threading.Thread(target=claim, args=(f"type-{n}",)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(won) == [False] * 7 + [True]
+    assert request.record.status.startswith("type-")
+
+
+class _Sent:
+    """Records each chunk, confirmed at once: the window's arithmetic, without a broker."""
+
+    def __init__(self) -> None:
+        self.chunks: list[bytes] = []
+
+    def send_chunk(self, request_id: str, payload: bytes) -> futures.Future[bool]:
+        self.chunks.append(payload)
+        done: futures.Future[bool] = futures.Future()
+        done.set_result(True)
+        return done
+
+
+def test_the_stream_window_asks_for_receipts_every_window_and_stops_once_claimed() -> None:
+    request, port = Request(CallRecord("echo", "r1"), None), _Sent()
+    full = [request.chunk(port, str(n)) for n in range(2 * hop.STREAM_WINDOW + 5)]  # type: ignore[arg-type]
+    assert [n for n, f in enumerate(full) if f] == [hop.STREAM_WINDOW - 1, 2 * hop.STREAM_WINDOW - 1]
+    assert len(request.rest()) == 5 and request.rest() == []
+    assert request.claim()
+    assert request.chunk(port, "late") is None  # type: ignore[arg-type]
+    assert len(port.chunks) == 2 * hop.STREAM_WINDOW + 5
+
+
+def test_a_chunk_the_broker_refused_cuts_the_stream_short() -> None:
+    refused: futures.Future[bool] = futures.Future()
+    refused.set_result(False)
+    with pytest.raises(ChunkNotSent):
+        confirmed([refused])
+
+
+def test_a_receipt_for_a_caller_who_stopped_waiting_is_dropped_without_raising() -> None:
+    """The client runs the receipt on its I/O thread, where an exception ends the process."""
+    gone: futures.Future[bool] = futures.Future()
+    gone.cancel()
+    _receipt_of(gone, pulsar.Result.Ok, None)  # raised InvalidStateError before
+    assert gone.cancelled()
+
+
+@pytest.mark.broker
+async def test_chunk_receipts_arrive_over_the_broker_and_a_cancelled_wait_leaves_the_host_alive(
+        pulsar_broker: EmbeddedBroker) -> None:
+    client = pulsar.asyncio.Client(pulsar_broker.url)
+    topic = "non-persistent://tg/response/test-request-receipts"
+    try:
+        producer = await client.create_producer(topic, batching_enabled=False)
+        port = Port(producer, hop.Mailbox(asyncio.get_running_loop()), (), "echo")
+        kept = [port.send_chunk("r1", wire.encode_response(str(n), False)) for n in range(10)]
+        dropped = [port.send_chunk("r2", wire.encode_response(str(n), False)) for n in range(10)]
+        for receipt in dropped:
+            receipt.cancel()
+        await producer.flush()
+        await asyncio.wait_for(asyncio.wrap_future(kept[-1]), 10)
+        assert all(receipt.result() for receipt in kept)
+        assert all(receipt.cancelled() for receipt in dropped)
+    finally:
+        await client.close()
