@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
+import json
 import os
 import queue
 import re
@@ -33,7 +34,7 @@ T = TypeVar("T")
 
 #: Fixtures that start or use a real broker, and the names a test uses to start one itself.
 BROKER_FIXTURES = frozenset({"pulsar_broker", "host_process"})
-BROKER_NAMES = ("EmbeddedBroker", "LocalHost", "ensure_broker", "tghost(", "run_tghost", "subprocess")
+BROKER_NAMES = ("EmbeddedBroker", "LocalHost", "ensure_broker", "tghost_cli(", "live_tools(", "subprocess")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -50,6 +51,23 @@ def _starts_a_broker(item: pytest.Item) -> bool:
     except (OSError, TypeError):
         return True
     return any(name in source for name in BROKER_NAMES)
+
+
+#: What ``tghost run`` logs once it serves: its catalog's size and the broker's URL.
+READY = r"\d+ service\(s\), \d+ tool\(s\) on"
+
+
+def tghost_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run ``tghost ARGS`` as a user would, in a process of its own, and capture what it prints."""
+    return subprocess.run([sys.executable, "-m", "tghost", *args], env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def live_tools(env: dict[str, str], *args: str) -> dict[str, dict[str, object]]:
+    """``tghost tools --json ARGS``, by tool name."""
+    result = tghost_cli("tools", "--json", *args, env=env)
+    assert result.returncode == 0, result.stderr
+    return {row["name"]: row for row in json.loads(result.stdout)}
 
 
 class PluginDir:

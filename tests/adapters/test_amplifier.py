@@ -26,8 +26,7 @@ from amplifier_core import ModuleLoader
 from amplifier_core.testing import MockCoordinator
 
 from tests.author.test_scaffold import OFFLINE_PIP
-from tests.cli.test_cli import READY, live_tools, tghost
-from tests.conftest import HostProcess, PluginDir
+from tests.conftest import READY, HostProcess, PluginDir, live_tools, tghost_cli
 from tests.operate.test_plugin_watch import FIRST, SECOND
 from tghost.discovery.discover import ENTRY_POINT_GROUP
 from tghost.pulsar.embedded import EmbeddedBroker
@@ -39,7 +38,7 @@ def install_module(tmp_path: Path) -> Path:
     """pip-install the Amplifier module into a private target dir (the test venv stays as it was)."""
     source, site = tmp_path / "module-source", tmp_path / "site"
     shutil.copytree(MODULE_SOURCE, source)
-    installed = tghost("install", "--no-index", "--no-deps", "--no-build-isolation", "--target", str(site),
+    installed = tghost_cli("install", "--no-index", "--no-deps", "--no-build-isolation", "--target", str(site),
                        str(source), env=OFFLINE_PIP, timeout=180)
     assert installed.returncode == 0, installed.stdout + installed.stderr
     assert (site / "amplifier_module_tool_readonly_fs-1.0.0.dist-info").is_dir()
@@ -66,7 +65,7 @@ def test_a_pip_installed_amplifier_tool_module_is_served_called_and_exported_as_
            "TGHOST_DESCRIPTORS_TOPIC": f"persistent://tg/config/amplifier-{uuid.uuid4().hex[:8]}",
            "TGHOST_LOAD_PLUGINS": "amplifier", "TGHOST_CONFIG": str(config)}
 
-    listed = tghost("plugins", "--json", env=env)
+    listed = tghost_cli("plugins", "--json", env=env)
     assert listed.returncode == 0, listed.stdout + listed.stderr
     module = next(r for r in json.loads(listed.stdout) if r["name"] == "tool-readonly-fs")
     assert (module["kind"], module["added_by"], module["status"], module["tools"]) == (
@@ -77,23 +76,23 @@ def test_a_pip_installed_amplifier_tool_module_is_served_called_and_exported_as_
     host.wait_for(READY)
     assert {"read_file", "list_dir"} <= set(live_tools(env))
 
-    read = tghost("call", "read_file", "file_path=notes.txt", env=env)
+    read = tghost_cli("call", "read_file", "file_path=notes.txt", env=env)
     assert read.returncode == 0, read.stderr
     assert json.loads(read.stdout) == {"file_path": "notes.txt", "content": "     1\tfirst line\n     2\tsecond line",
                                        "total_lines": 2, "lines_read": 2}
-    listing = tghost("call", "list_dir", env=env)
+    listing = tghost_cli("call", "list_dir", env=env)
     assert (listing.returncode, listing.stdout) == (0, "DIR  docs\nFILE big.txt\nFILE notes.txt\n")
-    outside = tghost("call", "read_file", "file_path=../audit.jsonl", env=env)
+    outside = tghost_cli("call", "read_file", "file_path=../audit.jsonl", env=env)
     assert outside.returncode == 1
     assert "error: tool-service-error: Access denied: ../audit.jsonl is outside the workspace" in outside.stderr
-    too_big = tghost("call", "read_file", "file_path=big.txt", env=env)  # max_bytes from the config file
+    too_big = tghost_cli("call", "read_file", "file_path=big.txt", env=env)  # max_bytes from the config file
     assert too_big.returncode == 1
     assert "error: FileTooLarge: big.txt is 100 bytes, over the limit of 64" in too_big.stderr
-    invalid = tghost("call", "read_file", "file_path=notes.txt", "offset:=0", env=env)
+    invalid = tghost_cli("call", "read_file", "file_path=notes.txt", "offset:=0", env=env)
     assert invalid.returncode == 1
     assert "error: invalid-arguments: argument 'offset': 0 is less than the minimum of 1" in invalid.stderr
 
-    exported = tghost("export", "--format", "mcp", env=env)
+    exported = tghost_cli("export", "--format", "mcp", env=env)
     assert exported.returncode == 0, exported.stderr
     mcp = {tool["name"]: tool for tool in json.loads(exported.stdout)}
     monkeypatch.syspath_prepend(str(site))

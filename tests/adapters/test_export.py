@@ -11,8 +11,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from tests.cli.test_cli import tghost
-from tests.conftest import HostProcess, PluginDir
+from tests.conftest import HostProcess, PluginDir, tghost_cli
 from tghost import ToolDescriptor, ToolServiceDescriptor
 from tghost.adapters.export import input_schema, mcp_tool, trustgraph_tool
 from tghost.pulsar.embedded import EmbeddedBroker
@@ -72,7 +71,7 @@ def live(env: dict[str, str], host_process: Callable[..., HostProcess]) -> Itera
 
 
 def export(env: dict[str, str], *args: str) -> Any:
-    result = tghost("export", *args, env=env)
+    result = tghost_cli("export", *args, env=env)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
 
@@ -137,8 +136,8 @@ def test_mcp_export_lists_tool_objects_filtered_by_group(live: dict[str, str]) -
 
 
 def test_export_needs_a_format_and_a_broker() -> None:
-    assert tghost("export").returncode == 2
-    result = tghost("export", "--format", "mcp", "--pulsar-url", "pulsar://127.0.0.1:1")
+    assert tghost_cli("export").returncode == 2
+    result = tghost_cli("export", "--format", "mcp", "--pulsar-url", "pulsar://127.0.0.1:1")
     assert result.returncode == 1 and "no Pulsar broker answers" in result.stderr
 
 

@@ -22,8 +22,8 @@ from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.memory import create_client_server_memory_streams
 
-from tests.cli.test_cli import ECHO, SHOUT, tghost
-from tests.conftest import HostProcess, PluginDir
+from tests.cli.test_cli import ECHO, SHOUT
+from tests.conftest import HostProcess, PluginDir, tghost_cli
 from tghost.adapters.mcp import Bridge
 from tghost.agent.directory import ToolDirectory
 from tghost.pulsar.clients import PulsarSettings, free_port
@@ -189,6 +189,6 @@ async def test_a_session_is_remembered_from_its_handshake_until_its_connection_c
 
 
 def test_mcp_without_a_broker_says_how_to_start_one() -> None:
-    result = tghost("mcp", "--pulsar-url", "pulsar://127.0.0.1:1")
+    result = tghost_cli("mcp", "--pulsar-url", "pulsar://127.0.0.1:1")
     assert result.returncode == 1 and result.stdout == ""
     assert "no Pulsar broker answers at pulsar://127.0.0.1:1" in result.stderr

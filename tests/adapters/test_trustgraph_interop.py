@@ -18,8 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.cli.test_cli import live_tools, tghost
-from tests.conftest import HostProcess, LoopThread, PluginDir
+from tests.conftest import HostProcess, LoopThread, PluginDir, live_tools, tghost_cli
 from tests.operate.test_plugin_watch import FIRST, SECOND, eventually
 from tghost.adapters.trustgraph.config_service import ConfigServiceClient, ConfigServiceError
 from tghost.adapters.trustgraph.sync import MARKER
@@ -275,7 +274,7 @@ def test_sync_puts_installed_plugins_tools_where_trustgraphs_agent_loads_them_an
     assert trustgraph.invoke("second-shout", text="from trustgraph") == "FROM TRUSTGRAPH"
     assert trustgraph.invoke("first-echo", text="round trip") == "round trip"
     # The item values are tghost export's, plus the owner mark: one code path for the shapes.
-    exported = json.loads(tghost("export", "--format", "trustgraph", env=env).stdout)
+    exported = json.loads(tghost_cli("export", "--format", "trustgraph", env=env).stdout)
     assert ours(store) == {(type, key): {**value, MARKER: "tghost"}
                            for type, items in exported.items() for key, value in items.items()}
 
@@ -298,13 +297,13 @@ def test_sync_puts_installed_plugins_tools_where_trustgraphs_agent_loads_them_an
         {"workspace": "default", "action": "delete", "type": "tool-service", "key": "second-shout",
          "reason": "unused"}]
     version = store.version
-    again = tghost("trustgraph", "sync", "--once", "--json", env=env)
+    again = tghost_cli("trustgraph", "sync", "--once", "--json", env=env)
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout)["changes"] == [] and store.version == version  # a restart: no churn
 
     host.process.send_signal(signal.SIGINT)
     assert host.finish() == 0
-    cron = tghost("trustgraph", "sync", "--once", "--json", env=env)
+    cron = tghost_cli("trustgraph", "sync", "--once", "--json", env=env)
     assert {(c["action"], c["type"], c["key"], c["reason"]) for c in json.loads(cron.stdout)["changes"]} == {
         ("delete", "tool", "first-echo", "no longer live"), ("delete", "tool-service", "first-echo", "unused"),
         ("delete", "tool", "take-notes", "no longer live"), ("delete", "tool", "research-notes", "no longer live"),
@@ -324,20 +323,20 @@ def test_sync_once_writes_only_the_tools_of_the_groups_and_trusted_hosts_asked_f
     unsigned = host_process("--load-plugins", "first", env=env)
     for host in (signed, unsigned):
         host.wait_for("announced")
-    result = tghost("trustgraph", "sync", "--once", "--json", "--group", "research", "--state", "undefined",
+    result = tghost_cli("trustgraph", "sync", "--once", "--json", "--group", "research", "--state", "undefined",
                     "--trusted-key", str(pair.public), env=env)
     assert result.returncode == 0, result.stderr
     assert {(c["action"], c["type"], c["key"]) for c in json.loads(result.stdout)["changes"]} == {
         ("put", "tool-service", "take-notes"), ("put", "tool", "research-notes")}
     assert set(ours(store)) == {("tool-service", "take-notes"), ("tool", "research-notes")}
     assert "is not registered" not in result.stderr
-    elsewhere = tghost("trustgraph", "sync", "--once", "--workspace", "sandbox", env=env)
+    elsewhere = tghost_cli("trustgraph", "sync", "--once", "--workspace", "sandbox", env=env)
     assert elsewhere.returncode == 0, elsewhere.stderr
     assert "workspace sandbox is not registered in TrustGraph" in elsewhere.stderr
     assert {(c, k) for (w, c, k) in store.rows if w == "sandbox"} == {
         ("tool-service", "first-echo"), ("tool", "first-echo"), ("tool-service", "take-notes"),
         ("tool", "take-notes"), ("tool", "research-notes")}  # written all the same
-    everything = tghost("trustgraph", "sync", "--once", env=env)
+    everything = tghost_cli("trustgraph", "sync", "--once", env=env)
     assert everything.returncode == 0, everything.stderr
     assert everything.stdout.splitlines() == [  # the rest: the unsigned host's tool and the default group's
         "put tool-service/first-echo (added)", "put tool/first-echo (added)", "put tool/take-notes (added)",
@@ -403,7 +402,7 @@ def test_trustgraphs_agent_calls_a_synced_tool_itself(
     env = plugin_dir.user_env(pulsar_broker.url, tmp_path / "config", "tgagent")
     host = host_process(env=env)
     host.wait_for("announced")
-    assert tghost("trustgraph", "sync", "--once", env=env).returncode == 0
+    assert tghost_cli("trustgraph", "sync", "--once", env=env).returncode == 0
     trustgraph.start_agent()
     assert "first-echo" in trustgraph.agent_tools()
     try:

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from tests.cli.test_cli import tghost
+from tests.conftest import tghost_cli
 from tghost.adapters.trustgraph.sync import MARKER, ItemChange, plan
 from tghost.pulsar.embedded import EmbeddedBroker
 
@@ -98,7 +98,7 @@ def test_a_tool_lacking_a_required_config_param_is_not_written() -> None:
 def test_sync_once_without_a_config_service_exits_1_and_says_what_to_check(
     pulsar_broker: EmbeddedBroker, tmp_path: Path,
 ) -> None:
-    result = tghost("trustgraph", "sync", "--once", "--timeout", "1", "--pulsar-url", pulsar_broker.url,
+    result = tghost_cli("trustgraph", "sync", "--once", "--timeout", "1", "--pulsar-url", pulsar_broker.url,
                     "--config-request-queue", "request:tg:nobody-here",
                     env={**os.environ, "XDG_CONFIG_HOME": str(tmp_path)})
     assert result.returncode == 1
@@ -107,12 +107,12 @@ def test_sync_once_without_a_config_service_exits_1_and_says_what_to_check(
 
 
 def test_sync_rejects_a_queue_that_is_neither_a_topic_nor_a_queue_id(tmp_path: Path) -> None:
-    result = tghost("trustgraph", "sync", "--once", "--config-request-queue", "bogus:tg:config",
+    result = tghost_cli("trustgraph", "sync", "--once", "--config-request-queue", "bogus:tg:config",
                     env={**os.environ, "XDG_CONFIG_HOME": str(tmp_path)})
     assert result.returncode == 2 and "unknown queue class 'bogus'" in result.stderr
 
 
 def test_sync_needs_a_workspace_name(tmp_path: Path) -> None:
-    result = tghost("trustgraph", "sync", "--once", "--workspace", "",
+    result = tghost_cli("trustgraph", "sync", "--once", "--workspace", "",
                     env={**os.environ, "XDG_CONFIG_HOME": str(tmp_path)})
     assert result.returncode == 2 and "needs a workspace name" in result.stderr

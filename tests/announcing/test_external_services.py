@@ -15,8 +15,7 @@ import pytest
 
 import tghost
 from tests.adapters.test_mcp import mcp_client, text
-from tests.cli.test_cli import tghost as run_cli
-from tests.conftest import HostProcess, LoopThread, PluginDir
+from tests.conftest import HostProcess, LoopThread, PluginDir, tghost_cli
 from tghost.agent.directory import ToolDirectory
 from tghost.discovery.config import load_config_tools
 from tghost.discovery.discover import Catalog, catalog_of
@@ -100,16 +99,16 @@ async def test_a_dynamic_tool_service_declared_in_the_config_is_called_by_tool_n
     assert listed["peer-shout"].input_schema["required"] == ["text"]
     assert (shouted.is_error, text(shouted)) == (False, "OVER MCP (loudly)")
 
-    called = run_cli("call", "peer-shout", "text=hi", env=env)
+    called = tghost_cli("call", "peer-shout", "text=hi", env=env)
     assert (called.returncode, called.stdout.strip()) == (0, "HI (loudly)")
-    (row,) = json.loads(run_cli("tools", "--json", env=env).stdout)
+    (row,) = json.loads(tghost_cli("tools", "--json", env=env).stdout)
     assert row["name"] == "peer-shout" and row["external"] is True and row["config"] == {"style": "loudly"}
-    assert "tgpeer (external)" in run_cli("tools", env=env).stdout
+    assert "tgpeer (external)" in tghost_cli("tools", env=env).stdout
     assert Shouter.calls == 3  # every call went to TrustGraph's service: the host serves none of it
 
     host.process.send_signal(signal.SIGINT)
     assert host.finish() == 0
-    assert json.loads(run_cli("tools", "--json", env=env).stdout) == []  # withdrawn with the host
+    assert json.loads(tghost_cli("tools", "--json", env=env).stdout) == []  # withdrawn with the host
 
 
 def test_an_external_service_needs_its_queues_and_never_replaces_a_served_one(tmp_path: Path) -> None:

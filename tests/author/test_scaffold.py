@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.test_cli import READY, tghost
-from tests.conftest import HostProcess
+from tests.conftest import READY, HostProcess, tghost_cli
 from tests.test_docs import commands
 from tghost.author.scaffold import BadPluginName, PluginNames
 from tghost.cli import pip_command
@@ -28,7 +27,7 @@ OFFLINE_PIP = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
 
 @pytest.mark.parametrize("name", ["Word", "1count", "word--count", "word count", "wörd", "", "word-"])
 def test_new_rejects_a_bad_name_with_the_rule_and_writes_nothing(tmp_path: Path, name: str) -> None:
-    result = tghost("new", name, "--dir", str(tmp_path))
+    result = tghost_cli("new", name, "--dir", str(tmp_path))
     assert result.returncode == 2
     assert "is not a plugin name: use lowercase letters and digits" in result.stderr
     assert list(tmp_path.iterdir()) == []
@@ -47,13 +46,13 @@ def test_plugin_names_reject_an_upper_case_name() -> None:
 
 
 def test_new_refuses_to_overwrite_a_plugin_without_force(tmp_path: Path) -> None:
-    assert tghost("new", "notes", "--dir", str(tmp_path)).returncode == 0
+    assert tghost_cli("new", "notes", "--dir", str(tmp_path)).returncode == 0
     module = tmp_path / "tghost-notes" / "tghost_notes" / "__init__.py"
     module.write_text("# my own work\n")
-    refused = tghost("new", "notes", "--dir", str(tmp_path))
+    refused = tghost_cli("new", "notes", "--dir", str(tmp_path))
     assert refused.returncode == 1 and "--force" in refused.stderr
     assert module.read_text() == "# my own work\n"
-    assert tghost("new", "notes", "--dir", str(tmp_path), "--force").returncode == 0
+    assert tghost_cli("new", "notes", "--dir", str(tmp_path), "--force").returncode == 0
     assert "@tghost.tool" in module.read_text()
 
 
@@ -80,7 +79,7 @@ def test_generated_plugin_installs_passes_its_own_test_and_serves(
     host = host_process(*run[0][len(tghost_cmd) + 1:], "--watch-interval", "0.5", "--log-level", "info", env=env)
     host.wait_for(READY)
 
-    made = tghost(*new[0][len(tghost_cmd):], "--dir", str(tmp_path))
+    made = tghost_cli(*new[0][len(tghost_cmd):], "--dir", str(tmp_path))
     assert made.returncode == 0, made.stderr
     root = tmp_path / names.dist
     assert f"cd {root}" in made.stdout and f"tghost call {names.tool}" in made.stdout
@@ -89,8 +88,8 @@ def test_generated_plugin_installs_passes_its_own_test_and_serves(
         f"{names.module}/__init__.py"]
 
     # Not editable, into the private target; offline.
-    installed = tghost("install", "--no-index", "--no-deps", "--no-build-isolation", "--target", str(site), str(root),
-                       env=OFFLINE_PIP, timeout=180)
+    installed = tghost_cli("install", "--no-index", "--no-deps", "--no-build-isolation", "--target", str(site),
+                           str(root), env=OFFLINE_PIP, timeout=180)
     assert installed.returncode == 0, installed.stdout + installed.stderr
     assert (site / names.module / "__init__.py").is_file()
 
@@ -123,7 +122,7 @@ def test_pip_command_is_this_interpreters_pip_with_yes_for_uninstall() -> None:
 
 def test_uninstall_of_a_name_not_installed_says_so_and_exits_as_pip_does() -> None:
     name = f"tghost-not-installed-{uuid.uuid4().hex[:8]}"
-    ours = tghost("uninstall", name, env=OFFLINE_PIP)
+    ours = tghost_cli("uninstall", name, env=OFFLINE_PIP)
     pips = subprocess.run([sys.executable, "-m", "pip", "uninstall", "-y", name], env=OFFLINE_PIP,
                           capture_output=True, text=True)
     assert f"Skipping {name} as it is not installed" in ours.stderr
@@ -132,7 +131,7 @@ def test_uninstall_of_a_name_not_installed_says_so_and_exits_as_pip_does() -> No
 
 def test_install_failure_exits_with_pips_code_and_message(tmp_path: Path) -> None:
     missing = str(tmp_path / "no-such-plugin")
-    ours = tghost("install", "--no-index", missing, env=OFFLINE_PIP, timeout=120)
+    ours = tghost_cli("install", "--no-index", missing, env=OFFLINE_PIP, timeout=120)
     pips = subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", missing], env=OFFLINE_PIP,
                           capture_output=True, text=True, timeout=120)
     assert ours.returncode == pips.returncode != 0

@@ -21,7 +21,7 @@ import pytest
 from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import HostProcess, PluginDir
+from tests.conftest import READY, HostProcess, PluginDir, live_tools, tghost_cli
 from tests.discovery.test_discover import GREETER
 from tghost.cli import pulsar_options
 from tghost.pulsar.clients import PulsarSettings, free_port
@@ -76,9 +76,6 @@ def tghost_register_services(register):
     register(shout)
 """
 
-READY = r"\d+ service\(s\), \d+ tool\(s\) on"
-
-
 @pytest.fixture
 def env(pulsar_broker: EmbeddedBroker, plugin_dir: PluginDir, tmp_path: Path) -> dict[str, str]:
     """A user's environment: the ECHO plugin installed, this broker, a fresh descriptors topic,
@@ -87,21 +84,10 @@ def env(pulsar_broker: EmbeddedBroker, plugin_dir: PluginDir, tmp_path: Path) ->
     return plugin_dir.user_env(pulsar_broker.url, tmp_path / "config", "cli")
 
 
-def live_tools(env: dict[str, str], *args: str) -> dict[str, dict[str, object]]:
-    result = tghost("tools", "--json", *args, env=env)
-    assert result.returncode == 0, result.stderr
-    return {row["name"]: row for row in json.loads(result.stdout)}
-
-
-def tghost(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tghost", *args], env=env, capture_output=True,
-                          text=True, timeout=timeout)
-
-
 def test_plugins_json_lists_loaded_and_failed_plugins_and_exits_1(plugin_dir: PluginDir) -> None:
     plugin_dir.add("echo", ECHO, version="3.1")
     plugin_dir.add("broken", "import not_a_module_anywhere\n")
-    result = tghost("plugins", "--json", env=plugin_dir.env())
+    result = tghost_cli("plugins", "--json", env=plugin_dir.env())
     reports = {r["name"]: r for r in json.loads(result.stdout)}
     assert result.returncode == 1
     assert reports["echo"]["status"] == "loaded" and reports["echo"]["version"] == "3.1"
@@ -112,7 +98,7 @@ def test_plugins_json_lists_loaded_and_failed_plugins_and_exits_1(plugin_dir: Pl
 
 def test_plugins_human_output_says_what_failed(plugin_dir: PluginDir) -> None:
     plugin_dir.add("broken", "import not_a_module_anywhere\n")
-    result = tghost("plugins", env=plugin_dir.env())
+    result = tghost_cli("plugins", env=plugin_dir.env())
     assert "broken (tghost-test-broken 1.0) failed" in result.stdout
     assert "error: cannot load entry point 'tghost_test_broken'" in result.stdout
 
@@ -123,12 +109,12 @@ def test_plugins_lists_added_plugins_with_their_kind_and_gives_the_config_file_t
     plugin_dir.add("greeter", GREETER)
     config = tmp_path / "tghost.toml"
     config.write_text('[greeter]\ngreetings = ["hi"]\n')
-    result = tghost("plugins", "--config", str(config), env=plugin_dir.env(TGHOST_LOAD_PLUGINS="greeter"))
+    result = tghost_cli("plugins", "--config", str(config), env=plugin_dir.env(TGHOST_LOAD_PLUGINS="greeter"))
     assert result.returncode == 0, result.stdout + result.stderr
     assert ("greeter-hi (? ?) loaded\n  kind:        greeter (added by plugin greeter)\n"
             "  entry point: greeting 'hi'\n  services:    greet-hi\n") in result.stdout
     config.write_text("[greeter\n")
-    unreadable = tghost("plugins", env=plugin_dir.env(TGHOST_LOAD_PLUGINS="greeter", TGHOST_CONFIG=str(config)))
+    unreadable = tghost_cli("plugins", env=plugin_dir.env(TGHOST_LOAD_PLUGINS="greeter", TGHOST_CONFIG=str(config)))
     assert unreadable.returncode == 1
     assert f"error: cannot read {config}: " in unreadable.stderr
     assert "greeter-hello (? ?) loaded" in unreadable.stdout  # listed as without a config file
@@ -142,11 +128,11 @@ def test_run_serves_plugins_and_call_prints_the_observation(
     host = host_process(env=env)
     assert "echo" in host.wait_for(r"serving echo on non-persistent://tg/request/echo")
     host.wait_for(READY)
-    ok = tghost("call", "--service", "echo", "text=hello there", env=env)
+    ok = tghost_cli("call", "--service", "echo", "text=hello there", env=env)
     assert (ok.returncode, ok.stdout) == (0, "hello there\n")
-    as_json = tghost("call", "--service", "echo", "--json", '{"text": "from json"}', env=env)
+    as_json = tghost_cli("call", "--service", "echo", "--json", '{"text": "from json"}', env=env)
     assert as_json.stdout == "from json\n"
-    failed = tghost("call", "--service", "failing", env=env)
+    failed = tghost_cli("call", "--service", "failing", env=env)
     assert failed.returncode == 1
     assert "error: tool-service-error: RuntimeError: out of coffee" in failed.stderr
     host.process.send_signal(signal.SIGINT)
@@ -163,7 +149,7 @@ def test_sigterm_lets_in_flight_calls_finish_then_exits_0(
     host.wait_for(READY)
     result: dict[str, subprocess.CompletedProcess[str]] = {}
     caller = threading.Thread(target=lambda: result.update(
-        call=tghost("call", "--service", "unhurried", "seconds:=1.5", env=env)))
+        call=tghost_cli("call", "--service", "unhurried", "seconds:=1.5", env=env)))
     caller.start()
     wait_for_in_flight(port, "unhurried")
     host.process.send_signal(signal.SIGTERM)
@@ -193,7 +179,7 @@ def test_joke_service_tells_a_pun_about_cats(
     env = {**os.environ, "TGHOST_PULSAR_URL": pulsar_broker.url}
     host = host_process(env=env)
     host.wait_for(READY)
-    result = tghost("call", "--service", "joke-service", "--config", "style=pun", "topic=cats", env=env)
+    result = tghost_cli("call", "--service", "joke-service", "--config", "style=pun", "topic=cats", env=env)
     assert result.returncode == 0, result.stderr
     assert "pun" in result.stdout and "cat" in result.stdout.lower()
     host.process.send_signal(signal.SIGTERM)
@@ -202,23 +188,23 @@ def test_joke_service_tells_a_pun_about_cats(
 
 def test_call_without_a_broker_says_how_to_start_one() -> None:
     url = f"pulsar://127.0.0.1:{free_port()}"
-    result = tghost("call", "--service", "echo", "--topic", "echo", "--pulsar-url", url)
+    result = tghost_cli("call", "--service", "echo", "--topic", "echo", "--pulsar-url", url)
     assert result.returncode == 1 and "start one with 'tghost run'" in result.stderr
 
 
 def test_call_rejects_malformed_arguments_with_usage_exit_2() -> None:
-    result = tghost("call", "--service", "echo", "--topic", "echo", "novalue")
+    result = tghost_cli("call", "--service", "echo", "--topic", "echo", "novalue")
     assert result.returncode == 2 and "is not KEY=VALUE" in result.stderr
 
 
 def test_call_of_a_service_neither_announced_nor_installed_fails_at_once_unless_a_topic_is_given(
     env: dict[str, str]
 ) -> None:
-    typo = tghost("call", "--service", "no-such-svc", "text=hi", env=env)
+    typo = tghost_cli("call", "--service", "no-such-svc", "text=hi", env=env)
     assert typo.returncode == 1 and typo.stdout == ""
     assert "Error: service 'no-such-svc' is neither announced nor installed here" in typo.stderr
     assert "--topic T" in typo.stderr
-    anyway = tghost("call", "--service", "no-such-svc", "--topic", f"nobody-{uuid.uuid4().hex[:8]}",
+    anyway = tghost_cli("call", "--service", "no-such-svc", "--topic", f"nobody-{uuid.uuid4().hex[:8]}",
                     "--timeout", "0.5", "text=hi", env=env)  # sent: nobody answers
     assert anyway.returncode == 1 and "error: timeout: no complete answer" in anyway.stderr
 
@@ -232,26 +218,26 @@ def test_call_waits_as_long_as_the_service_says_else_as_long_as_a_host_does(
                       '[tools.hush]\nservice = "silent"\ndescription = "Never answers."\n')
     host = host_process("--config", str(config), "--load-plugins", "", env=env)
     host.wait_for("announced")
-    result = tghost("call", "hush", env=env)
+    result = tghost_cli("call", "hush", env=env)
     assert result.returncode == 1 and "no complete answer from non-persistent://tg/request/silent-x within 0.5s" \
         in result.stderr
     host.process.send_signal(signal.SIGINT)
     assert host.finish() == 0
-    unannounced = tghost("call", "--help", env=env).stdout
+    unannounced = tghost_cli("call", "--help", env=env).stdout
     assert f"else {ServeSettings.timeout:g}, a host's default" in " ".join(unannounced.split())
     assert ServeSettings.timeout == ServeSettings().timeout  # the default the host serves with
 
 
 @pytest.mark.parametrize("option", [("--config", "style=pun"), ("--topic", "joke")])
 def test_call_of_a_tool_with_a_service_option_is_a_usage_error_saying_what_to_use(option: tuple[str, str]) -> None:
-    result = tghost("call", "tell-joke", *option, "topic=cats")
+    result = tghost_cli("call", "tell-joke", *option, "topic=cats")
     assert result.returncode == 2
     assert f"{option[0]} goes with --service, not with a tool name" in result.stderr
     assert f"tghost call --service ID {option[0]}" in result.stderr
 
 
 def test_call_refuses_an_argument_given_twice() -> None:
-    result = tghost("call", "tell-joke", "topic=cats", "topic:=\"dogs\"")
+    result = tghost_cli("call", "tell-joke", "topic=cats", "topic:=\"dogs\"")
     assert result.returncode == 2 and "'topic' is given twice" in result.stderr
 
 
@@ -267,9 +253,9 @@ def test_tools_json_lists_what_a_running_host_announced(env: dict[str, str],
     assert tools["ask-staff"]["input-schema"] == {
         "type": "object", "title": "lookupArguments", "additionalProperties": False, "required": ["question"],
         "properties": {"question": {"type": "string", "title": "Question"}}}
-    assert [row["name"] for row in json.loads(tghost("tools", "--json", "--group", "hr", env=env).stdout)] == [
+    assert [row["name"] for row in json.loads(tghost_cli("tools", "--json", "--group", "hr", env=env).stdout)] == [
         "ask-staff"]
-    table = tghost("tools", env=env).stdout
+    table = tghost_cli("tools", env=env).stdout
     assert table.splitlines()[0].split() == ["TOOL", "SERVICE", "PROVIDERS", "GROUPS", "STATES", "->", "STATE"]
     assert any(line.split()[:4] == ["ask-staff", "kb", "alpha", "hr"] for line in table.splitlines())
     host.process.send_signal(signal.SIGINT)
@@ -280,14 +266,14 @@ def test_call_by_tool_name_merges_config_and_checks_groups(env: dict[str, str],
                                                            host_process: Callable[..., HostProcess]) -> None:
     host = host_process(env=env)
     host.wait_for("announced")
-    refused = tghost("call", "ask-staff", "question=holidays?", env=env)
+    refused = tghost_cli("call", "ask-staff", "question=holidays?", env=env)
     assert refused.returncode == 1
     assert "not-allowed: tool 'ask-staff' is in groups ['hr']" in refused.stderr
-    allowed = tghost("call", "ask-staff", "question=holidays?", "--group", "hr", env=env)
+    allowed = tghost_cli("call", "ask-staff", "question=holidays?", "--group", "hr", env=env)
     assert allowed.returncode == 0, allowed.stderr
     assert allowed.stdout == "staff says: holidays?\n"
     assert "state: undefined -> answered" in allowed.stderr
-    unknown = tghost("call", "no-such-tool", env=env)
+    unknown = tghost_cli("call", "no-such-tool", env=env)
     assert unknown.returncode == 1 and "unknown-tool" in unknown.stderr
     host.process.send_signal(signal.SIGINT)
     assert host.finish() == 0
@@ -303,7 +289,7 @@ def test_a_config_declared_tool_is_announced_and_callable(env: dict[str, str], t
     assert "[tools.broken]: service 'nowhere' is not served here" in host.log
     host.wait_for("announced")
     assert live_tools(env)["query-orders"]["config"] == {"collection": "orders"}
-    result = tghost("call", "query-orders", "question=late?", env=env)
+    result = tghost_cli("call", "query-orders", "question=late?", env=env)
     assert (result.returncode, result.stdout) == (0, "orders says: late?\n")
     host.process.send_signal(signal.SIGINT)
     assert host.finish() == 0
@@ -382,7 +368,7 @@ def test_pulsar_option_flags_override_the_environment() -> None:
 
 
 def test_a_missing_trust_certs_file_is_a_usage_error() -> None:
-    result = tghost("call", "--service", "echo", "--tls-trust-certs", "/nonexistent/ca.pem")
+    result = tghost_cli("call", "--service", "echo", "--tls-trust-certs", "/nonexistent/ca.pem")
     assert result.returncode == 2 and "/nonexistent/ca.pem" in result.stderr
 
 
@@ -392,9 +378,9 @@ def test_run_and_call_with_a_pulsar_token(env: dict[str, str], host_process: Cal
     that a wrong token is refused."""
     host = host_process("--pulsar-token", "x", env=env)
     host.wait_for(READY)
-    result = tghost("call", "--pulsar-token", "x", "--service", "echo", "text=with a token", env=env)
+    result = tghost_cli("call", "--pulsar-token", "x", "--service", "echo", "text=with a token", env=env)
     assert (result.returncode, result.stdout) == (0, "with a token\n"), result.stderr
-    by_env = tghost("call", "--service", "echo", "text=token from env", env={**env, "TGHOST_PULSAR_TOKEN": "x"})
+    by_env = tghost_cli("call", "--service", "echo", "text=token from env", env={**env, "TGHOST_PULSAR_TOKEN": "x"})
     assert (by_env.returncode, by_env.stdout) == (0, "token from env\n"), by_env.stderr
     host.process.send_signal(signal.SIGINT)
     assert host.finish() == 0
@@ -404,7 +390,7 @@ def test_plugin_flags_block_plugins_and_plugins_lists_why(plugin_dir: PluginDir)
     plugin_dir.add("echo", ECHO)
     plugin_dir.add("shout", SHOUT)
     env = plugin_dir.env(TGHOST_DISABLE_PLUGINS="echo")
-    result = tghost("plugins", "--json", "--load-plugins", "echo,shout,typo", env=env)
+    result = tghost_cli("plugins", "--json", "--load-plugins", "echo,shout,typo", env=env)
     reports = {r["name"]: r for r in json.loads(result.stdout)}
     assert reports["echo"]["status"] == "blocked" and reports["echo"]["blocked"] == "disabled by TGHOST_DISABLE_PLUGINS"
     assert reports["shout"]["status"] == "loaded" and reports["shout"]["services"] == ["shout"]
@@ -412,7 +398,7 @@ def test_plugin_flags_block_plugins_and_plugins_lists_why(plugin_dir: PluginDir)
         reports["typo"]["errors"][0])
     assert result.returncode == 1  # the unknown name is an error
     assert {r["status"] for name, r in reports.items() if name not in ("echo", "shout", "typo")} == {"blocked"}
-    human = tghost("plugins", "--load-plugins", "shout", "--disable-plugins", "", env=env)
+    human = tghost_cli("plugins", "--load-plugins", "shout", "--disable-plugins", "", env=env)
     assert human.returncode == 0, human.stdout
     assert "echo (tghost-test-echo 1.0) blocked\n  entry point: tghost_test_echo\n  blocked:     not listed in " \
            "--load-plugins" in human.stdout
@@ -427,27 +413,27 @@ def test_status_reports_a_running_host_and_exits_1_once_it_stops(
     host.wait_for("announced")
     url = f"http://127.0.0.1:{port}/health"
     deadline = time.monotonic() + 15
-    while (status := tghost("status", "--json", "--url", url, env=env)).returncode and time.monotonic() < deadline:
+    while (status := tghost_cli("status", "--json", "--url", url, env=env)).returncode and time.monotonic() < deadline:
         time.sleep(0.1)  # "starting" until the host watches its connection, just after announcing
     health = json.loads(status.stdout)
     assert (status.returncode, health["status"], health["connected"]) == (0, "ok", True), status.stderr
     assert sorted(health["services"]) == ["echo", "failing", "kb", "unhurried"]
-    human = tghost("status", env={**env, "TGHOST_METRICS_PORT": str(port)})
+    human = tghost_cli("status", env={**env, "TGHOST_METRICS_PORT": str(port)})
     assert human.returncode == 0 and "connected:  yes" in human.stdout
     secret = uuid.uuid4().hex
-    assert tghost("call", "--service", "echo", f"text={secret}", env=env).stdout == f"{secret}\n"
+    assert tghost_cli("call", "--service", "echo", f"text={secret}", env=env).stdout == f"{secret}\n"
     host.process.send_signal(signal.SIGINT)
     assert host.finish() == 0
     [line] = audit.read_text().splitlines()
     entry = json.loads(line)
     assert (entry["service"], entry["status"], entry["argument_names"]) == ("echo", "ok", ["text"])
     assert secret not in line
-    gone = tghost("status", "--url", url, env=env)
+    gone = tghost_cli("status", "--url", url, env=env)
     assert gone.returncode == 1 and f"no tghost host answers at {url}" in gone.stderr
 
 
 def test_status_without_a_url_says_how_to_give_one() -> None:
-    result = tghost("status", env={k: v for k, v in os.environ.items() if not k.startswith("TGHOST_")})
+    result = tghost_cli("status", env={k: v for k, v in os.environ.items() if not k.startswith("TGHOST_")})
     assert result.returncode == 2 and "TGHOST_METRICS_PORT" in result.stderr
 
 

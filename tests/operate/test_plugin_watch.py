@@ -16,9 +16,7 @@ from typing import TypeVar
 import pytest
 
 import tghost
-from tests.cli.test_cli import READY, live_tools
-from tests.cli.test_cli import tghost as run_cli
-from tests.conftest import HostProcess, PluginDir
+from tests.conftest import READY, HostProcess, PluginDir, live_tools, tghost_cli
 from tests.discovery.test_discover import FAMILY
 from tghost.agent.client import ToolServiceClient
 from tghost.discovery.discover import PluginReport, PluginSelection, discover
@@ -79,7 +77,7 @@ def eventually(check: Callable[[], T], what: str, timeout: float = 30.0) -> T:
 
 
 def call(tool: str, text: str, env: dict[str, str]) -> str:
-    result = run_cli("call", tool, f"text={text}", env=env)
+    result = tghost_cli("call", tool, f"text={text}", env=env)
     assert result.returncode == 0, result.stderr
     return result.stdout.strip()
 

@@ -21,6 +21,7 @@ import pulsar
 import pulsar.asyncio
 import pytest
 
+from tests.conftest import tghost_cli
 from tghost.pulsar import clients
 from tghost.pulsar.clients import (
     CLIENT_LOG,
@@ -31,11 +32,6 @@ from tghost.pulsar.clients import (
     free_port,
 )
 from tghost.pulsar.embedded import EmbeddedBroker
-
-
-def tghost(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tghost", *args], env=env, capture_output=True, text=True,
-                          timeout=120)
 
 
 async def until(condition: Callable[[], bool], timeout: float = 60.0) -> None:
@@ -113,7 +109,7 @@ def test_commands_on_a_port_that_is_not_pulsar_fail_with_one_clear_line(
     http_url: str, tmp_path: Path, command: list[str]
 ) -> None:
     env = {**os.environ, "TGHOST_PULSAR_URL": http_url, "XDG_CONFIG_HOME": str(tmp_path)}
-    result = tghost(*command, env=env)
+    result = tghost_cli(*command, env=env)
     assert result.returncode == 1
     assert f"Error: not a Pulsar broker at {http_url}" in result.stderr
     assert "Traceback" not in result.stderr
@@ -185,9 +181,9 @@ asyncio.run(main())
 def test_commands_on_a_fresh_broker_print_no_client_log(pulsar_broker: EmbeddedBroker, tmp_path: Path) -> None:
     env = {**os.environ, "TGHOST_PULSAR_URL": pulsar_broker.url, "XDG_CONFIG_HOME": str(tmp_path),
            "TGHOST_DESCRIPTORS_TOPIC": f"persistent://tg/config/fresh-{uuid.uuid4().hex[:8]}"}
-    tools = tghost("tools", env=env)
+    tools = tghost_cli("tools", env=env)
     assert tools.returncode == 0 and tools.stderr == "", tools.stderr
-    call = tghost("call", "--service", "nobody", "--topic", f"nobody-{uuid.uuid4().hex[:8]}", "--timeout", "1",
+    call = tghost_cli("call", "--service", "nobody", "--topic", f"nobody-{uuid.uuid4().hex[:8]}", "--timeout", "1",
                   "text=x", env=env)
     assert call.returncode == 1 and "timeout" in call.stderr
     assert "pulsar:" not in call.stderr, call.stderr

@@ -18,8 +18,7 @@ from pathlib import Path
 import pytest
 
 import tghost
-from tests.cli.test_cli import READY
-from tests.conftest import HostProcess, PluginDir
+from tests.conftest import READY, HostProcess, PluginDir
 from tghost.agent.client import ToolCallError, ToolServiceClient
 from tghost.pulsar.clients import PulsarSettings
 from tghost.pulsar.embedded import EmbeddedBroker

@@ -19,8 +19,7 @@ import pulsar.asyncio
 import pytest
 
 import tghost
-from tests.cli.test_cli import READY
-from tests.conftest import HostProcess, PluginDir
+from tests.conftest import READY, HostProcess, PluginDir
 from tghost.agent.client import ToolCallError, ToolServiceClient
 from tghost.protocol import wire
 from tghost.pulsar.clients import PulsarSettings
