@@ -26,7 +26,7 @@ from pathlib import Path
 import pulsar
 import pytest
 
-from tests.conftest import HostProcess, PluginDir
+from tests.conftest import HostProcess, PluginDir, tghost_cli
 from tghost.pulsar import embedded
 from tghost.pulsar.clients import free_port, is_reachable
 from tghost.pulsar.embedded import EmbeddedBroker, default_data_dir, stop_broker
@@ -99,8 +99,7 @@ class Local:
         return default_data_dir(port or self.port)
 
     def tghost(self, *args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "tghost", *args], env=self.env, capture_output=True,
-                              text=True, timeout=timeout)
+        return tghost_cli(*args, env=self.env, timeout=timeout)
 
     def broker(self, *args: str) -> subprocess.Popen[str]:
         """A foreground ``tghost broker`` in its own session (as from another terminal)."""

@@ -111,11 +111,16 @@ class Terms:
     def service_id(self) -> str:
         return self.descriptor.id
 
-    @property
+    @functools.cached_property
     def capacity(self) -> int:
         return self.max_concurrency + self.max_queue
 
-    @property
+    @functools.cached_property
+    def required_config(self) -> tuple[str, ...]:
+        """The config params a request must give (:attr:`ToolServiceDescriptor.required_config`)."""
+        return self.descriptor.required_config
+
+    @functools.cached_property
     def persistent(self) -> bool:
         """Whether requests arrive on a persistent topic (they are acknowledged only once the
         broker has their reply, and go back to the broker when a shutdown cuts them off)."""
@@ -148,7 +153,7 @@ class Terms:
             reason = self.authorize(request.user, self.service_id, request.config, request.arguments)
             if reason is not None:
                 raise ToolError(reason, wire.NOT_ALLOWED)
-        missing = [p for p in self.descriptor.required_config if p not in request.config]
+        missing = [p for p in self.required_config if p not in request.config]
         if missing:
             raise ToolError(f"service {self.service_id!r} needs config param(s) {missing}", wire.MISSING_CONFIG)
         return request.user, request.config, self.service.check_arguments(request.arguments)
@@ -252,10 +257,10 @@ class Request:
 
     __slots__ = ("_lock", "answered", "deadline", "job", "message", "record", "started", "unconfirmed")
 
-    def __init__(self, record: CallRecord, message: Any, started: float | None = None) -> None:
+    def __init__(self, record: CallRecord, message: Any) -> None:
         self.record = record
         self.message = message
-        self.started = time.perf_counter() if started is None else started
+        self.started = time.perf_counter()
         self.deadline = 0.0
         """``time.monotonic()`` seconds by which ``invoke`` must end (the thread lane's clock)."""
         self.job: Any = None
