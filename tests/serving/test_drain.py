@@ -56,6 +56,11 @@ async def gated(hold: bool = False) -> str:
 @tghost.hookimpl
 def tghost_register_services(register):
     register(gated)
+
+
+@tghost.hookimpl
+def tghost_shutdown():
+    time.sleep(float(os.environ.get("TGHOST_TEST_SHUTDOWN_SECONDS", "0")))
 """
 
 
@@ -80,7 +85,8 @@ async def outcome(caller: ToolServiceClient, arguments: dict[str, object] | None
 
 
 class SteadyLoad:
-    """Short calls at :data:`RATE` per second until :meth:`stop`; :meth:`stop` returns how each ended."""
+    """Short calls at :data:`RATE` per second until :meth:`stop`; :meth:`stop` returns how each
+    ended (:meth:`in_order`: in the order they were sent)."""
 
     def __init__(self, caller: ToolServiceClient) -> None:
         self._caller = caller
@@ -98,9 +104,12 @@ class SteadyLoad:
         return len(self._calls)
 
     async def stop(self) -> collections.Counter[str]:
+        return collections.Counter(await self.in_order())
+
+    async def in_order(self) -> list[str]:
         self._stopped.set()
         await self._sender
-        return collections.Counter(await asyncio.gather(*self._calls))
+        return list(await asyncio.gather(*self._calls))
 
 
 async def until(condition: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
@@ -317,6 +326,29 @@ async def test_a_single_draining_host_answers_every_call_sent_during_the_drain(
     assert await asyncio.gather(*held) == ["ok"]
     assert host.finish() == 0
     assert set(counts) == {"unavailable"} and counts["unavailable"] >= 100, counts
+
+
+async def test_a_lone_host_with_nothing_in_flight_answers_every_request_that_reaches_it_until_it_exits(
+    gated_env: dict[str, str], host_process: Callable[..., HostProcess], caller: ToolServiceClient
+) -> None:
+    # its plugin's shutdown hook takes a second: the host stays subscribed meanwhile
+    host = host_process(env={**gated_env, "TGHOST_TEST_SHUTDOWN_SECONDS": "1"})
+    await serving([host], caller)
+    load = SteadyLoad(caller)
+    await until(lambda: load.sent >= 20, "calls before the signal")
+    host.process.send_signal(signal.SIGTERM)
+    assert await asyncio.to_thread(host.finish) == 0
+    sent = load.sent
+    await until(lambda: load.sent >= sent + 20, "calls after the host exited")
+    outcomes = await load.in_order()
+    # every call was answered until the host closed its consumer as its last step; none after
+    answered = outcomes[:len(outcomes) - outcomes[::-1].index("unavailable")]
+    assert set(answered) == {"ok", "unavailable"}, collections.Counter(outcomes)
+    assert set(outcomes[len(answered):]) == {NEVER_ANSWERED}
+    assert answered == sorted(answered)  # "ok" before the signal, "unavailable" after it, nothing lost between
+    [stopped] = [line for line in host.log.splitlines() if "arrived while stopping" in line]
+    assert f"stopped: {answered.count('unavailable')} request(s) arrived while stopping" in stopped
+    assert answered.count("unavailable") >= RATE // 2  # it answered through the slow shutdown hook
 
 
 async def test_a_second_sigterm_ends_the_grace_and_the_running_call_is_answered_unavailable(

@@ -44,6 +44,11 @@ def _log_catalog(catalog: Catalog, url: str) -> None:
              len(catalog.descriptors) + len(catalog.external), len(catalog.tools), url)
 
 
+def _received(server: Server) -> int:
+    """Requests the host's services received so far."""
+    return sum(endpoint.counters["received"] for endpoint in server.endpoints)
+
+
 def _on_signal(stop: asyncio.Event, server: Server) -> None:
     """The first SIGINT/SIGTERM stops the host; a second one ends the grace period now."""
     if not stop.is_set():
@@ -69,8 +74,10 @@ async def run_host(
 
     On stop the host first withdraws its announcements, so agents stop routing to it, then
     stops taking requests (answering those that did not start ``unavailable``, and leaving new
-    ones to the other hosts: :meth:`tghost.serving.server.Server.stop`), gives in-flight calls
-    ``serve_settings.grace`` seconds, and closes. A second SIGINT/SIGTERM ends the grace at once
+    ones to the other hosts: :meth:`tghost.serving.server.Server.drain`), gives in-flight calls
+    ``serve_settings.grace`` seconds, runs the plugins' ``tghost_shutdown`` hooks, and closes
+    its request consumers as the last step: a host that is the only one answers every request
+    that reaches it ``unavailable`` until then. A second SIGINT/SIGTERM ends the grace at once
     (:meth:`tghost.serving.server.Server.end_grace`). Returns the number of calls cancelled at the end
     of the grace. ``listeners`` get
     every call's record (metrics, audit); ``monitor`` observes the host once it serves. With
@@ -103,9 +110,14 @@ async def run_host(
         log.info("stopping: no new requests; waiting up to %ss for %d in-flight call(s) (a second Ctrl-C ends "
                  "the wait)",
                  serve_settings.grace, sum(w.in_flight for w in server.endpoints))
-        cancelled = await server.stop()
+        received = _received(server)
+        cancelled = await server.drain()
         if cancelled:
             log.warning("%d call(s) cancelled at the end of the grace period", cancelled)
+        await asyncio.to_thread(catalog.shutdown)  # the plugins' tghost_shutdown hooks: nothing runs their code now
+        await server.close()  # the last step: until here, a lone host answers 'unavailable'
+        log.info("stopped: %d request(s) arrived while stopping, each answered 'unavailable'",
+                 _received(server) - received)
         return cancelled
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -110,6 +110,7 @@ class ServiceEndpoint:
         self._waiting: set[asyncio.Task[None]] = set()  # requests waiting for a slot
         self._peers: handoff.PeerLookout | None = None
         self._unsubscribing: asyncio.Task[None] | None = None
+        self._released = False
 
     @property
     def subscription(self) -> str:
@@ -154,7 +155,7 @@ class ServiceEndpoint:
                 **self._consumer_options(),
             )
         except BaseException:
-            await self._close_executor()
+            await self.release()
             raise
         if self.persistent:
             self._loop_task = asyncio.create_task(self._receive_loop(), name=f"receive {self.descriptor.id}")
@@ -405,9 +406,18 @@ class ServiceEndpoint:
         if self._lane is not None:
             await self._lane.idle()
 
+    async def release(self) -> None:
+        """Let go of the executor's workers (a thread still in a plugin runs on; worker processes
+        stop), once :meth:`drain` is over. The request consumer stays as it is: a host that is
+        the only one answers ``unavailable`` until :meth:`close`. Runs once; errors are logged."""
+        if not self._released:
+            self._released = True
+            await self._close_executor()
+
     async def close(self) -> None:
-        """Close the consumer and producer, and let go of the executor's workers (a thread still in a
-        plugin runs on; worker processes stop); errors are logged, not raised."""
+        """Close the consumer (first answering ``unavailable`` what arrived until then) and the
+        producer, and :meth:`release` the workers if that was not done; errors are logged, not raised."""
+        await self.release()
         if self._unsubscribing is None:
             self._unsubscribing = asyncio.create_task(self._unsubscribe())
         await self._unsubscribing
@@ -416,7 +426,6 @@ class ServiceEndpoint:
         if self._producer is not None:
             await self._quietly("flush the producer", self._producer.flush())
             await self._quietly("close the producer", self._producer.close())
-        await self._close_executor()
 
     async def _close_executor(self) -> None:
         if self._lane is not None:

@@ -25,8 +25,9 @@ __all__ = ["Server"]
 
 
 class Server:
-    """All the services of one host, started together and shut down gracefully, plus the
-    stall detector (:class:`tghost.serving.stalls.StallDetector`) while they serve."""
+    """All the services of one host, started together and shut down gracefully (:meth:`drain`,
+    then :meth:`close` as the last step before the process exits), plus the stall detector
+    (:class:`tghost.serving.stalls.StallDetector`) while they serve."""
 
     def __init__(
         self,
@@ -108,19 +109,38 @@ class Server:
         self._grace_over.set()
 
     async def _shut(self, endpoints: list[ServiceEndpoint], grace: float) -> int:
-        await asyncio.gather(*(w.stop_receiving() for w in endpoints))
-        cancelled = sum(await asyncio.gather(*(w.drain(grace, self._grace_over) for w in endpoints)))
+        cancelled = await self._drain(endpoints, grace)
         await asyncio.gather(*(w.close() for w in endpoints))
         return cancelled
 
-    async def stop(self, grace: float | None = None) -> int:
+    async def _drain(self, endpoints: list[ServiceEndpoint], grace: float) -> int:
+        await asyncio.gather(*(w.stop_receiving() for w in endpoints))
+        cancelled = sum(await asyncio.gather(*(w.drain(grace, self._grace_over) for w in endpoints)))
+        await asyncio.gather(*(w.release() for w in endpoints))
+        return cancelled
+
+    async def drain(self, grace: float | None = None) -> int:
         """Stop receiving (requests that did not start are answered ``unavailable``, and another
         host takes the new ones: see :meth:`ServiceEndpoint.stop_receiving`), let in-flight calls
-        finish within ``grace`` seconds or until :meth:`end_grace`, then close.
+        finish within ``grace`` seconds or until :meth:`end_grace`, then let go of the workers.
+        A service no other host shares stays subscribed, answering ``unavailable``, until
+        :meth:`close`: call that as the last step before the process exits.
 
         Returns the number of calls cancelled because the grace period ran out.
         """
-        cancelled = await self._shut(self.endpoints, self.settings.grace if grace is None else grace)
+        cancelled = await self._drain(self.endpoints, self.settings.grace if grace is None else grace)
         if self.stall_detector is not None:
             self.stall_detector.stop()
+        return cancelled
+
+    async def close(self) -> None:
+        """Close every request consumer and response producer (after :meth:`drain`); returns
+        once the ``unavailable`` answers to requests that arrived until then are sent."""
+        await asyncio.gather(*(w.close() for w in self.endpoints))
+
+    async def stop(self, grace: float | None = None) -> int:
+        """:meth:`drain`, then :meth:`close`. Returns the number of calls cancelled because the
+        grace period ran out."""
+        cancelled = await self.drain(grace)
+        await self.close()
         return cancelled
