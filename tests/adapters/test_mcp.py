@@ -4,6 +4,7 @@ and the embedded broker."""
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import socket
 import subprocess
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx2
 import pytest
 from mcp import ClientSession, StdioServerParameters, types
 from mcp.client.stdio import stdio_client
@@ -169,6 +171,112 @@ async def test_streamable_http_transport_lists_and_calls(
     assert out == ""  # HTTP mode writes nothing to stdout either
     host.process.send_signal(signal.SIGINT)
     assert host.finish() == 0
+
+
+#: Starts ``tghost mcp --transport http`` with more args; gives the process and its port.
+StartBridge = Callable[..., tuple[HostProcess, int]]
+
+
+@pytest.fixture
+def http_bridge(env: dict[str, str], host_process: Callable[..., HostProcess]) -> StartBridge:
+    """Start ``tghost mcp --transport http --port P ARGS`` (P free) and wait until it listens;
+    returns the process and P. Any still running at the end is killed."""
+    def start(*args: str) -> tuple[HostProcess, int]:
+        port = free_port()
+        bridge = host_process("--transport", "http", "--port", str(port), *args, env=env, command=("mcp",))
+        wait_for_port(port, bridge.process)
+        return bridge, port
+
+    return start
+
+
+#: A handshake-era ``initialize``, which the bridge answers 200 when the headers pass.
+INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+              "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                         "clientInfo": {"name": "probe", "version": "0"}}}
+
+
+async def post_initialize(port: int, headers: dict[str, str]) -> httpx2.Response:
+    """POST :data:`INITIALIZE` to the bridge at 127.0.0.1:``port`` with these extra headers."""
+    async with httpx2.AsyncClient() as client:
+        return await client.post(f"http://127.0.0.1:{port}/mcp", json=INITIALIZE,
+                                 headers={"Accept": "application/json, text/event-stream", **headers})
+
+
+@asynccontextmanager
+async def http_session(port: int, headers: dict[str, str] | None = None) -> AsyncIterator[ClientSession]:
+    """An initialized SDK client session with the bridge at 127.0.0.1:``port``, sending ``headers``."""
+    async with httpx2.AsyncClient(headers=headers) as http, \
+            streamable_http_client(f"http://127.0.0.1:{port}/mcp", http_client=http) as (read, write), \
+            ClientSession(read, write) as session:
+        await session.initialize()
+        yield session
+
+
+def stop(bridge: HostProcess) -> str:
+    """Ctrl-C the bridge; returns its whole log once it exited 0."""
+    bridge.process.send_signal(signal.SIGINT)
+    assert bridge.finish() == 0, bridge.log
+    return bridge.log
+
+
+async def test_http_on_every_interface_refuses_a_foreign_host_header_with_421(http_bridge: StartBridge) -> None:
+    bridge, port = http_bridge("--host", "0.0.0.0")
+    refused = await post_initialize(port, {"Host": "evil.example.com"})
+    assert (refused.status_code, refused.text) == (421, "Invalid Host header")
+    stop(bridge)
+
+
+async def test_http_on_every_interface_refuses_a_foreign_origin_with_403(http_bridge: StartBridge) -> None:
+    bridge, port = http_bridge("--host", "0.0.0.0", "--allowed-host", "mcp.example.com:*")
+    refused = await post_initialize(port, {"Host": f"mcp.example.com:{port}", "Origin": "http://evil.example.com"})
+    assert (refused.status_code, refused.text) == (403, "Invalid Origin header")
+    stop(bridge)
+
+
+async def test_http_on_every_interface_serves_an_allowed_host_and_its_https_origin(http_bridge: StartBridge) -> None:
+    bridge, port = http_bridge("--host", "0.0.0.0", "--allowed-host", "other.example.com",
+                               "--allowed-host", "mcp.example.com:*")
+    name = f"mcp.example.com:{port}"
+    async with http_session(port, {"Host": name, "Origin": f"https://{name}"}) as session:
+        server = session.initialize_result.server_info if session.initialize_result else None
+        listed = await session.list_tools()
+    assert server is not None and server.name == "tghost"
+    assert listed.tools == []  # no host runs: the round trip, not the tools, is the point here
+    stop(bridge)
+
+
+async def test_http_on_every_interface_with_allowed_hosts_still_serves_loopback_names(http_bridge: StartBridge) -> None:
+    bridge, port = http_bridge("--host", "0.0.0.0", "--allowed-host", "mcp.example.com")
+    for name in (f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}"):
+        async with http_session(port, {"Host": name, "Origin": f"http://{name}"}) as session:
+            assert (await session.list_tools()).tools == []
+    stop(bridge)
+
+
+async def test_http_off_loopback_without_allowed_hosts_warns_once_and_serves_loopback(http_bridge: StartBridge) -> None:
+    bridge, port = http_bridge("--host", "0.0.0.0")
+    async with http_session(port) as session:
+        assert (await session.list_tools()).tools == []
+    log = stop(bridge)
+    warnings = [line for line in log.splitlines() if "WARNING" in line]
+    assert len(warnings) == 1, log
+    assert "only loopback Host names" in warnings[0] and "--allowed-host" in warnings[0]
+
+
+async def test_http_on_loopback_without_allowed_hosts_does_not_warn(http_bridge: StartBridge) -> None:
+    bridge, port = http_bridge()
+    async with http_session(port) as session:
+        assert (await session.list_tools()).tools == []
+    assert "WARNING" not in stop(bridge)
+
+
+def test_an_allowed_host_given_as_a_url_is_a_usage_error_naming_the_option() -> None:
+    result = tghost_cli("mcp", "--transport", "http", "--pulsar-url", "pulsar://127.0.0.1:1",
+                        env={**os.environ, "TGHOST_MCP_ALLOWED_HOSTS": "mcp.example.com,https://mcp.example.com"})
+    assert result.returncode == 2, result.stderr
+    assert "--allowed-host / TGHOST_MCP_ALLOWED_HOSTS" in result.stderr
+    assert "'https://mcp.example.com' is not a Host header value" in result.stderr
 
 
 async def test_a_session_is_remembered_from_its_handshake_until_its_connection_closes(

@@ -16,7 +16,7 @@ from prometheus_client import generate_latest
 
 import tghost
 from tghost.agent.client import ToolCallError
-from tghost.agent.directory import Change, ToolCallRecord, ToolDirectory
+from tghost.agent.directory import CONFLICT, Change, ToolCallRecord, ToolDirectory
 from tghost.announcing.announcer import announcement_key
 from tghost.discovery.discover import catalog_of
 from tghost.operate.metrics import HostMetrics
@@ -191,7 +191,7 @@ async def test_filtered_sets_are_cached_and_invalidated_on_change(pulsar_broker:
         await found.close()
 
 
-async def test_a_tool_name_claimed_by_two_services_is_a_reported_deterministic_conflict(
+async def test_a_tool_name_claimed_by_two_services_is_a_reported_conflict_refused_until_it_ends(
     pulsar_broker: EmbeddedBroker, topic: str
 ) -> None:
     @tghost.tool(service="other-counter", name="count")
@@ -200,11 +200,27 @@ async def test_a_tool_name_claimed_by_two_services_is_a_reported_deterministic_c
 
     first = LocalHost(pulsar_broker.url, kb_catalog(), announce_as="first", topic=topic)
     second = LocalHost(pulsar_broker.url, [impostor], announce_as="second", topic=topic)
-    async with first, second:
-        found = await directory(pulsar_broker, topic)
+    async with first:
+        async with second:
+            found = await directory(pulsar_broker, topic)
+            try:
+                assert found.tools["count"].descriptor.service == "count"
+                assert found.conflicts == {"count": ["other-counter"]}
+                with pytest.raises(ToolCallError) as refused:
+                    await found.invoke("count", {"text": "abc"}, groups=["*"])
+                assert refused.value.error_type == CONFLICT
+                assert "service 'count'" in refused.value.message and "host(s) first" in refused.value.message
+                assert "service 'other-counter' from host second" in refused.value.message
+                assert found.refusals == {CONFLICT: 1}
+            except BaseException:
+                await found.close()
+                raise
         try:
-            assert found.tools["count"].descriptor.service == "count"
-            assert found.conflicts == {"count": ["other-counter"]}
+            await found.wait_for("count")
+            async with asyncio.timeout(10):
+                while found.tools["count"].contested:  # the impostor withdrew
+                    await asyncio.sleep(0.02)
+            assert found.conflicts == {}
             assert await found.invoke("count", {"text": "abc"}, groups=["*"]) == "3"
         finally:
             await found.close()
@@ -445,7 +461,8 @@ async def test_a_service_id_announced_with_other_queues_is_a_conflict_and_never_
                 assert [p.host["id"] for p in found.services["count"].providers] == ["real"]
                 assert [p.host["id"] for p in found.tools["count"].providers] == ["real"]  # not the impostor's
                 assert found.conflicts == {"tool-service/count": ["evil"]}
-                assert await found.invoke("count", {"text": "abc"}, groups=["math"]) == "3"
+                with pytest.raises(ToolCallError, match="on non-persistent://tg/request/evil from host evil"):
+                    await found.invoke("count", {"text": "abc"}, groups=["math"])  # open mode: nobody is called
                 late = await directory(pulsar_broker, topic)  # one that catches up agrees
                 try:
                     assert late.conflicts == found.conflicts
@@ -454,6 +471,7 @@ async def test_a_service_id_announced_with_other_queues_is_a_conflict_and_never_
                     await late.close()
             await asyncio.sleep(0.2)
             assert found.conflicts == {} and [p.host["id"] for p in found.services["count"].providers] == ["real"]
+            assert await found.invoke("count", {"text": "abc"}, groups=["math"]) == "3"
     finally:
         await found.close()
     warned = [r for r in caplog.records if "announced with other queues or config params" in r.getMessage()]

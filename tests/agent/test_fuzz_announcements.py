@@ -29,7 +29,7 @@ import tghost
 from tghost.agent.directory import ToolDirectory
 from tghost.announcing.announcer import Announcer, HostIdentity, announcement_key
 from tghost.discovery.discover import catalog_of
-from tghost.protocol.announcement import current_topic
+from tghost.protocol.announcement import DEFAULT_TOPIC, current_topic
 from tghost.protocol.descriptors import ToolDescriptor
 from tghost.protocol.trust import Signer, TrustedKeys
 from tghost.pulsar.clients import PulsarSettings
@@ -110,7 +110,8 @@ def _encode(value: dict[str, Any], depth: int = 0) -> bytes:
 
 def _resign(value: dict[str, Any], signer: str) -> dict[str, Any]:
     unsigned = {k: v for k, v in value.items() if k != "signature"}
-    return {"none": unsigned, "trusted": TRUSTED.sign(unsigned), "stranger": STRANGER.sign(unsigned),
+    return {"none": unsigned, "trusted": TRUSTED.sign(unsigned, DEFAULT_TOPIC),
+            "stranger": STRANGER.sign(unsigned, DEFAULT_TOPIC),
             "keep": value}[signer]
 
 
@@ -193,7 +194,7 @@ def history(signer: Signer | None) -> list[tuple[str, dict[str, Any]]]:
 
 
 def live_directory(trusted: bool, sent: list[tuple[str, dict[str, Any]]]) -> ToolDirectory:
-    found = ToolDirectory(PulsarSettings("pulsar://127.0.0.1:1"), "unused",
+    found = ToolDirectory(PulsarSettings("pulsar://127.0.0.1:1"), DEFAULT_TOPIC,
                           trusted=TrustedKeys([TRUSTED.public_key]) if trusted else None)
     for key, value in sent:
         found._resolve(found._apply(json.dumps(value).encode(), time.time(), key), "removed")

@@ -11,11 +11,13 @@ import time
 from typing import Any
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 import tghost
-from tghost.agent.ledger import DUPLICATE, STALE, Ledger
+from tghost.agent.ledger import DUPLICATE, OVER_LIMIT, STALE, Ledger, order
 from tghost.announcing.announcer import Announcer, HostIdentity
 from tghost.discovery.discover import catalog_of
+from tghost.protocol.trust import BAD_SIGNATURE, Signer, TrustedKeys
 
 
 @tghost.tool(group=["math"])
@@ -133,3 +135,55 @@ def test_rejections_are_summarised_one_line_per_reason_at_most_once_per_interval
     assert ledger.rejections == {"invalid": 435}
     ledger.flush_rejections(time.time(), force=True)
     assert caplog.records[-1].getMessage().startswith("ignored 1 announcement(s) on t: invalid")
+
+
+def feed_at(ledger: Ledger, publish_time: float, *messages: tuple[str, dict[str, Any]]) -> None:
+    for key, value in messages:
+        ledger.apply(json.dumps(value).encode(), publish_time, key)
+
+
+def test_a_message_from_the_future_orders_by_its_publish_time_and_blocks_nothing_after_it() -> None:
+    assert order(100.0, 90.0) == (90.0, 100.0)  # sent "later" than published: counts from the publish time
+    assert order(80.0, 90.0) == (80.0, 80.0)  # a clock behind the broker's: by sent_at
+    assert order(80.0, 0) == (80.0, 80.0)  # no publish time known
+    ledger, host = Ledger("t"), announcer(instance="i1")
+    now = time.time()
+    feed_at(ledger, now, *host._messages("available", now=now))
+    feed_at(ledger, now + 1, host._message("host", "h", None, None, "withdrawn", now + 55))  # forged, 55 s ahead
+    assert ledger.hosts == {}
+    feed_at(ledger, now + 2, host._message("host", "h", None, None, "available", now + 2))  # the next heartbeat
+    assert list(ledger.hosts) == ["h"] and ledger.rejections == {}
+    feed_at(ledger, now + 3, host._message("host", "h", None, None, "available", now - 10))  # a replay of an old one
+    assert ledger.rejections == {STALE: 1}
+
+
+def test_a_lease_counts_at_most_max_lease_seconds() -> None:
+    ledger, host = Ledger("t", max_lease=60.0), Announcer(catalog_of([count]), HostIdentity("h", "x", 1), lease=86_400)
+    now = time.time()
+    feed_at(ledger, now, *host._messages("available", now=now))
+    assert ledger.hosts["h"].expires_at == pytest.approx(now + 60.0)
+    ledger.expire(now + 61)
+    assert ledger.claims == {} and ledger.hosts == {}
+
+
+def test_a_host_instance_announcing_more_than_max_entries_is_refused_the_rest_and_counted() -> None:
+    tools = [count.tool(f"count-{i}") for i in range(10)]
+    host = Announcer(catalog_of([count], tools), HostIdentity("h", "x", 1), lease=30.0)
+    ledger = Ledger("t", max_entries=5)
+    feed(ledger, *host._messages("available"))
+    assert ledger.rejections[OVER_LIMIT] > 0  # the manifest lists 12 entries: refused
+    flood = Ledger("t", max_entries=5)
+    feed(flood, *[m for m in host._messages("available") if m[1]["kind"] != "host"])
+    assert len(flood.claims) == 5 and flood.rejections == {OVER_LIMIT: 7}
+
+
+def test_a_value_signed_for_another_topic_is_refused() -> None:
+    signer = Signer(Ed25519PrivateKey.generate())
+    host = Announcer(catalog_of([count]), HostIdentity("h", "x", 1), "persistent://tg/config/team-a",
+                     lease=30.0, signer=signer)
+    elsewhere = Ledger("persistent://tg/config/team-b", TrustedKeys([signer.public_key]))
+    feed(elsewhere, *host._messages("available"))
+    assert elsewhere.claims == {} and elsewhere.rejections == {BAD_SIGNATURE: 3}
+    home = Ledger("persistent://tg/config/team-a", TrustedKeys([signer.public_key]))
+    feed(home, *host._messages("available"))
+    assert len(home.claims) == 2 and home.rejections == {}

@@ -386,6 +386,57 @@ def test_run_and_call_with_a_pulsar_token(env: dict[str, str], host_process: Cal
     assert host.finish() == 0
 
 
+def test_run_and_call_with_a_pulsar_token_file(env: dict[str, str], tmp_path: Path,
+                                               host_process: Callable[..., HostProcess]) -> None:
+    """As with --pulsar-token: pulsar-lite accepts any token, so this shows the file is read and
+    nothing breaks, not that the broker checks it."""
+    token = tmp_path / "pulsar-token"
+    token.write_text("x\n")
+    host = host_process("--pulsar-token-file", str(token), env=env)
+    host.wait_for(READY)
+    result = tghost_cli("call", "--pulsar-token-file", str(token), "--service", "echo", "text=token file", env=env)
+    assert (result.returncode, result.stdout) == (0, "token file\n"), result.stderr
+    by_env = tghost_cli("call", "--service", "echo", "text=token file from env",
+                        env={**env, "TGHOST_PULSAR_TOKEN_FILE": str(token)})
+    assert (by_env.returncode, by_env.stdout) == (0, "token file from env\n"), by_env.stderr
+    host.process.send_signal(signal.SIGINT)
+    assert host.finish() == 0
+
+
+def test_a_pulsar_token_file_gives_its_contents_without_surrounding_whitespace(tmp_path: Path) -> None:
+    token = tmp_path / "pulsar-token"
+    token.write_text("  eyJ.jwt.sig \n\n")
+    assert _settings_seen(["--pulsar-token-file", str(token)], {}).token == "eyJ.jwt.sig"
+    assert _settings_seen([], {"TGHOST_PULSAR_TOKEN_FILE": str(token)}).token == "eyJ.jwt.sig"
+
+
+def _without_tghost_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("TGHOST_")}
+
+
+@pytest.mark.parametrize("contents", [None, "", " \n\t\n"], ids=["missing", "empty", "whitespace"])
+def test_a_missing_or_empty_pulsar_token_file_is_a_usage_error_naming_the_option(
+        tmp_path: Path, contents: str | None) -> None:
+    token = tmp_path / "pulsar-token"
+    if contents is not None:
+        token.write_text(contents)
+    result = tghost_cli("call", "--pulsar-token-file", str(token), "--service", "echo", env=_without_tghost_env())
+    assert result.returncode == 2, result.stderr
+    assert "--pulsar-token-file / TGHOST_PULSAR_TOKEN_FILE" in result.stderr and str(token) in result.stderr
+
+
+def test_a_pulsar_token_and_a_pulsar_token_file_together_are_a_usage_error(tmp_path: Path) -> None:
+    token = tmp_path / "pulsar-token"
+    token.write_text("x")
+    by_flags = tghost_cli("call", "--pulsar-token", "x", "--pulsar-token-file", str(token), "--service", "echo",
+                          env=_without_tghost_env())
+    by_env = tghost_cli("call", "--pulsar-token-file", str(token), "--service", "echo",
+                        env={**_without_tghost_env(), "TGHOST_PULSAR_TOKEN": "x"})
+    for result in (by_flags, by_env):
+        assert result.returncode == 2, result.stderr
+        assert "--pulsar-token (env TGHOST_PULSAR_TOKEN) or --pulsar-token-file" in result.stderr
+
+
 def test_plugin_flags_block_plugins_and_plugins_lists_why(plugin_dir: PluginDir) -> None:
     plugin_dir.add("echo", ECHO)
     plugin_dir.add("shout", SHOUT)

@@ -19,8 +19,15 @@ from tghost.agent.ledger import Ledger
 from tghost.announcing.announcer import Announcer, HostIdentity
 from tghost.discovery.discover import ENTRY_POINT_GROUP, Catalog, discover
 from tghost.protocol import wire
-from tghost.protocol.announcement import Announcement, announcement_key, epoch_of, epoch_topic, read_window
-from tghost.protocol.trust import Signer, TrustedKeys, canonical_json
+from tghost.protocol.announcement import (
+    DEFAULT_TOPIC,
+    Announcement,
+    announcement_key,
+    epoch_of,
+    epoch_topic,
+    read_window,
+)
+from tghost.protocol.trust import Signer, TrustedKeys, signed_bytes
 from tghost.pulsar.embedded import EmbeddedBroker
 from tghost.testing import LocalHost, RawWire
 
@@ -126,9 +133,9 @@ def test_vector() -> Signer:
 def test_the_signature_test_vector(test_vector: Signer) -> None:
     heartbeat = announcer()._message("host", IDENTITY.id, None, None, "available", SENT + 10)[1]
     [canonical], [signed] = examples("canonical"), examples("signed announcement")
-    assert canonical.encode() == canonical_json(heartbeat)
-    assert json.loads(signed) == test_vector.sign(heartbeat)
-    assert TrustedKeys([test_vector.public_key]).verify(json.loads(signed)) is None
+    assert canonical.encode() == signed_bytes(heartbeat, DEFAULT_TOPIC)
+    assert json.loads(signed) == test_vector.sign(heartbeat, DEFAULT_TOPIC)
+    assert TrustedKeys([test_vector.public_key]).verify(json.loads(signed), DEFAULT_TOPIC) is None
     pem = test_vector.public_key.public_bytes(serialization.Encoding.PEM,
                                                serialization.PublicFormat.SubjectPublicKeyInfo).decode()
     assert "\n".join("    " + line for line in pem.strip().splitlines()) in PAGE.read_text()

@@ -4,6 +4,7 @@ trusted hosts (on the embedded broker), plus ``tghost keygen`` / ``--signing-key
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import json
 import os
@@ -39,6 +40,7 @@ from tghost.protocol.trust import (
     key_id,
     load_private_key,
     load_public_key,
+    signed_bytes,
     write_key_pair,
 )
 from tghost.pulsar.clients import PulsarSettings
@@ -126,31 +128,56 @@ def test_bad_key_files_are_clear_errors(tmp_path: Path) -> None:
         TrustedKeys.from_files([pair.public, tmp_path / "nope.pub"])
 
 
-def test_a_signature_covers_the_canonical_json_without_the_signature_field(trusted_signer: Signer) -> None:
-    signed = trusted_signer.sign(value())
+TOPIC = "persistent://tg/config/tool-descriptors"
+
+
+def test_a_signature_covers_the_topic_and_the_canonical_json_without_the_signature_field(
+        trusted_signer: Signer) -> None:
+    signed = trusted_signer.sign(value(), TOPIC)
     assert signed["signature"]["key"] == trusted_signer.key_id
+    assert signed["signature"]["v"] == 2
     reordered = dict(reversed(list(signed.items())))
     trusted = TrustedKeys([Ed25519PrivateKey.generate().public_key(), trusted_signer.public_key])
-    assert trusted.verify(signed) is None
-    assert trusted.verify(reordered) is None  # key order does not matter
-    assert trusted.verify(json.loads(json.dumps(signed))) is None  # survives the wire
+    assert trusted.verify(signed, TOPIC) is None
+    assert trusted.verify(reordered, TOPIC) is None  # key order does not matter
+    assert trusted.verify(json.loads(json.dumps(signed)), TOPIC) is None  # survives the wire
+    assert signed_bytes(signed, TOPIC) == canonical_json({"topic": TOPIC, "value": value()})
     assert canonical_json(signed) == canonical_json(value())
     assert canonical_json({"b": 1, "a": "é"}) == b'{"a":"\\u00e9","b":1}'
 
 
+def test_a_signature_made_for_one_topic_does_not_verify_on_another(trusted_signer: Signer) -> None:
+    signed = trusted_signer.sign(value(), TOPIC)
+    trusted = TrustedKeys([trusted_signer.public_key])
+    assert trusted.verify(signed, "persistent://tg/config/other-descriptors") == BAD_SIGNATURE
+    # dropping the version does not turn it into a version 1 signature
+    downgraded = {**signed, "signature": {k: v for k, v in signed["signature"].items() if k != "v"}}
+    assert trusted.verify(downgraded, TOPIC) == BAD_SIGNATURE
+
+
+def test_version_1_signatures_are_still_verified(trusted_signer: Signer) -> None:
+    unsigned = value()
+    v1 = {**unsigned, "signature": {"key": trusted_signer.key_id, "value": base64.b64encode(
+        trusted_signer._private_key.sign(canonical_json(unsigned))).decode()}}
+    trusted = TrustedKeys([trusted_signer.public_key])
+    assert trusted.verify(v1, TOPIC) is None
+    assert trusted.verify(v1, "persistent://tg/config/any-topic") is None  # version 1 does not bind the topic
+    assert trusted.verify({**v1, "signature": {**v1["signature"], "v": 3}}, TOPIC) == BAD_SIGNATURE
+
+
 def test_verify_names_why_a_value_is_refused(trusted_signer: Signer) -> None:
     trusted = TrustedKeys([trusted_signer.public_key])
-    signed = trusted_signer.sign(value())
-    stranger = Signer(Ed25519PrivateKey.generate()).sign(value())
-    assert trusted.verify(value()) == UNSIGNED
-    assert trusted.verify(stranger) == UNKNOWN_KEY
-    assert trusted.verify({**signed, "status": "withdrawn"}) == BAD_SIGNATURE
+    signed = trusted_signer.sign(value(), TOPIC)
+    stranger = Signer(Ed25519PrivateKey.generate()).sign(value(), TOPIC)
+    assert trusted.verify(value(), TOPIC) == UNSIGNED
+    assert trusted.verify(stranger, TOPIC) == UNKNOWN_KEY
+    assert trusted.verify({**signed, "status": "withdrawn"}, TOPIC) == BAD_SIGNATURE
     forged_key = {**stranger, "signature": {**stranger["signature"], "key": trusted_signer.key_id}}
-    assert trusted.verify(forged_key) == BAD_SIGNATURE
+    assert trusted.verify(forged_key, TOPIC) == BAD_SIGNATURE
     for bad in ("x", [], {"key": trusted_signer.key_id}, {"key": [], "value": "AA=="},
                 {"key": trusted_signer.key_id, "value": "not base64!"},
                 {"key": trusted_signer.key_id, "value": "AAAA"}):
-        assert trusted.verify({**signed, "signature": bad}) == BAD_SIGNATURE, bad
+        assert trusted.verify({**signed, "signature": bad}, TOPIC) == BAD_SIGNATURE, bad
 
 
 # -- the directory trusts only signed hosts ------------------------------------------------

@@ -1,6 +1,7 @@
 """mcp: the live tool directory as a Model Context Protocol server (``tghost mcp``), over
 stdio or streamable HTTP, with the official ``mcp`` SDK's low-level server. Agent side: never
-writes anything but MCP messages to stdout.
+writes anything but MCP messages to stdout. Over HTTP, the Host and Origin headers are checked
+on every bind (DNS-rebinding protection), not only on loopback as the SDK does by itself.
 """
 
 from __future__ import annotations
@@ -17,15 +18,20 @@ from mcp.server import InitializationOptions, NotificationOptions, Server, Serve
 from mcp.server.session import ServerSession
 from mcp.server.stdio import stdio_server
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
+from mcp.server.transport_security import TransportSecuritySettings
 
 from tghost._version import __version__
 from tghost.adapters.export import mcp_tool
 from tghost.agent.client import ToolCallError
 from tghost.agent.directory import ToolDirectory
+from tghost.pulsar.clients import is_loopback
 
-__all__ = ["Bridge", "serve"]
+__all__ = ["LOOPBACK_HOSTS", "Bridge", "serve", "transport_security"]
 
 log = logging.getLogger(__name__)
+
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
+"""The ``Host`` names always accepted over HTTP, bare or with any port (the SDK's loopback list)."""
 
 
 class _Server(Server[Any]):
@@ -115,11 +121,12 @@ def _error(text: str) -> types.CallToolResult:
 
 
 async def serve(directory: ToolDirectory, groups: Sequence[str] | None, state: str | None,
-                transport: str, host: str, port: int) -> None:
+                transport: str, host: str, port: int, allowed_hosts: Sequence[str] = ()) -> None:
     """Follow ``directory`` and serve it until the stdio client leaves or the task is cancelled.
 
     ``transport`` is ``stdio`` (MCP on stdin/stdout) or ``http`` (streamable HTTP at
-    ``http://host:port/mcp``).
+    ``http://host:port/mcp``, accepting the ``Host`` headers of :func:`transport_security`
+    with ``allowed_hosts``).
 
     Raises:
         tghost.pulsar.clients.BrokerError: no broker answered within the directory's ``connect_timeout``.
@@ -131,7 +138,7 @@ async def serve(directory: ToolDirectory, groups: Sequence[str] | None, state: s
             if transport == "stdio":
                 await _serve_stdio(bridge.server)
             else:
-                await _serve_http(bridge.server, host, port)
+                await _serve_http(bridge.server, host, port, allowed_hosts)
         finally:
             follower.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -143,7 +150,34 @@ async def _serve_stdio(server: Server[Any]) -> None:
         await server.run(read, write, server.create_initialization_options())
 
 
-async def _serve_http(server: Server[Any], host: str, port: int) -> None:
-    app = server.streamable_http_app(host=host)
+def transport_security(allowed_hosts: Sequence[str] = ()) -> TransportSecuritySettings:
+    """The SDK's DNS-rebinding protection, on whatever address the server binds.
+
+    ``allowed_hosts`` are ``Host`` header values (``name``, ``name:port``, or ``name:*`` for
+    ``name`` with any port) accepted besides :data:`LOOPBACK_HOSTS`. The ``Origin`` headers
+    accepted (a request without one is too) are ``http://`` of the loopback names, as the
+    SDK's own loopback settings, and ``http://`` and ``https://`` of each allowed host. The
+    SDK answers any other ``Host`` with 421 and any other ``Origin`` with 403.
+    """
+    loopback = [f"{name}{port}" for name in LOOPBACK_HOSTS for port in ("", ":*")]
+    origins = [f"http://{name}" for name in loopback]
+    origins += [f"{scheme}://{name}" for name in allowed_hosts for scheme in ("http", "https")]
+    return TransportSecuritySettings(enable_dns_rebinding_protection=True,
+                                     allowed_hosts=[*loopback, *allowed_hosts], allowed_origins=origins)
+
+
+def _warn_if_unreachable_by_name(host: str, port: int, allowed_hosts: Sequence[str]) -> None:
+    """Bound off loopback with no allowed host: clients elsewhere reach the port, but every
+    name they could use is refused; say so once."""
+    if allowed_hosts or is_loopback(host):
+        return
+    log.warning("serving MCP on %s:%d, but only loopback Host names (%s) are accepted: requests with any other "
+                "Host header are refused (421 Invalid Host header). Pass --allowed-host for each name clients use, "
+                "e.g. --allowed-host mcp.example.com:%d", host, port, ", ".join(LOOPBACK_HOSTS), port)
+
+
+async def _serve_http(server: Server[Any], host: str, port: int, allowed_hosts: Sequence[str]) -> None:
+    _warn_if_unreachable_by_name(host, port, allowed_hosts)
+    app = server.streamable_http_app(transport_security=transport_security(allowed_hosts))
     config = uvicorn.Config(app, host=host, port=port, log_config=None, lifespan="on")
     await uvicorn.Server(config).serve()

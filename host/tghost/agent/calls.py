@@ -23,7 +23,8 @@ from tghost.protocol.descriptors import ToolServiceDescriptor
 from tghost.protocol.groups import DEFAULT_GROUPS, DEFAULT_STATE, WILDCARD, is_available, next_state
 
 __all__ = [
-    "GROUPS_EXCEED_ALLOWED", "NOT_AVAILABLE", "UNKNOWN_TOOL", "ToolCallListener", "ToolCallRecord", "ToolCalls",
+    "CONFLICT", "GROUPS_EXCEED_ALLOWED", "NOT_AVAILABLE", "UNKNOWN_TOOL",
+    "ToolCallListener", "ToolCallRecord", "ToolCalls",
 ]
 
 log = logging.getLogger(__name__)
@@ -32,6 +33,9 @@ log = logging.getLogger(__name__)
 UNKNOWN_TOOL = "unknown-tool"
 NOT_AVAILABLE = "not-available"
 GROUPS_EXCEED_ALLOWED = "groups-exceed-allowed"
+#: Also the error type: another host claims the tool's name or its service id differently, and
+#: nothing proves which claim is the real one (open mode; docs/protocol.md §4.8).
+CONFLICT = "conflict"
 
 
 
@@ -79,13 +83,16 @@ class ToolCalls:
 
     ``listeners`` get one :class:`ToolCallRecord` per invoke/stream. A call refused before
     sending is counted in :attr:`refusals` by reason: :data:`UNKNOWN_TOOL`,
-    :data:`NOT_AVAILABLE` (seed 001 group/state filtering) or :data:`GROUPS_EXCEED_ALLOWED`.
+    :data:`NOT_AVAILABLE` (seed 001 group/state filtering), :data:`GROUPS_EXCEED_ALLOWED` or,
+    with ``refuse_conflicts``, :data:`CONFLICT` (a contested tool, :attr:`DirectoryTool.contested`).
     ``client`` is the Pulsar client calls are made with, set by the directory once connected.
     """
 
-    def __init__(self, tools: Mapping[str, DirectoryTool], listeners: Sequence[ToolCallListener] = ()) -> None:
+    def __init__(self, tools: Mapping[str, DirectoryTool], listeners: Sequence[ToolCallListener] = (),
+                 refuse_conflicts: bool = True) -> None:
         self.tools = tools
         self.listeners = tuple(listeners)
+        self.refuse_conflicts = refuse_conflicts
         self.client: pulsar.asyncio.Client | None = None
         self.refusals: Counter[str] = Counter()
         """Calls refused before anything was sent, by reason."""
@@ -114,8 +121,9 @@ class ToolCalls:
 
         Raises:
             ToolCallError: ``not-allowed`` if the request's groups exceed the allowed ones or
-                seed 001 filtering excludes the tool, ``unknown-tool`` if it is not live (the
-                message says why).
+                seed 001 filtering excludes the tool, ``unknown-tool`` if it is not live,
+                ``conflict`` if it is contested and conflicts are refused (the message says why
+                and names every side).
         """
         requested = list(DEFAULT_GROUPS if groups is None else groups)
         if allowed_groups is not None and (excess := _excess_groups(requested, allowed_groups)):
@@ -124,6 +132,8 @@ class ToolCalls:
         tool = self.tools.get(name)
         if tool is None:
             raise self._refuse(UNKNOWN_TOOL, UNKNOWN_TOOL, f"no live tool named {name!r}; see 'tghost tools'")
+        if self.refuse_conflicts and tool.contested:
+            raise self._refuse(CONFLICT, CONFLICT, _contest(tool))
         if not is_available(tool.descriptor, groups, state):
             d = tool.descriptor
             raise self._refuse(NOT_AVAILABLE, wire.NOT_ALLOWED, (
@@ -206,6 +216,18 @@ class ToolCalls:
         ``options`` (``user``, ``groups``, ``state``, ``allowed_groups``, ``timeout``) and the
         errors are :meth:`stream`'s."""
         return "".join([chunk async for chunk in self.stream(name, arguments, **options)])
+
+
+def _contest(tool: DirectoryTool) -> str:
+    """Why a contested tool is not called: every side of its conflicts."""
+    service = tool.service.descriptor
+    first = ", ".join(sorted({str(p.host.get("id")) for p in tool.providers}))
+    sides = [f"service {service.id!r} on {service.request_queue} from host(s) {first} (seen first)"]
+    sides += [f"service {r['service']!r}{' on ' + r['request_queue'] if r['request_queue'] else ''} from host "
+              f"{r['host']}" for r in tool.rivals()]
+    return (f"tool {tool.descriptor.name!r} is claimed by conflicting announcements: {'; '.join(sides)}. Calling "
+            "none of them: without trusted keys nothing proves which is real. Stop the host that should not "
+            "announce it, or sign announcements (tghost keygen, --signing-key, --trusted-key)")
 
 
 def _excess_groups(requested: Sequence[str], allowed: Sequence[str]) -> list[str]:

@@ -22,6 +22,7 @@ import pulsar.asyncio
 import pulsar.exceptions
 
 from tghost.agent.calls import (
+    CONFLICT,
     GROUPS_EXCEED_ALLOWED,
     NOT_AVAILABLE,
     UNKNOWN_TOOL,
@@ -37,6 +38,9 @@ from tghost.agent.ledger import (
     INVALID,
     MAX_ANNOUNCEMENT_BYTES,
     MAX_DEPTH,
+    MAX_ENTRIES,
+    MAX_LEASE,
+    OVER_LIMIT,
     STALE,
     Claim,
     HostLease,
@@ -53,13 +57,17 @@ from tghost.protocol.trust import TrustedKeys
 from tghost.pulsar.clients import BrokerError, PulsarSettings
 
 __all__ = [
+    "CONFLICT",
     "DUPLICATE",
     "GROUPS_EXCEED_ALLOWED",
     "HIJACK",
     "INVALID",
     "MAX_ANNOUNCEMENT_BYTES",
     "MAX_DEPTH",
+    "MAX_ENTRIES",
+    "MAX_LEASE",
     "NOT_AVAILABLE",
+    "OVER_LIMIT",
     "STALE",
     "UNKNOWN_TOOL",
     "Change",
@@ -84,7 +92,7 @@ class ToolDirectory:
     Trust: with ``trusted`` keys only announcements signed by one of them are applied
     (format in :mod:`tghost.protocol.trust`); without, every well-formed one is (open mode). Every
     message that is not applied is counted in :attr:`rejections` by reason: :data:`INVALID`,
-    :data:`STALE`, :data:`DUPLICATE`, ``unsigned``, ``bad-signature``, ``unknown-key``, or
+    :data:`STALE`, :data:`DUPLICATE`, :data:`OVER_LIMIT`, ``unsigned``, ``bad-signature``, ``unknown-key``, or
     :data:`HIJACK` when a message failing the signature check names a tool, tool service or
     host that a trusted announcement claims now (one reason per message). The log gets a
     summary, one line per reason, at most every ``report_interval`` seconds (duplicates are
@@ -98,12 +106,19 @@ class ToolDirectory:
     announces: it restores an entry a withdrawal hid and hides one it no longer lists.
 
     Conflicts (docs/protocol.md §4.8): a tool service announced with other queues or config
-    params than the claim announced first (lowest ``since``), or a tool announced over another
-    service or with other config values, loses; it is listed in :attr:`conflicts` and logged.
+    params than the claim this directory saw first, or a tool announced over another service or
+    with other config values, loses; it is listed in :attr:`conflicts` and logged. What a host
+    says about itself (``since``) never orders claims: a claim already held is never displaced
+    by another host's. Without ``trusted`` keys (open mode) a contested tool (its name or its
+    service claimed differently by another host) is not called at all: calls are refused with
+    ``conflict``, naming both sides, until the other claims end.
 
-    Ordering and clocks: ``lease.sent_at`` (the host's clock) orders the messages of one
-    (kind, name, host instance); one not newer than the newest applied is :data:`STALE`, so a
-    replayed ``available`` never undoes a later ``withdrawn``. A lease runs from the broker's
+    Ordering and clocks: ``lease.sent_at`` (the host's clock, but never later than the broker's
+    publish time: :func:`tghost.agent.ledger.order`) orders the messages of one (kind, name,
+    host instance); one not newer than the newest applied is :data:`STALE`, so a replayed
+    ``available`` never undoes a later ``withdrawn``, and a message from the future never
+    makes the later ones stale. A lease longer than ``max_lease`` seconds counts as
+    ``max_lease``; a host instance may announce at most ``max_entries`` entries. A lease runs from the broker's
     publish time (one clock for every host, capped at this directory's now), but never from
     later than ``sent_at + max_clock_skew``. The trade-off: hosts whose clocks are behind the
     broker's by up to ``max_clock_skew`` seconds keep their full lease; a host further behind
@@ -133,6 +148,8 @@ class ToolDirectory:
         max_clock_skew: float = 60.0,
         epoch_seconds: float = EPOCH_SECONDS,
         report_interval: float = 60.0,
+        max_lease: float = MAX_LEASE,
+        max_entries: int = MAX_ENTRIES,
     ) -> None:
         self.pulsar = pulsar_settings
         self.topic = topic
@@ -146,7 +163,7 @@ class ToolDirectory:
         """Tool name -> the service ids whose claims lost a conflict over it; ``tool-service/<id>``
         -> the host ids whose descriptor of that service lost (the winners are in :attr:`tools`
         and :attr:`services`)."""
-        self.ledger = Ledger(topic, trusted, max_clock_skew, report_interval)
+        self.ledger = Ledger(topic, trusted, max_clock_skew, report_interval, max_lease, max_entries)
         """What every host instance announced, and the live claims (:mod:`tghost.agent.ledger`)."""
         self.rejections: Counter[str] = self.ledger.rejections
         """Messages on the topic that were not applied, by reason (see the class docstring)."""
@@ -154,7 +171,7 @@ class ToolDirectory:
         self._tools_of_service: dict[str, set[str]] = defaultdict(set)
         self._filtered: dict[tuple[tuple[str, ...] | None, str | None], list[ToolDescriptor]] = {}
         self._watchers: list[asyncio.Queue[Change]] = []
-        self.calls = ToolCalls(self.tools, listeners)
+        self.calls = ToolCalls(self.tools, listeners, refuse_conflicts=trusted is None)
         """Calls by tool name over :attr:`tools` (:mod:`tghost.agent.calls`)."""
         self._tasks: list[asyncio.Task[None]] = []
         self._client: pulsar.asyncio.Client | None = None
@@ -314,11 +331,12 @@ class ToolDirectory:
         self._losers[service_id] = {c.ref for c in losers}
         newest = max(winners, key=lambda c: c.rank)
         assert isinstance(newest.descriptor, ToolServiceDescriptor)
-        self.services[service_id] = ServiceEntry(newest.descriptor, tuple(c.provider for c in winners))
+        self.services[service_id] = ServiceEntry(newest.descriptor, tuple(c.provider for c in winners), tuple(losers))
         losing_hosts = sorted({c.provider.host["id"] for c in losers})
         if losing_hosts and self.conflicts.get(conflict) != losing_hosts:
             log.warning("tool service %r is announced with other queues or config params by host(s) %s; host %r "
-                        "announced it first and keeps it", service_id, losing_hosts, winners[0].provider.host["id"])
+                        "was seen first and keeps it%s", service_id, losing_hosts, winners[0].provider.host["id"],
+                        self._refusing)
         _set_or_drop(self.conflicts, conflict, losing_hosts)
 
     def _resolve_tool(self, name: str, gone: Literal["removed", "expired"]) -> None:
@@ -356,10 +374,19 @@ class ToolDirectory:
         losing = list(dict.fromkeys(c.descriptor.service for c in sorted(losers, key=lambda c: c.rank)
                                     if isinstance(c.descriptor, ToolDescriptor)))
         if losing and self.conflicts.get(name) != losing:
-            log.warning("tool %r is claimed by services %s; %r wins (announced first), claims with other services "
-                        "or config values are ignored", name, [service, *losing], service)
+            log.warning("tool %r is claimed by services %s; %r was seen first and keeps it%s", name,
+                        [service, *losing], service, self._refusing)
         _set_or_drop(self.conflicts, name, losing)
-        return DirectoryTool(newest.descriptor, self.services[service], tuple(c.provider for c in winners))
+        return DirectoryTool(newest.descriptor, self.services[service], tuple(c.provider for c in winners),
+                             tuple(losers))
+
+    @property
+    def _refusing(self) -> str:
+        """How a conflict affects calls, for the log."""
+        if self.calls.refuse_conflicts:
+            return ("; calls to it are refused ('conflict') until the other claims end: without trusted keys "
+                    "anyone on the broker may announce, so sign announcements (tghost keygen)")
+        return ""
 
     # -- queries ---------------------------------------------------------------------------
 
@@ -459,5 +486,6 @@ def _set_or_drop(conflicts: dict[str, list[str]], key: str, losers: list[str]) -
 
 
 def _shape(tool: DirectoryTool | None) -> tuple[Any, ...] | None:
-    """What a change event is about: the tool, its providers and its service's descriptor."""
-    return None if tool is None else (tool.descriptor, tool.providers, tool.service.descriptor)
+    """What a change event is about: the tool, its providers, its service's descriptor and
+    whether it is contested."""
+    return None if tool is None else (tool.descriptor, tool.providers, tool.service.descriptor, tool.contested)

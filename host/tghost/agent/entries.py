@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from tghost.agent.ledger import Provider
+from tghost.agent.ledger import Claim, Provider
 from tghost.protocol.descriptors import ToolDescriptor, ToolServiceDescriptor
 
 __all__ = ["Change", "DirectoryTool", "ServiceEntry"]
@@ -16,19 +16,41 @@ __all__ = ["Change", "DirectoryTool", "ServiceEntry"]
 
 @dataclass(frozen=True)
 class ServiceEntry:
-    """A live tool service and every host whose lease on it is alive."""
+    """A live tool service and every host whose lease on it is alive. ``conflicting``: the live
+    claims on its id with other queues or config params, seen after the winning ones
+    (docs/protocol.md §4.8)."""
 
     descriptor: ToolServiceDescriptor
     providers: tuple[Provider, ...]
+    conflicting: tuple[Claim, ...] = ()
 
 
 @dataclass(frozen=True)
 class DirectoryTool:
-    """A live tool: its descriptor, its service, and the hosts announcing it."""
+    """A live tool: its descriptor, its service, and the hosts announcing it. ``conflicting``:
+    the live claims on its name over another service or with other config values, seen after
+    the winning ones (docs/protocol.md §4.8)."""
 
     descriptor: ToolDescriptor
     service: ServiceEntry
     providers: tuple[Provider, ...]
+    conflicting: tuple[Claim, ...] = ()
+
+    @property
+    def contested(self) -> bool:
+        """Whether another host claims this tool's name or its service id differently."""
+        return bool(self.conflicting or self.service.conflicting)
+
+    def rivals(self) -> list[dict[str, str]]:
+        """The other side of each conflict, seen after this tool's claims: ``{"host": id,
+        "service": id, "request_queue": topic}``, per claim of this tool's name over another
+        service (``request_queue`` is then ``""``) and per claim of this tool's service id with
+        other queues or config params."""
+        return [{"host": str(c.provider.host.get("id")), "service": c.descriptor.service, "request_queue": ""}
+                for c in self.conflicting if isinstance(c.descriptor, ToolDescriptor)] + [
+                {"host": str(c.provider.host.get("id")), "service": c.descriptor.id,
+                 "request_queue": c.descriptor.request_queue}
+                for c in self.service.conflicting if isinstance(c.descriptor, ToolServiceDescriptor)]
 
 
 @dataclass(frozen=True)

@@ -13,12 +13,13 @@ import json
 import logging
 import time
 from collections import Counter, defaultdict
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
 
-from tghost.protocol.announcement import Announcement, announcement_key, parse_descriptor
+from tghost.protocol.announcement import MAX_LEASE, Announcement, announcement_key, parse_descriptor
 from tghost.protocol.descriptors import ToolDescriptor, ToolServiceDescriptor
 from tghost.protocol.trust import TrustedKeys
 
@@ -28,6 +29,9 @@ __all__ = [
     "INVALID",
     "MAX_ANNOUNCEMENT_BYTES",
     "MAX_DEPTH",
+    "MAX_ENTRIES",
+    "MAX_LEASE",
+    "OVER_LIMIT",
     "STALE",
     "Claim",
     "HostLease",
@@ -46,21 +50,37 @@ INVALID = "invalid"
 message key that does not match the value, or sent (by the host's clock) more than
 ``max_clock_skew`` after the broker published it."""
 STALE = "stale"
-"""Not newer (``lease.sent_at``) than one already applied for the same kind, name and host instance."""
+"""Not later in order (:func:`order`) than one already applied for the same kind, name and host instance."""
 DUPLICATE = "duplicate"
 """A byte-identical copy of the last message applied for the same kind, name and host instance
 (a redelivery): dropped silently, only counted."""
 HIJACK = "hijack"
 """Failed the signature check while naming a tool, tool service or host claimed by a trusted host."""
+OVER_LIMIT = "over-limit"
+"""Would give one host instance more than ``max_entries`` tools and tool services."""
 
 #: Announcements larger than this (bytes) are rejected as ``invalid``.
 MAX_ANNOUNCEMENT_BYTES = 1 << 20
 #: Announcements nested deeper than this (JSON objects and arrays) are rejected as ``invalid``.
 MAX_DEPTH = 32
+#: Tools plus tool services one host instance may announce, by default (:data:`OVER_LIMIT`).
+MAX_ENTRIES = 1000
 
 #: (kind, name) of a tool service or tool; (host id, instance) of a host instance.
 Key = tuple[str, str]
 Ref = tuple[str, str]
+#: The order of a host instance's messages for one entry: (``sent_at`` but never later than the
+#: broker's publish time, ``sent_at``); see :func:`order`.
+Order = tuple[float, float]
+
+
+def order(sent_at: float, publish_time: float) -> Order:
+    """Where a message (``lease.sent_at`` by the host's clock, the broker's ``publish_time``;
+    unix seconds, 0 if unknown) stands among its instance's messages for one entry
+    (docs/protocol.md §4.7): by ``sent_at``, except that a message sent "later" than the broker
+    published it counts from its publish time. So a message from the future, forged or from a
+    clock running ahead, cannot make the messages published after it stale."""
+    return (min(sent_at, publish_time) if publish_time else sent_at), sent_at
 
 
 class _Rejected(Exception):
@@ -100,7 +120,6 @@ class _Entry:
 
     descriptor: ToolDescriptor | ToolServiceDescriptor | None
     plugin: dict[str, Any] | None
-    since: float
     available: bool
     external: bool = False
 
@@ -113,8 +132,8 @@ class _Instance:
     lease_end: float
     seconds: float
     entries: dict[Key, _Entry] = field(default_factory=dict)
-    latest: dict[Key, tuple[float, bytes]] = field(default_factory=dict)
-    """(kind, name) -> ``sent_at`` and digest of the last message applied for it."""
+    latest: dict[Key, tuple[Order, bytes]] = field(default_factory=dict)
+    """(kind, name) -> the order (:func:`order`) and digest of the last message applied for it."""
     withdrawn: bool = False
     superseded: bool = False
     expired: bool = False
@@ -128,8 +147,10 @@ class _Instance:
 
 @dataclass(frozen=True)
 class Claim:
-    """A live entry of an active instance: ``rank`` (since, host id, instance) orders claims,
-    the lowest was announced first."""
+    """A live entry of an active instance: ``rank`` (seen, host id, instance) orders claims,
+    the lowest was seen first. ``seen`` counts, in the order this ledger applied them, the
+    first message of each host id's claim on each entry (docs/protocol.md §4.8): what a
+    host says about itself (``since``) never moves its claim ahead of another host's."""
 
     descriptor: ToolDescriptor | ToolServiceDescriptor
     provider: Provider
@@ -184,9 +205,14 @@ class Ledger:
     """
 
     def __init__(self, topic: str, trusted: TrustedKeys | None = None, max_clock_skew: float = 60.0,
-                 report_interval: float = 60.0) -> None:
+                 report_interval: float = 60.0, max_lease: float = MAX_LEASE, max_entries: int = MAX_ENTRIES) -> None:
+        self.topic = topic
         self.trusted = trusted
         self.max_clock_skew = max_clock_skew
+        self.max_lease = max_lease
+        """Seconds: the longest lease honoured; a longer ``lease.seconds`` counts as this."""
+        self.max_entries = max_entries
+        """Tools plus tool services one host instance may announce; more is :data:`OVER_LIMIT`."""
         self.rejections: Counter[str] = Counter()
         """Messages that were not applied, by reason."""
         self.claims: dict[Key, dict[Ref, Claim]] = {}
@@ -199,6 +225,9 @@ class Ledger:
         self.quiet = False
         """While true (a directory catching up on history), clashes are recorded, not logged."""
         self._skewed_hosts: set[str] = set()
+        self._seen: dict[str, dict[Key, int]] = defaultdict(dict)
+        """Host id -> (kind, name) -> when its claim was first seen (a count of claims seen)."""
+        self._seen_count = 0
 
     @property
     def hosts(self) -> dict[str, HostLease]:
@@ -253,6 +282,7 @@ class Ledger:
         siblings.remove(instance)
         if not siblings:
             del self._host_instances[host_id]
+            self._seen.pop(host_id, None)
 
     def apply(self, data: bytes, publish_time: float, key: str) -> set[Key]:
         """Apply one message: its payload ``data``, the broker's ``publish_time`` (unix seconds;
@@ -279,7 +309,7 @@ class Ledger:
         """
         value = _decode(data)
         if self.trusted is not None:
-            reason = self.trusted.verify(value)
+            reason = self.trusted.verify(value, self.topic)
             if reason is not None:
                 target = _target(value)
                 if target is not None and self.is_live(*target):
@@ -302,11 +332,27 @@ class Ledger:
         digest = hashlib.blake2b(data, digest_size=16).digest()
         state = self._instances.get((announcement.host.id, announcement.host.instance))
         latest = state.latest.get((announcement.kind, announcement.name)) if state else None
-        if latest is not None and sent_at <= latest[0]:
-            if (sent_at, digest) == latest:
+        if latest is not None:
+            if digest == latest[1]:
                 raise _Rejected(DUPLICATE, "a byte-identical copy of the last message applied")
-            raise _Rejected(STALE, f"sent at {sent_at}, not after {latest[0]} (a replay?)")
+            if order(sent_at, publish_time) <= latest[0]:
+                raise _Rejected(STALE, f"sent at {sent_at}, not after {latest[0][1]} (a replay?)")
+        self._check_room(state.entries.keys() if state else set(), announcement)
         return announcement, descriptor, digest
+
+    def _check_room(self, known: AbstractSet[Key], announcement: Announcement) -> None:
+        """Raises :class:`_Rejected` (:data:`OVER_LIMIT`) if applying the message would give the
+        instance, which holds the ``known`` (kind, name) entries, more than :attr:`max_entries`."""
+        if announcement.kind == "host":
+            listed = announcement.entries.keys() if announcement.entries is not None else set()
+            count = len(listed | known)
+        elif announcement.status == "available" and (announcement.kind, announcement.name) not in known:
+            count = len(known) + 1
+        else:
+            return
+        if count > self.max_entries:
+            raise _Rejected(OVER_LIMIT, f"host {announcement.host.id} (instance {announcement.host.instance}) "
+                                        f"would announce {count} entries, more than max_entries ({self.max_entries})")
 
     def is_live(self, kind: str, name: str) -> bool:
         """Whether an applied announcement claims this tool or tool service (by ``kind``), or
@@ -327,7 +373,11 @@ class Ledger:
                             "max clock skew (a replay, or the host's clock is behind): its lease is shortened",
                             host_id, sent_at, start - sent_at, self.max_clock_skew)
             start = sent_at + self.max_clock_skew
-        return start + announcement.lease.seconds
+        return start + self._seconds(announcement)
+
+    def _seconds(self, announcement: Announcement) -> float:
+        """The lease this directory honours (seconds): the announced one, at most :attr:`max_lease`."""
+        return min(announcement.lease.seconds, self.max_lease)
 
     def _record(
         self, announcement: Announcement, descriptor: ToolDescriptor | ToolServiceDescriptor | None,
@@ -340,11 +390,12 @@ class Ledger:
         state = self._instances.get(ref)
         if state is None:
             state = self._instances[ref] = _Instance(announcement.host.model_dump(), lease_end,
-                                                     announcement.lease.seconds)
+                                                     self._seconds(announcement))
             self._host_instances[ref[0]].append(ref[1])
         state.lease_end = max(state.lease_end, lease_end)
-        state.seconds = announcement.lease.seconds
-        state.latest[(announcement.kind, announcement.name)] = (announcement.lease.sent_at, digest)
+        state.seconds = self._seconds(announcement)
+        state.latest[(announcement.kind, announcement.name)] = (order(announcement.lease.sent_at, publish_time),
+                                                                digest)
         was_active = state.active
         dirty = self._meet(ref, state) if lease_end >= now else set()
         changed = self._state(state, announcement, descriptor)
@@ -359,20 +410,18 @@ class Ledger:
         self, state: _Instance, announcement: Announcement, descriptor: ToolDescriptor | ToolServiceDescriptor | None
     ) -> set[Key]:
         """Record what one message says about the instance's entries; returns those that changed."""
-        sent_at = announcement.lease.sent_at
         if announcement.kind == "host":
             state.withdrawn = announcement.status == "withdrawn"
             if state.withdrawn or announcement.entries is None:
                 return set()
-            return _apply_manifest(state, announcement.entries.keys(), sent_at)
+            return _apply_manifest(state, announcement.entries.keys())
         key = (announcement.kind, announcement.name)
         entry = state.entries.get(key)
         if announcement.status == "withdrawn":
             if entry is not None:
                 entry.available = False
         else:
-            since = announcement.since if announcement.since is not None else entry.since if entry else sent_at
-            state.entries[key] = _Entry(descriptor, announcement.plugin, since, True, announcement.external)
+            state.entries[key] = _Entry(descriptor, announcement.plugin, True, announcement.external)
         return {key}
 
     def _meet(self, ref: Ref, state: _Instance) -> set[Key]:
@@ -431,12 +480,21 @@ class Ledger:
                 if claims is None:
                     claims = self.claims[key] = {}
                 provider = Provider(state.host, entry.plugin, entry.external)
-                claims[ref] = Claim(entry.descriptor, provider, (entry.since, *ref))
+                claims[ref] = Claim(entry.descriptor, provider, (self._first_seen(ref[0], key), *ref))
             elif claims is not None:
                 claims.pop(ref, None)
                 if not claims:
                     del self.claims[key]
         return keys
+
+    def _first_seen(self, host_id: str, key: Key) -> int:
+        """When this host id's claim on ``key`` was first seen (a count), kept while the ledger
+        remembers any instance of the host, so that a restart keeps the host's place."""
+        seen = self._seen[host_id]
+        if key not in seen:
+            self._seen_count += 1
+            seen[key] = self._seen_count
+        return seen[key]
 
     def _settle_clashes(self) -> None:
         """Forget the clashes that fewer than two active instances are left in."""
@@ -492,7 +550,7 @@ def _target(value: dict[str, Any]) -> tuple[str, str] | None:
     return (kind, name) if isinstance(kind, str) and isinstance(name, str) else None
 
 
-def _apply_manifest(state: _Instance, listed: set[Key], sent_at: float) -> set[Key]:
+def _apply_manifest(state: _Instance, listed: set[Key]) -> set[Key]:
     """A host message's manifest: every listed entry is available, every other one is not
     (the latest word wins, docs/protocol.md §4.4); returns the entries that changed. A listed
     entry whose descriptor has not arrived yet is remembered until it does."""
@@ -501,7 +559,7 @@ def _apply_manifest(state: _Instance, listed: set[Key], sent_at: float) -> set[K
         entry = state.entries.get(key)
         available = key in listed
         if entry is None:
-            state.entries[key] = _Entry(None, None, sent_at, available)
+            state.entries[key] = _Entry(None, None, available)
         elif entry.available != available:
             entry.available = available
             changed.add(key)

@@ -207,7 +207,7 @@ class Announcer:
         if kind == "tool-service" and name in self.catalog.external:
             value["external"] = True  # announced here, served elsewhere (config.py; docs/protocol.md §4.3)
         if self.signer is not None:
-            value = self.signer.sign(value)
+            value = self.signer.sign(value, self.topic)
         return announcement_key(kind, name, self.identity.id), value
 
     # -- sending ---------------------------------------------------------------------------

@@ -27,14 +27,15 @@ def _tool_json(tool: DirectoryTool) -> dict[str, Any]:
     """A row of ``tghost tools --json``: the whole announced tool descriptor (seed 000/001 JSON:
     ``arguments``, ``input-schema``, config values at the top level ...), plus ``config`` (the
     config values alone), ``available_in_states`` and ``state`` (``null`` when unset),
-    ``providers`` (host ids) and ``external``."""
+    ``providers`` (host ids), ``external`` and ``conflicts`` (the other side of each conflict
+    over its name or service: :meth:`tghost.agent.entries.DirectoryTool.rivals`)."""
     d = tool.descriptor
     return {**d.to_json_dict(), "name": d.name, "service": d.service, "description": d.description,
             "group": list(d.group), "state": d.state,
             "available_in_states": list(d.available_in_states) if d.available_in_states else None,
             "config": d.config, "arguments": [a.model_dump() for a in d.arguments],
             "providers": [p.host["id"] for p in tool.providers],
-            "external": any(p.external for p in tool.service.providers)}
+            "external": any(p.external for p in tool.service.providers), "conflicts": tool.rivals()}
 
 
 @cli.command()
@@ -47,7 +48,8 @@ def tools(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...
     """List the live tools every agent can see, as announced by running hosts.
 
     Without --group/--state, every live tool is listed; with them, only those a seed 001
-    request with those groups and state may use.
+    request with those groups and state may use. A tool whose name or service another host
+    announces differently is marked CONFLICT, and the conflicts are listed on stderr.
     """
     async def fetch() -> list[dict[str, Any]]:
         async with open_directory(pulsar, descriptors_topic, trusted) as directory:
@@ -64,11 +66,28 @@ def tools(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...
         click.echo("no live tools (is a 'tghost run' up on this broker?)")
         return
     table = [("TOOL", "SERVICE", "PROVIDERS", "GROUPS", "STATES", "-> STATE")] + [
-        (r["name"], r["service"] + (" (external)" if r["external"] else ""), ",".join(r["providers"]),
-         ",".join(r["group"]), ",".join(r["available_in_states"] or ["*"]), r["state"] or "-") for r in rows]
+        (r["name"] + (" CONFLICT" if r["conflicts"] else ""), r["service"] + (" (external)" if r["external"] else ""),
+         ",".join(r["providers"]), ",".join(r["group"]), ",".join(r["available_in_states"] or ["*"]),
+         r["state"] or "-") for r in rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     for row in table:
         click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    _print_conflicts(rows, refused=trusted is None)
+
+
+def _print_conflicts(rows: list[dict[str, Any]], refused: bool) -> None:
+    """Each contested tool of ``rows`` and the other side of its conflicts, on stderr."""
+    contested = [r for r in rows if r["conflicts"]]
+    if not contested:
+        return
+    effect = ("calls to them are refused ('conflict') until the other claims end; sign announcements "
+              "(tghost keygen) on a shared broker" if refused else "calls go to the claims seen first")
+    click.secho(f"\n{len(contested)} tool(s) contested by another host: {effect}", fg="red", err=True)
+    for r in contested:
+        others = "; ".join(f"service {c['service']}{' on ' + c['request_queue'] if c['request_queue'] else ''} "
+                           f"from host {c['host']}" for c in r["conflicts"])
+        click.echo(f"  {r['name']}: service {r['service']} from {','.join(r['providers'])} (seen first) vs {others}",
+                   err=True)
 
 
 @cli.command()
@@ -122,6 +141,20 @@ def export_tools(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[s
     click.echo(json.dumps(asyncio.run(fetch()), indent=2))
 
 
+def _host_names(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> tuple[str, ...]:
+    """The --allowed-host names (a click callback), each value split at commas and whitespace.
+
+    Raises:
+        click.BadParameter: a name is a URL or path (has a '/'), not a Host header value.
+    """
+    names = tuple(name for value in values for name in value.replace(",", " ").split())
+    for name in names:
+        if "/" in name:
+            raise click.BadParameter(f"{name!r} is not a Host header value: give NAME or NAME:PORT, e.g. "
+                                     "mcp.example.com:8765", param_hint="--allowed-host / TGHOST_MCP_ALLOWED_HOSTS")
+    return names
+
+
 @cli.command("mcp")
 @pulsar_options
 @filter_options
@@ -132,10 +165,18 @@ def export_tools(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[s
               help="With --transport http: the address to bind; 0.0.0.0 for every interface.")
 @click.option("--port", "http_port", type=click.IntRange(0, 65535), default=8765, show_default=True,
               help="With --transport http: the port to bind.")
+@click.option("--allowed-host", "allowed_hosts", multiple=True, metavar="NAME", envvar="TGHOST_MCP_ALLOWED_HOSTS",
+              callback=_host_names,
+              help="With --transport http: a Host header clients may send besides the loopback names (127.0.0.1, "
+                   "localhost, [::1], any port), e.g. mcp.example.com, mcp.example.com:8765, or mcp.example.com:* "
+                   "for any port; Origin http(s)://NAME is accepted with it. Repeatable (env TGHOST_MCP_ALLOWED_HOSTS, "
+                   "space- or comma-separated). On every bind, other Host headers get 421 and other Origins 403 "
+                   "(DNS-rebinding protection): bound off loopback, give the names clients use.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="warning",
               show_default=True, help="Log level; the log always goes to stderr.")
 def mcp_bridge(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...], state: str | None,
-               trusted: TrustedKeys | None, transport: str, http_host: str, http_port: int, log_level: str) -> None:
+               trusted: TrustedKeys | None, transport: str, http_host: str, http_port: int,
+               allowed_hosts: tuple[str, ...], log_level: str) -> None:
     """Serve the live tools to MCP clients (Model Context Protocol), until Ctrl-C or the client leaves.
 
     tools/list gives the tools a seed 001 request with --group (default: the 'default' group)
@@ -147,4 +188,4 @@ def mcp_bridge(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str
 
     directory = open_directory(pulsar, descriptors_topic, trusted, wait=True)
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(directory, list(groups) or None, state, transport, http_host, http_port))
+        asyncio.run(serve(directory, list(groups) or None, state, transport, http_host, http_port, allowed_hosts))

@@ -38,16 +38,41 @@ def setup_logging(level: str) -> None:
                         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
 
 
+def pulsar_token(token: str | None, token_file: Path | None) -> str | None:
+    """The Pulsar token: --pulsar-token's, else the contents of --pulsar-token-file without
+    surrounding whitespace, else ``None`` (an empty --pulsar-token counts as not given).
+
+    Raises:
+        click.UsageError: both are given (on the command line or in the environment).
+        click.BadParameter: the file cannot be read, or holds nothing but whitespace.
+    """
+    if token_file is None:
+        return token or None
+    if token:
+        raise click.UsageError("give the token once: --pulsar-token (env TGHOST_PULSAR_TOKEN) or "
+                               "--pulsar-token-file (env TGHOST_PULSAR_TOKEN_FILE), not both")
+    hint = "--pulsar-token-file / TGHOST_PULSAR_TOKEN_FILE"
+    try:
+        text = token_file.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise click.BadParameter(f"cannot read the token file {str(token_file)!r}: {reason}", param_hint=hint) from None
+    if not text:
+        raise click.BadParameter(f"the token file {str(token_file)!r} is empty (or only whitespace)", param_hint=hint)
+    return text
+
+
 def pulsar_options(fn: F) -> F:
     """The connection options every command that talks to Pulsar takes. The command gets one
-    ``pulsar: PulsarSettings`` built from --pulsar-url, --pulsar-token and the TLS options, and
-    ``descriptors_topic``.
+    ``pulsar: PulsarSettings`` built from --pulsar-url, --pulsar-token or --pulsar-token-file
+    (:func:`pulsar_token`) and the TLS options, and ``descriptors_topic``.
     """
     @functools.wraps(fn)
-    def with_settings(*args: Any, pulsar_url: str, pulsar_token: str | None, tls_trust_certs: Path | None,
-                      tls_allow_insecure: bool, tls_validate_hostname: bool, connect_timeout: float,
-                      **kwargs: Any) -> Any:
-        settings = PulsarSettings(pulsar_url, connect_timeout=connect_timeout, token=pulsar_token or None,
+    def with_settings(*args: Any, pulsar_url: str, pulsar_token_given: str | None, pulsar_token_file: Path | None,
+                      tls_trust_certs: Path | None, tls_allow_insecure: bool, tls_validate_hostname: bool,
+                      connect_timeout: float, **kwargs: Any) -> Any:
+        token = pulsar_token(pulsar_token_given, pulsar_token_file)
+        settings = PulsarSettings(pulsar_url, connect_timeout=connect_timeout, token=token,
                                   tls_trust_certs=str(tls_trust_certs) if tls_trust_certs else None,
                                   tls_allow_insecure=tls_allow_insecure, tls_validate_hostname=tls_validate_hostname)
         return fn(*args, pulsar=settings, **kwargs)
@@ -55,9 +80,16 @@ def pulsar_options(fn: F) -> F:
     options = [
         click.option("--pulsar-url", envvar="TGHOST_PULSAR_URL", default=DEFAULT_URL, show_default=True,
                      help="Pulsar service URL, pulsar:// or pulsar+ssl:// (env TGHOST_PULSAR_URL)."),
-        click.option("--pulsar-token", envvar="TGHOST_PULSAR_TOKEN", default=None, show_envvar=False,
-                     help="Pulsar auth token (JWT) (env TGHOST_PULSAR_TOKEN). The embedded broker "
+        click.option("--pulsar-token", "pulsar_token_given", envvar="TGHOST_PULSAR_TOKEN", default=None,
+                     show_envvar=False,
+                     help="Pulsar auth token (JWT) (env TGHOST_PULSAR_TOKEN). Prefer --pulsar-token-file or the env "
+                          "var: a token on the command line is visible to other users in 'ps'. The embedded broker "
                           "(pulsar-lite) accepts any token and does not enforce auth."),
+        click.option("--pulsar-token-file", envvar="TGHOST_PULSAR_TOKEN_FILE", default=None, metavar="PATH",
+                     type=click.Path(path_type=Path, dir_okay=False),
+                     help="File holding the Pulsar auth token, surrounding whitespace stripped (env "
+                          "TGHOST_PULSAR_TOKEN_FILE); not with --pulsar-token. Prefer it (or TGHOST_PULSAR_TOKEN) "
+                          "to --pulsar-token, whose value other users see in 'ps'."),
         click.option("--tls-trust-certs", envvar="TGHOST_TLS_TRUST_CERTS", default=None,
                      type=click.Path(path_type=Path, dir_okay=False, exists=True),
                      help="PEM file of CA certificates to trust for pulsar+ssl:// (env TGHOST_TLS_TRUST_CERTS)."),

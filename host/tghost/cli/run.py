@@ -27,6 +27,7 @@ from tghost.discovery.config import ConfigError, load_config_tools, read_config
 from tghost.discovery.discover import Catalog, PluginLoadError, PluginSelection, discover
 from tghost.operate.plugin_watch import WatchSettings
 from tghost.operate.run import run_host
+from tghost.protocol.announcement import MAX_LEASE
 from tghost.protocol.trust import KeyFileError, Signer
 from tghost.pulsar import hop
 from tghost.pulsar.clients import BrokerError, PulsarSettings
@@ -72,8 +73,9 @@ log = logging.getLogger("tghost")
               help="Replace a worker process whose resident memory is above MIB after a call; one call fails with "
                    "MemoryError past twice that. 0: no bound (env TGHOST_MAX_WORKER_MEMORY).")
 @config_option
-@click.option("--lease", type=click.FloatRange(min=0.5, max=86_400), default=30.0, show_default=True,
-              help="Seconds an announcement lives without a heartbeat (heartbeat every lease/3).")
+@click.option("--lease", type=click.FloatRange(min=0.5, max=MAX_LEASE), default=30.0, show_default=True,
+              help="Seconds an announcement lives without a heartbeat (heartbeat every lease/3). At most "
+                   f"{MAX_LEASE:.0f}: the longest lease a directory honours.")
 @click.option("--host-id", envvar="TGHOST_HOST_ID", default=None,
               help="This host's id in announcements (env TGHOST_HOST_ID) [default: a stable id per host slot].")
 @click.option("--signing-key", type=click.Path(path_type=Path, dir_okay=False), envvar="TGHOST_SIGNING_KEY",

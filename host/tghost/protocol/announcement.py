@@ -18,6 +18,7 @@ __all__ = [
     "DEFAULT_TOPIC",
     "EPOCH_SECONDS",
     "KINDS",
+    "MAX_LEASE",
     "RESTATEMENT_MARGIN",
     "Announcement",
     "Entries",
@@ -38,6 +39,10 @@ DEFAULT_TOPIC = "persistent://tg/config/tool-descriptors"
 EPOCH_SECONDS = 300.0
 #: Seconds a host may take, after its epoch begins, to finish restating on the new topic.
 RESTATEMENT_MARGIN = 30.0
+#: Seconds: the longest lease a directory honours by default (docs/protocol.md §4.7); a longer
+#: ``lease.seconds`` counts as this, so a flood of fake entries is gone this long after its
+#: last message. A host's lease must not be longer.
+MAX_LEASE = 600.0
 #: What an announcement may announce: a host (its lease and manifest), a tool service or a tool.
 KINDS = ("host", "tool-service", "tool")
 
@@ -114,7 +119,8 @@ class Announcement(BaseModel):
     field, if any, is checked before this model (:mod:`tghost.protocol.trust`) and ignored by it.
 
     ``since`` (unix seconds) is when this host instance first announced the entry (for a host
-    message: when the instance started); the earliest wins a conflict. ``entries`` is the
+    message: when the instance started), for people to read: a directory never orders claims
+    by it (docs/protocol.md §4.8). ``entries`` is the
     manifest and belongs on ``host`` messages only.
     """
 

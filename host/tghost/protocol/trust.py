@@ -6,14 +6,17 @@ Signature format (docs/protocol.md §4.5, with a test vector)
 -------------------------------------------------------------
 A signed announcement value is the unsigned JSON object plus one field::
 
-    "signature": {"key": "<key id>", "value": "<base64 of the 64-byte Ed25519 signature>"}
+    "signature": {"v": 2, "key": "<key id>", "value": "<base64 of the 64-byte Ed25519 signature>"}
 
-- The signed bytes are the *canonical JSON* of the value without its ``signature`` field:
-  ``json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)`` encoded as
-  ASCII. A verifier parses the message, drops ``signature`` and re-encodes the rest the same
-  way, so a signer in another language must produce Python's encoding of the same value
-  (object keys sorted by code point, no whitespace, non-ASCII as ``\\uXXXX``, floats as their
-  shortest round-trip repr).
+- Version 2 signs the *canonical JSON* of ``{"topic": <base topic>, "value": <the value
+  without its signature field>}``, so a value signed for one announcement topic does not verify
+  on another (:func:`signed_bytes`). Canonical JSON is ``json.dumps(value, sort_keys=True,
+  separators=(",", ":"), ensure_ascii=True)`` encoded as ASCII. A verifier parses the
+  message, drops ``signature`` and re-encodes the rest the same way, so a signer in another
+  language must produce Python's encoding of the same value (object keys sorted by code
+  point, no whitespace, non-ASCII as ``\\uXXXX``, floats as their shortest round-trip repr).
+- Version 1 (no ``v``; tghost before 0.2) signed the canonical JSON of the value alone. It is
+  still verified, but does not bind the topic.
 - ``value`` is standard base64 (RFC 4648, with padding).
 - The key id is the first 16 hex digits of SHA-256 over the 32-byte raw Ed25519 public key
   (:func:`key_id`). It names the key so a verifier can pick it; it proves nothing by itself.
@@ -51,10 +54,13 @@ __all__ = [
     "key_id",
     "load_private_key",
     "load_public_key",
+    "signed_bytes",
     "write_key_pair",
 ]
 
 SIGNATURE_FIELD = "signature"
+#: The signature format :class:`Signer` writes: 2 covers the base topic, 1 (no ``v``) does not.
+SIGNATURE_VERSION = 2
 #: Why :meth:`TrustedKeys.verify` refused a value (also the directory's rejection reasons).
 UNSIGNED = "unsigned"
 BAD_SIGNATURE = "bad-signature"
@@ -81,6 +87,23 @@ def canonical_json(value: Mapping[str, Any]) -> bytes:
     return json.dumps(unsigned, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii")
 
 
+def signed_bytes(value: Mapping[str, Any], topic: str, version: int = SIGNATURE_VERSION) -> bytes:
+    """What a signature of ``version`` covers (docs/protocol.md §4.5): for 2, the canonical JSON
+    of ``{"topic": topic, "value": value}`` (``value`` without ``signature``; ``topic`` the
+    base announcement topic, e.g. ``persistent://tg/config/tool-descriptors``); for 1,
+    :func:`canonical_json` of ``value``.
+
+    Raises:
+        ValueError: an unknown ``version``, or ``value`` holds something JSON cannot encode.
+        TypeError, RecursionError: as :func:`canonical_json`.
+    """
+    if version == 1:
+        return canonical_json(value)
+    if version != 2:
+        raise ValueError(f"unknown signature version {version!r}")
+    return canonical_json({"topic": topic, "value": {k: v for k, v in value.items() if k != SIGNATURE_FIELD}})
+
+
 def key_id(public_key: Ed25519PublicKey) -> str:
     """The key's id: the first 16 hex digits of SHA-256 over its 32 raw bytes."""
     raw = public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
@@ -104,10 +127,12 @@ class Signer:
         """
         return cls(load_private_key(path))
 
-    def sign(self, value: Mapping[str, Any]) -> dict[str, Any]:
-        """A copy of ``value`` with its ``signature`` field set (any old one is replaced)."""
-        signature = self._private_key.sign(canonical_json(value))
-        return {**value, SIGNATURE_FIELD: {"key": self.key_id, "value": base64.b64encode(signature).decode()}}
+    def sign(self, value: Mapping[str, Any], topic: str) -> dict[str, Any]:
+        """A copy of ``value`` with its version 2 ``signature`` field for the base announcement
+        ``topic`` set (any old one is replaced)."""
+        signature = self._private_key.sign(signed_bytes(value, topic))
+        return {**value, SIGNATURE_FIELD: {"v": SIGNATURE_VERSION, "key": self.key_id,
+                                           "value": base64.b64encode(signature).decode()}}
 
 
 class TrustedKeys:
@@ -125,10 +150,12 @@ class TrustedKeys:
         """
         return cls(load_public_key(path) for path in paths)
 
-    def verify(self, value: Mapping[str, Any]) -> str | None:
-        """Check ``value``'s signature: ``None`` when a trusted key signed it, else the reason,
-        :data:`UNSIGNED`, :data:`UNKNOWN_KEY` or :data:`BAD_SIGNATURE` (also for a malformed
-        ``signature`` field, or a value that cannot be re-encoded). Never raises.
+    def verify(self, value: Mapping[str, Any], topic: str) -> str | None:
+        """Check ``value``'s signature for the base announcement ``topic``: ``None`` when a
+        trusted key signed it, else the reason, :data:`UNSIGNED`, :data:`UNKNOWN_KEY` or
+        :data:`BAD_SIGNATURE` (also for a malformed ``signature`` field, an unknown version, a
+        version 2 signature made for another topic, or a value that cannot be re-encoded).
+        Never raises.
         """
         signature = value.get(SIGNATURE_FIELD)
         if signature is None:
@@ -139,7 +166,8 @@ class TrustedKeys:
         if key is None:
             return UNKNOWN_KEY
         try:
-            key.verify(base64.b64decode(signature["value"], validate=True), canonical_json(value))
+            key.verify(base64.b64decode(signature["value"], validate=True),
+                       signed_bytes(value, topic, signature.get("v", 1)))
         except (InvalidSignature, binascii.Error, ValueError, TypeError, RecursionError):
             return BAD_SIGNATURE
         return None

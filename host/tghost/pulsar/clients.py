@@ -154,8 +154,9 @@ class PulsarSettings:
                 "TLS; 8080 is its HTTP admin port) and that pulsar+ssl:// is used only with TLS") from None
         except pulsar.asyncio.PulsarException as exc:
             if exc.error() in (pulsar.Result.AuthenticationError, pulsar.Result.AuthorizationError):
-                raise BrokerError(f"the Pulsar broker at {self.url} refused this client ({exc}): check "
-                                  "--pulsar-token (env TGHOST_PULSAR_TOKEN)") from None
+                raise BrokerError(f"the Pulsar broker at {self.url} refused this client ({exc}): check the token, "
+                                  "--pulsar-token-file or --pulsar-token (env TGHOST_PULSAR_TOKEN_FILE or "
+                                  "TGHOST_PULSAR_TOKEN)") from None
             if exc.error() in (pulsar.Result.ConnectError, pulsar.Result.Timeout):
                 raise NotPulsarBroker(f"not a Pulsar broker at {self.url} ({exc}): check the URL's port and "
                                       "TLS options") from None
