@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import re
 import threading
 from collections.abc import AsyncIterator
 from typing import Any
@@ -142,6 +144,24 @@ async def test_request_without_id_is_counted_acknowledged_and_not_answered(
     assert json.loads(body["response"])["arguments"] == {"after": True}
     assert endpoint.counters["unanswerable"] == 2
     assert recorder.calls == 1
+
+
+async def test_a_flood_of_requests_without_id_is_summarised_in_the_log_not_logged_one_by_one(
+    pulsar_broker: EmbeddedBroker, recorder: Recorder, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="tghost"):
+        async with LocalHost(pulsar_broker.url, [recorder]) as host, \
+                RawWire(pulsar_broker.url, recorder.descriptor) as raw:
+            for _ in range(200):
+                await raw.send(b"garbage without id", {})
+            await raw.send(wire.encode_request("u", {"needed": 1}, {}), {"id": "next"})
+            assert len(await raw.replies("next")) == 1  # the host still answers
+            [endpoint] = host.server.endpoints
+    assert endpoint.counters["unanswerable"] == 200
+    summaries = [r.getMessage() for r in caplog.records if "cannot be answered" in r.getMessage()]
+    assert len(summaries) == 2, summaries  # the first at once, the rest when the host stops
+    assert sum(int(re.search(r"dropped (\d+) request", line)[1]) for line in summaries) == 200  # type: ignore[index]
+    assert "no 'id' property" in summaries[0] and "docs/protocol.md §2.3" in summaries[0]
 
 
 async def test_a_slow_call_is_cancelled_and_answered_timeout_per_service_override(

@@ -22,6 +22,7 @@ from pydantic import ValidationError
 from tghost.protocol.announcement import MAX_LEASE, Announcement, announcement_key, parse_descriptor
 from tghost.protocol.descriptors import ToolDescriptor, ToolServiceDescriptor
 from tghost.protocol.trust import TrustedKeys
+from tghost.system.logs import LogSummary
 
 __all__ = [
     "DUPLICATE",
@@ -161,38 +162,6 @@ class Claim:
         return self.rank[1], self.rank[2]
 
 
-class _RejectionLog:
-    """Counts rejected messages in ``counts`` and logs a summary: one warning per reason with its
-    count and an example, at most once per ``interval`` seconds (each message at debug level).
-    Duplicates are counted, never summarised."""
-
-    def __init__(self, counts: Counter[str], topic: str, interval: float) -> None:
-        self.counts = counts
-        self.topic = topic
-        self.interval = interval
-        self._pending: Counter[str] = Counter()
-        self._examples: dict[str, str] = {}
-        self._last = 0.0
-
-    def add(self, reason: str, key: str, detail: str) -> None:
-        self.counts[reason] += 1
-        log.debug("ignored an announcement (key %r): %s: %s", key, reason, detail)
-        if reason != DUPLICATE:
-            self._pending[reason] += 1
-            self._examples.setdefault(reason, f"key {key!r}: {detail}")
-
-    def flush(self, now: float, force: bool = False) -> None:
-        """Log what was counted since the last summary, if ``interval`` has passed (or ``force``)."""
-        if not self._pending or (not force and now - self._last < self.interval):
-            return
-        for reason, count in sorted(self._pending.items()):
-            log.warning("ignored %d announcement(s) on %s: %s (e.g. %s)", count, self.topic, reason,
-                        self._examples[reason])
-        self._pending.clear()
-        self._examples.clear()
-        self._last = now
-
-
 class Ledger:
     """The state of every host instance heard on the topic, and the live claims it makes.
 
@@ -217,7 +186,8 @@ class Ledger:
         """Messages that were not applied, by reason."""
         self.claims: dict[Key, dict[Ref, Claim]] = {}
         """(kind, name) -> (host id, instance) -> the live claim of an active instance."""
-        self._rejected = _RejectionLog(self.rejections, topic, report_interval)
+        self._rejected = LogSummary(log, f"ignored %(count)d announcement(s) on {topic}: %(reason)s (e.g. %(example)s)",
+                                    report_interval, self.rejections, silent=frozenset({DUPLICATE}))
         self._instances: dict[Ref, _Instance] = {}
         self._host_instances: dict[str, list[str]] = defaultdict(list)
         self._clashing: dict[str, frozenset[str]] = {}
@@ -294,7 +264,7 @@ class Ledger:
         try:
             announcement, descriptor, digest = self._accept(data, publish_time, key)
         except _Rejected as rejected:
-            self._rejected.add(rejected.reason, key, rejected.detail)
+            self._rejected.add(rejected.reason, f"key {key!r}: {rejected.detail}")
             return set()
         return self._record(announcement, descriptor, publish_time, digest)
 

@@ -48,6 +48,7 @@ from tghost.serving.request import (
     failure,
 )
 from tghost.serving.settings import ServeSettings
+from tghost.system.logs import LogSummary
 
 __all__ = ["RECEIVER_QUEUE", "ServiceEndpoint"]
 
@@ -111,6 +112,9 @@ class ServiceEndpoint:
         self._peers: handoff.PeerLookout | None = None
         self._unsubscribing: asyncio.Task[None] | None = None
         self._released = False
+        self._unanswerable = LogSummary(
+            log, f"service {self.descriptor.id}: dropped %(count)d request(s) that cannot be answered: %(reason)s "
+                 "(e.g. %(example)s); a caller must set it (docs/protocol.md §2.3)")
 
     @property
     def subscription(self) -> str:
@@ -215,8 +219,9 @@ class ServiceEndpoint:
             if request.record.request_id is None:
                 self.counters["unanswerable"] += 1
                 request.record.status = UNANSWERABLE
-                log.warning("service %s: request without 'id' property cannot be answered; "
-                            "acknowledged and dropped", self.descriptor.id)
+                self._unanswerable.add("no 'id' property", f"message {message.message_id()} on "
+                                       f"{self.descriptor.request_queue}")
+                self._unanswerable.flush()
             elif self._stopping:
                 if self._peers is not None:
                     self._peers.mine(request.record.request_id)
@@ -423,6 +428,7 @@ class ServiceEndpoint:
         await self._unsubscribing
         if self._tasks:  # 'unavailable' answers to requests that arrived while stopping
             await asyncio.wait(set(self._tasks), timeout=1.0)
+        self._unanswerable.flush(force=True)
         if self._producer is not None:
             await self._quietly("flush the producer", self._producer.flush())
             await self._quietly("close the producer", self._producer.close())
