@@ -1,5 +1,5 @@
-"""system: what tghost asks of the operating system, for every stage: file-lock slots
-(:mod:`.locks`) and child processes (:mod:`.processes`).
+"""system: what every stage needs from the machine and the runtime: file-lock slots
+(:mod:`.locks`), child processes (:mod:`.processes`) and log summaries (:mod:`.logs`).
 
 Imports nothing of tghost.
 """
