@@ -209,7 +209,8 @@ async def test_a_tool_name_claimed_by_two_services_is_a_reported_conflict_refuse
                 with pytest.raises(ToolCallError) as refused:
                     await found.invoke("count", {"text": "abc"}, groups=["*"])
                 assert refused.value.error_type == CONFLICT
-                assert "service 'count'" in refused.value.message and "host(s) first" in refused.value.message
+                assert "service 'count' on non-persistent://tg/request/count from host first (seen first)" in (
+                    refused.value.message)
                 assert "service 'other-counter' from host second" in refused.value.message
                 assert found.refusals == {CONFLICT: 1}
             except BaseException:

@@ -116,8 +116,8 @@ async def test_a_rogue_in_open_mode_never_receives_a_call_meant_for_a_live_tool(
             assert listed.returncode == 0, listed.stderr
             assert re.search(r"^tell-joke CONFLICT\s+joke-service\s+real\b", listed.stdout, re.M), listed.stdout
             assert "1 tool(s) contested by another host: calls to them are refused ('conflict')" in listed.stderr
-            assert ("tell-joke: service joke-service from real (seen first) vs service rogue-svc from host "
-                    "rogue-host; service joke-service on non-persistent://tg/request/rogue-joke-2 from host "
+            assert ("tell-joke: service 'joke-service' from host real (seen first) vs service 'rogue-svc' from host "
+                    "rogue-host; service 'joke-service' on non-persistent://tg/request/rogue-joke-2 from host "
                     "rogue-2") in listed.stderr
             # the rogue stops heartbeating: its claims expire and the real tool answers again
             await until(lambda: not found.conflicts and not found.tools["tell-joke"].contested)

@@ -17,7 +17,7 @@ from typing import Any
 import pulsar.asyncio
 
 from tghost.agent.client import ToolCallError, ToolServiceClient
-from tghost.agent.entries import DirectoryTool
+from tghost.agent.entries import DirectoryTool, describe_side
 from tghost.protocol import wire
 from tghost.protocol.descriptors import ToolServiceDescriptor
 from tghost.protocol.groups import DEFAULT_GROUPS, DEFAULT_STATE, WILDCARD, is_available, next_state
@@ -220,14 +220,10 @@ class ToolCalls:
 
 def _contest(tool: DirectoryTool) -> str:
     """Why a contested tool is not called: every side of its conflicts."""
-    service = tool.service.descriptor
-    first = ", ".join(sorted({str(p.host.get("id")) for p in tool.providers}))
-    sides = [f"service {service.id!r} on {service.request_queue} from host(s) {first} (seen first)"]
-    sides += [f"service {r['service']!r}{' on ' + r['request_queue'] if r['request_queue'] else ''} from host "
-              f"{r['host']}" for r in tool.rivals()]
-    return (f"tool {tool.descriptor.name!r} is claimed by conflicting announcements: {'; '.join(sides)}. Calling "
-            "none of them: without trusted keys nothing proves which is real. Stop the host that should not "
-            "announce it, or sign announcements (tghost keygen, --signing-key, --trusted-key)")
+    first, *others = map(describe_side, tool.sides())
+    return (f"tool {tool.descriptor.name!r} is claimed by conflicting announcements: {first} (seen first); "
+            f"{'; '.join(others)}. Calling none of them: without trusted keys nothing proves which is real. Stop "
+            "the host that should not announce it, or sign announcements (tghost keygen, --signing-key, --trusted-key)")
 
 
 def _excess_groups(requested: Sequence[str], allowed: Sequence[str]) -> list[str]:

@@ -11,7 +11,7 @@ from typing import Any, Literal
 from tghost.agent.ledger import Claim, Provider
 from tghost.protocol.descriptors import ToolDescriptor, ToolServiceDescriptor
 
-__all__ = ["Change", "DirectoryTool", "ServiceEntry"]
+__all__ = ["Change", "DirectoryTool", "ServiceEntry", "describe_side"]
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,19 @@ class DirectoryTool:
                 {"host": str(c.provider.host.get("id")), "service": c.descriptor.id,
                  "request_queue": c.descriptor.request_queue}
                 for c in self.service.conflicting if isinstance(c.descriptor, ToolServiceDescriptor)]
+
+    def sides(self) -> list[dict[str, str]]:
+        """Every side of its conflicts, as :meth:`rivals` gives them: first the claims seen first
+        (``host``: their host ids, comma-separated), then :meth:`rivals`."""
+        first = {"host": ",".join(sorted({str(p.host.get("id")) for p in self.providers})),
+                 "service": self.service.descriptor.id, "request_queue": self.service.descriptor.request_queue}
+        return [first, *self.rivals()]
+
+
+def describe_side(side: dict[str, str]) -> str:
+    """One side of a conflict (:meth:`DirectoryTool.sides`) in words: ``service 'x' on TOPIC from host h``."""
+    where = f" on {side['request_queue']}" if side["request_queue"] else ""
+    return f"service {side['service']!r}{where} from host {side['host']}"
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ import click
 
 from tghost.adapters.export import FORMATS, select_tools
 from tghost.agent.directory import Change, DirectoryTool
+from tghost.agent.entries import describe_side
 from tghost.cli.app import cli
 from tghost.cli.options import filter_options, open_directory, pulsar_options, setup_logging, trust_options
 from tghost.protocol.trust import TrustedKeys
@@ -84,10 +85,9 @@ def _print_conflicts(rows: list[dict[str, Any]], refused: bool) -> None:
               "(tghost keygen) on a shared broker" if refused else "calls go to the claims seen first")
     click.secho(f"\n{len(contested)} tool(s) contested by another host: {effect}", fg="red", err=True)
     for r in contested:
-        others = "; ".join(f"service {c['service']}{' on ' + c['request_queue'] if c['request_queue'] else ''} "
-                           f"from host {c['host']}" for c in r["conflicts"])
-        click.echo(f"  {r['name']}: service {r['service']} from {','.join(r['providers'])} (seen first) vs {others}",
-                   err=True)
+        first = {"host": ",".join(r["providers"]), "service": r["service"], "request_queue": ""}
+        others = "; ".join(map(describe_side, r["conflicts"]))
+        click.echo(f"  {r['name']}: {describe_side(first)} (seen first) vs {others}", err=True)
 
 
 @cli.command()
