@@ -23,7 +23,7 @@ from tghost.agent.directory import CONFLICT, STALE, ToolDirectory
 from tghost.announcing.announcer import Announcer, HostIdentity
 from tghost.discovery.discover import catalog_of
 from tghost.protocol.announcement import current_topic
-from tghost.pulsar.clients import PulsarSettings
+from tghost.pulsar.clients import PulsarSettings, free_port
 from tghost.pulsar.embedded import EmbeddedBroker
 from tghost.testing import LocalHost
 
@@ -149,3 +149,28 @@ async def test_a_forged_withdrawal_from_the_future_is_undone_by_the_next_heartbe
             assert await outcomes(found, 1) == ["a joke about cats"]
         finally:
             await found.close()
+
+
+async def test_the_host_of_a_contested_tool_says_so_in_its_health_and_tghost_status(
+    pulsar_broker: EmbeddedBroker, topic: str, host_process: Any
+) -> None:
+    port = free_port()
+    env = {**cli_env(pulsar_broker, topic), "TGHOST_LOAD_PLUGINS": "joke", "TGHOST_METRICS_PORT": str(port)}
+    host = host_process("--host-id", "real", env=env)
+    await asyncio.to_thread(host.wait_for, "announced")
+    client = await PulsarSettings(pulsar_broker.url).connect()
+    try:
+        await publish(client, topic, forged(rogue_tool, "rogue-host", lease=30.0))
+        url = f"http://127.0.0.1:{port}/health"
+        async with asyncio.timeout(20):
+            while (status := await asyncio.to_thread(tghost_cli, "status", "--url", url, env=env)).returncode != 1 \
+                    or "contested" not in status.stderr:
+                await asyncio.sleep(0.2)
+    finally:
+        await client.close()
+    assert ("error: tool 'tell-joke' is contested by service 'rogue-svc' from host rogue-host: directories without "
+            "trusted keys refuse to call it") in status.stderr
+    health = json.loads((await asyncio.to_thread(tghost_cli, "status", "--json", "--url", url, env=env)).stdout)
+    assert health["status"] == "degraded" and health["connected"] is True
+    logged = await asyncio.to_thread(host.wait_for, "is claimed by services", 5)  # the host's log says it too
+    assert "tool 'tell-joke' is claimed by services ['joke-service', 'rogue-svc']" in logged

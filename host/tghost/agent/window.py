@@ -20,7 +20,7 @@ import pulsar.exceptions
 
 from tghost.protocol.announcement import EPOCH_SECONDS, epoch_topic, read_window
 
-__all__ = ["CATCH_UP_BATCH", "CATCH_UP_POLL_MS", "TopicWindow"]
+__all__ = ["CATCH_UP_BATCH", "CATCH_UP_POLL_MS", "CATCH_UP_STALL", "CatchUpStalled", "TopicWindow"]
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +30,32 @@ CATCH_UP_BATCH = 500
 #: topic has more (a message may still be on its way from the broker).
 CATCH_UP_POLL_MS = 5
 
+#: Seconds a catch-up waits for a message the broker says a topic still has, when neither the
+#: window nor its client's settings (``connect_timeout``) give another bound; never less than
+#: :data:`MIN_CATCH_UP_STALL` (a connect timeout of 0 means "check once", not "wait 0 s").
+CATCH_UP_STALL = 30.0
+MIN_CATCH_UP_STALL = 2.0
+
 #: What a message read from the window is handed to.
 Handler = Callable[[pulsar.Message], Any]
+
+
+class CatchUpStalled(pulsar.asyncio.PulsarException):  # type: ignore[misc]
+    """The broker says ``topic`` has more messages but delivered none for ``seconds``: it cannot
+    read them (pulsar-lite 0.2.0 after a write failed on a full disk logs "entrylog checksum
+    mismatch" or "invalid entrylog magic" for each try, and the reader waits forever)."""
+
+    def __init__(self, topic: str, seconds: float) -> None:
+        super().__init__(pulsar.Result.Timeout)
+        self.topic = topic
+        self.seconds = seconds
+
+    def __str__(self) -> str:
+        return (f"the broker says {self.topic} has more messages but delivered none in {self.seconds:g}s: it cannot "
+                "read its store (pulsar-lite does this after its disk filled up; its log says 'entrylog checksum "
+                "mismatch' or 'invalid entrylog magic'). Free space on the broker's disk: 'tghost broker' then moves "
+                "the damaged store aside and restarts pulsar-lite, and hosts announce again (or restart it yourself: "
+                "'tghost broker stop', then 'tghost broker start')")
 
 
 class _EmptyTopicNoise(logging.Filter):
@@ -56,14 +80,20 @@ class TopicWindow:
     Readers ask for the compacted view (``is_read_compacted``): on Apache Pulsar with topic
     compaction a catch-up then reads one message per key and epoch; pulsar-lite 0.2.0 has no
     compaction and delivers every message.
+
+    A catch-up that gets no message for ``stall_timeout`` seconds while the broker says the topic
+    has more raises :class:`CatchUpStalled` (default: the client's settings' ``connect_timeout``,
+    else :data:`CATCH_UP_STALL`; at least :data:`MIN_CATCH_UP_STALL`).
     """
 
     def __init__(self, client: pulsar.asyncio.Client, base: str, max_clock_skew: float,
-                 epoch_seconds: float = EPOCH_SECONDS) -> None:
+                 epoch_seconds: float = EPOCH_SECONDS, *, stall_timeout: float | None = None) -> None:
         self.client = client
         self.base = base
         self.max_clock_skew = max_clock_skew
         self.epoch_seconds = epoch_seconds
+        self.stall_timeout = max(MIN_CATCH_UP_STALL, stall_timeout if stall_timeout is not None
+                                 else getattr(getattr(client, "settings", None), "connect_timeout", CATCH_UP_STALL))
         self.readers: dict[int, pulsar.asyncio.Reader] = {}
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._handler: Handler | None = None
@@ -84,11 +114,12 @@ class TopicWindow:
         ``handler``; returns how many were read.
 
         Raises:
+            CatchUpStalled: the broker says a topic has messages it does not deliver.
             pulsar.asyncio.PulsarException: the broker did not answer.
         """
         read = 0
         for epoch in self.wanted(time.time()):
-            read += await _catch_up(await self._open(epoch), handler)
+            read += await _catch_up(await self._open(epoch), handler, self.stall_timeout)
         return read
 
     def follow(self, handler: Handler) -> None:
@@ -135,24 +166,32 @@ class TopicWindow:
             await self._close(epoch)
 
 
-async def _catch_up(reader: pulsar.asyncio.Reader, handler: Handler) -> int:
+async def _catch_up(reader: pulsar.asyncio.Reader, handler: Handler, stall: float) -> int:
     """Hand every message already on ``reader``'s topic to ``handler``; returns how many.
 
     The blocking C++ reader behind ``reader`` reads batches in a worker thread while the
     loop handles the previous batch: one thread hop per batch, where ``read_next`` costs
     two event-loop wake-ups per message (10,000 announcements: see docs/benchmarks.md).
     Falls back to the async reader if pulsar-client no longer exposes the blocking one.
+
+    Raises:
+        CatchUpStalled: no message came for ``stall`` seconds although the broker says there are more.
     """
     read = 0
     blocking = getattr(reader, "_reader", None)
     if blocking is None:
         while await _has_message_available(reader):
-            handler(await reader.read_next())
+            try:
+                async with asyncio.timeout(stall):
+                    message = await reader.read_next()
+            except TimeoutError:
+                raise CatchUpStalled(reader.topic(), stall) from None
+            handler(message)
             read += 1
         return read
-    batch = await asyncio.to_thread(_read_batch, blocking)
+    batch = await asyncio.to_thread(_read_batch, blocking, stall)
     while batch:
-        following = asyncio.ensure_future(asyncio.to_thread(_read_batch, blocking))
+        following = asyncio.ensure_future(asyncio.to_thread(_read_batch, blocking, stall))
         for message in batch:
             handler(message)
         read += len(batch)
@@ -173,23 +212,28 @@ async def _follow(reader: pulsar.asyncio.Reader, handler: Handler) -> None:
         handler(message)
 
 
-def _read_batch(reader: Any) -> list[Any]:
+def _read_batch(reader: Any, stall: float) -> list[Any]:
     """Up to :data:`CATCH_UP_BATCH` messages from a blocking ``_pulsar.Reader``; an empty list
     once the topic has no more. Runs in a worker thread: every call here blocks.
 
     Raises:
+        CatchUpStalled: no message for ``stall`` seconds, although the broker says there are more.
         pulsar.exceptions.PulsarException: the broker failed (not merely "no more messages").
     """
     batch: list[Any] = []
+    last = time.monotonic()
     while len(batch) < CATCH_UP_BATCH:
         try:
             batch.append(reader.read_next(CATCH_UP_POLL_MS))
+            last = time.monotonic()
         except pulsar.exceptions.Timeout:
             try:
                 if not reader.has_message_available():
                     break
             except pulsar.exceptions.UnknownError:  # pulsar-lite 0.2.0 on an empty topic
                 break
+            if time.monotonic() - last > stall:
+                raise CatchUpStalled(reader.topic(), stall) from None
     return batch
 
 

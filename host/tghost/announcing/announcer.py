@@ -29,6 +29,8 @@ from tghost.discovery.discover import Catalog
 from tghost.protocol.announcement import DEFAULT_TOPIC, EPOCH_SECONDS, announcement_key, epoch_of, epoch_topic
 from tghost.protocol.descriptors import ToolDescriptor, ToolServiceDescriptor
 from tghost.protocol.trust import Signer
+from tghost.pulsar.clients import is_reachable
+from tghost.pulsar.embedded import local_disk_trouble
 from tghost.system.locks import first_free_slot
 
 __all__ = ["DEFAULT_TOPIC", "Announcer", "HostIdentity", "announcement_key"]
@@ -36,6 +38,11 @@ __all__ = ["DEFAULT_TOPIC", "Announcer", "HostIdentity", "announcement_key"]
 #: Seconds between checks of the producer's connection and of the epoch (a reconnect or a new
 #: epoch triggers a restatement).
 CONNECTION_CHECK = 0.2
+#: Seconds (at least; a third of the lease if that is longer) an announcement may wait for the
+#: broker's receipt before the host reports that announcements cannot be published. A broker
+#: that drops the connection at each persistent publish (pulsar-lite on a full disk) never
+#: answers one: the client sends it again at each reconnect, and its send timeout never fires.
+UNCONFIRMED_AFTER = 5.0
 log = logging.getLogger(__name__)
 
 #: (kind, name) of an announced tool service or tool.
@@ -103,6 +110,22 @@ def _catalog_keys(catalog: Catalog) -> list[EntryKey]:
             + [("tool", name) for name in list(catalog.tools)])
 
 
+#: How :attr:`Announcer.problem` begins while announcements cannot be published.
+UNPUBLISHED = "announcements cannot be published"
+
+
+def _unpublished(url: str | None, since: float) -> str:
+    """The problem of a broker at ``url`` that has not confirmed an announcement since unix time
+    ``since``, with the cause when the embedded broker's disk shows it (reads files: run it in a
+    worker thread)."""
+    at = time.strftime("%H:%M:%S", time.localtime(since))
+    cause = (local_disk_trouble(url) if url else None) or (
+        "it drops the connection at each publish, as pulsar-lite does when its disk is full or its store "
+        "damaged: see the broker's log ('tghost broker status' shows where)")
+    return (f"{UNPUBLISHED}: the broker{f' at {url}' if url else ''} accepts connections but has confirmed none "
+            f"since {at}; {cause}. Directories drop this host's tools when their lease ends; calls go on")
+
+
 class Announcer:
     """Publishes a catalog's descriptors with this host's identity, plugin origin and lease.
 
@@ -114,6 +137,11 @@ class Announcer:
     disconnect, everything is announced again, since a directory may have expired this host
     meanwhile. With a ``signer`` every value is signed (:mod:`tghost.protocol.trust` gives the format);
     ``sent`` counts the messages published.
+
+    An announcement the broker has not confirmed after :data:`UNCONFIRMED_AFTER` seconds (or
+    lease/3) while it accepts connections sets :attr:`problem` and logs it once at ERROR; its
+    confirmation clears it ("announcements are being published again") and everything is
+    announced again.
     """
 
     def __init__(
@@ -141,6 +169,9 @@ class Announcer:
         self._epoch: int | None = None
         self._heartbeat: asyncio.Task[None] | None = None
         self._sending = asyncio.Lock()
+        self.problem: str | None = None
+        """Why announcements cannot be published now (a sentence for ``/health``), else ``None``."""
+        self._restate_due = False
 
     # -- messages --------------------------------------------------------------------------
 
@@ -213,10 +244,57 @@ class Announcer:
     # -- sending ---------------------------------------------------------------------------
 
     async def _send(self, key: str, value: dict[str, Any]) -> None:
-        """Send one message on the current epoch's topic (hold ``_sending``)."""
+        """Send one message on the current epoch's topic (hold ``_sending``) and wait for the
+        broker's receipt, however long it takes: past :meth:`_patience` seconds, report it
+        (:meth:`_await_unconfirmed`).
+
+        Raises:
+            pulsar.asyncio.PulsarException: the send failed.
+        """
         assert self._producer is not None
-        await self._producer.send(json.dumps(value).encode(), partition_key=key)
+        sending = asyncio.ensure_future(self._producer.send(json.dumps(value).encode(), partition_key=key))
+        try:
+            await asyncio.wait({sending}, timeout=self._patience())
+            if not sending.done():
+                await self._await_unconfirmed(sending)
+            await sending
+        except asyncio.CancelledError:
+            sending.cancel()  # the client may still deliver it; nobody waits for its receipt
+            raise
         self.sent += 1
+        if self.problem is not None and self.problem.startswith(UNPUBLISHED):
+            self._set_problem(None)
+
+    def _patience(self) -> float:
+        return max(UNCONFIRMED_AFTER, self.lease / 3)
+
+    async def _await_unconfirmed(self, sending: asyncio.Future[Any]) -> None:
+        """Wait for ``sending``, reporting (once) that announcements cannot be published while
+        the broker accepts connections (while it does not, its outage is reported as a lost
+        connection instead)."""
+        since = time.time() - self._patience()
+        url = self._url()
+        while not sending.done():
+            if self.problem is None and (url is None or await asyncio.to_thread(is_reachable, url, 1.0)):
+                self._set_problem(await asyncio.to_thread(_unpublished, url, since))
+            await asyncio.wait({sending}, timeout=self._patience())
+
+    def _url(self) -> str | None:
+        """The broker's URL, when the client knows its settings (the host's clients do)."""
+        settings = getattr(self._client, "settings", None)
+        url = getattr(settings, "url", None)
+        return url if isinstance(url, str) else None
+
+    def _set_problem(self, problem: str | None) -> None:
+        """Log ``problem`` once at ERROR (again only when it changes), or that it is over."""
+        if problem == self.problem:
+            return
+        if problem is not None:
+            log.error("%s", problem)
+        else:
+            log.info("announcements are being published again: announcing everything again")
+            self._restate_due = True  # what the broker did with those it never confirmed is unknown
+        self.problem = problem
 
     async def _send_all(self, messages: Iterable[tuple[str, dict[str, Any]]]) -> None:
         # One send at a time: with sends pipelined, pulsar-lite 0.2.0 delivered some messages
@@ -310,8 +388,10 @@ class Announcer:
             await asyncio.sleep(min(interval, CONNECTION_CHECK))
             connected = self.is_connected()
             try:
-                if connected and not was_connected:
-                    log.info("broker connection is back: announcing again")
+                if connected and (not was_connected or self._restate_due):
+                    if not was_connected:
+                        log.info("broker connection is back: announcing again")
+                    self._restate_due = False
                     await self._emit(self._messages("available"), restatement=True)
                     due = loop.time() + interval
                 elif connected and loop.time() >= due:
@@ -330,8 +410,11 @@ class Announcer:
     async def withdraw(self) -> None:
         """Stop the heartbeat, then withdraw every entry and last the host itself. Errors are logged.
 
-        With no broker connection now, nothing is sent (the send would only wait out the client's
-        operation timeout, 30 s): the entries expire after the lease (docs/protocol.md §4.4, §4.7).
+        With no broker connection now, or while announcements cannot be published
+        (:attr:`problem`), nothing is sent (the send would only wait out the client's operation
+        timeout, 30 s, or forever): the entries expire after the lease (docs/protocol.md §4.4,
+        §4.7). A withdrawal the broker has not confirmed within 0.8 x :data:`UNCONFIRMED_AFTER`
+        seconds (or of lease/3) is given up.
         """
         if self._heartbeat is not None:
             self._heartbeat.cancel()
@@ -339,14 +422,17 @@ class Announcer:
                 await self._heartbeat
         if self._producer is None:
             return
-        if not self.is_connected():
-            log.warning("not connected to the broker: withdrawing nothing; entries expire after the %ss lease",
-                        self.lease)
+        if not self.is_connected() or self.problem is not None:
+            why = "not connected to the broker" if self.problem is None else UNPUBLISHED
+            log.warning("%s: withdrawing nothing; entries expire after the %ss lease", why, self.lease)
             return
         try:
-            async with self._sending:
+            async with self._sending, asyncio.timeout(0.8 * self._patience()):  # before _send reports it
                 await self._send_all(self._messages("withdrawn"))
             log.info("withdrew everything this host announced")
+        except TimeoutError:
+            log.warning("could not withdraw (the broker confirmed nothing in %gs); entries expire after the %ss lease",
+                        0.8 * self._patience(), self.lease)
         except pulsar.asyncio.PulsarException as exc:
             log.warning("could not withdraw (%s); entries expire after the %ss lease", exc, self.lease)
         with contextlib.suppress(Exception):

@@ -21,6 +21,8 @@ from tghost.pulsar.clients import BrokerError
 from tghost.pulsar.embedded import (
     DEFAULT_PORT,
     LOG_LEVELS,
+    MIB,
+    NOTE,
     BrokerRecord,
     BrokerStatus,
     EmbeddedBroker,
@@ -58,6 +60,9 @@ def _where_options(fn: F) -> F:
 
 
 def _run_options(fn: F) -> F:
+    fn = click.option("--low-space", type=click.FloatRange(min=0), default=None, metavar="MIB",
+                      help="Warn (in the broker's log) when its data dir's disk has less than MIB MiB free "
+                           "[default: 5% of the disk, at most 1024].")(fn)
     fn = click.option("--ready-timeout", type=click.FloatRange(min=0, min_open=True), default=15.0,
                       show_default=True, help="Seconds pulsar-lite has to accept connections.")(fn)
     fn = click.option("--metrics-port", type=click.IntRange(1, 65535), default=None,
@@ -75,7 +80,7 @@ def _run_options(fn: F) -> F:
                    "then close stdout and stderr.")
 @click.pass_context
 def broker(ctx: click.Context, port: int | None, data_dir: Path | None, log_level: str, metrics_port: int | None,
-           ready_timeout: float, detached: bool) -> None:
+           ready_timeout: float, low_space: float | None, detached: bool) -> None:
     """Run the embedded pulsar-lite broker here until Ctrl-C, SIGTERM or SIGHUP.
 
     \b
@@ -87,7 +92,13 @@ def broker(ctx: click.Context, port: int | None, data_dir: Path | None, log_leve
     Its data, log (broker.log, rotated at 10 MiB, two old logs kept) and record (broker.json,
     while it runs) are in --data-dir, one per port. Its metrics endpoint is off unless
     --metrics-port. Exits 1 with the cause and the fix when it cannot start (port taken, data dir
-    in use) or when pulsar-lite dies.
+    in use, disk full) or when pulsar-lite dies.
+
+    It warns in its log when its disk runs low (--low-space) and when it has room again. A full
+    disk makes pulsar-lite refuse persistent messages (announcements) and can tear a message in
+    its store, making the ones written after it unreadable: then, once there is room again, it
+    moves the store aside (DATA/store.corrupt-TIME) and restarts pulsar-lite on an empty one;
+    hosts announce again when they reconnect. A start does the same with a damaged store.
     """
     if ctx.invoked_subcommand is not None:
         ctx.obj = _Where(port, data_dir)
@@ -95,11 +106,14 @@ def broker(ctx: click.Context, port: int | None, data_dir: Path | None, log_leve
     setup_logging("info")
     port, data_dir = _Where(port, data_dir).resolve(None, None)
     embedded = EmbeddedBroker(data_dir, port, log_level=log_level, metrics_port=metrics_port,
-                              echo=None if detached else sys.stderr, die_with_parent=True)
+                              echo=None if detached else sys.stderr, die_with_parent=True,
+                              low_space=None if low_space is None else round(low_space * MIB))
 
     def ready(record: BrokerRecord) -> None:
         status = broker_status(port, data_dir)
         how = f"stop it with '{status.stop_command()}'" if detached else "Ctrl-C to stop"
+        for note in embedded.notes if detached else ():  # in the foreground they are on the terminal already
+            click.echo(NOTE + note, err=True)
         click.echo(f"embedded broker at {record.url} (pid {record.pid}, data {record.data_dir}, log {record.log}); "
                    f"{how}", err=True)
         if detached:
@@ -132,11 +146,12 @@ def _status_options(fn: F) -> F:
 @_run_options
 @click.pass_obj
 def start(where: _Where, port: int | None, data_dir: Path | None, as_json: bool, log_level: str,
-          metrics_port: int | None, ready_timeout: float) -> None:
+          metrics_port: int | None, ready_timeout: float, low_space: float | None) -> None:
     """Start the embedded broker detached: it keeps running after this command, the terminal and
     any 'tghost run' end, and every host and agent on its URL shares it.
 
-    Exits 0 when it runs (started now, or already running), 1 when it cannot start.
+    Exits 0 when it runs (started now, or already running), 1 when it cannot start. A damaged
+    store is moved aside first (DATA/store.corrupt-TIME), with a note on stderr.
     """
     port, data_dir = where.resolve(port, data_dir)
     before = broker_status(port, data_dir)
@@ -148,9 +163,12 @@ def start(where: _Where, port: int | None, data_dir: Path | None, as_json: bool,
         # start_detached waits for its starter (the start lock) and reports it once it runs.
         ready = before.running and before.answering and before.record is not None
         status = before if ready else start_detached(
-            port, data_dir, log_level=log_level, metrics_port=metrics_port, ready_timeout=ready_timeout)
+            port, data_dir, log_level=log_level, metrics_port=metrics_port, ready_timeout=ready_timeout,
+            low_space=None if low_space is None else round(low_space * MIB))
     except BrokerError as exc:
         raise click.ClickException(str(exc)) from None
+    for note in status.notes:
+        click.echo(f"the embedded broker {note}", err=True)
     if as_json:
         click.echo(json.dumps(status.to_json()))
     else:
@@ -201,7 +219,8 @@ def _describe(status: BrokerStatus) -> str:
         mode = "detached" if record.detached else "in a terminal"
         return (f"the embedded broker at {status.url} runs (pid {record.pid}, pulsar-lite pid {record.broker_pid}, "
                 f"up {_duration(time.time() - record.started_at)}, {mode})\n"
-                f"  data  {status.data_dir}\n  log   {status.log_path}\n  stop  {status.stop_command()}")
+                f"  data  {status.data_dir}\n  log   {status.log_path}\n  stop  {status.stop_command()}"
+                + _disk_line(status))
     if status.running:
         return (f"an embedded broker run inside another program holds {status.data_dir} "
                 f"({'answering' if status.answering else 'not answering'} at {status.url})")
@@ -210,6 +229,15 @@ def _describe(status: BrokerStatus) -> str:
                 "a broker started with another --data-dir, or another program")
     return (f"no embedded broker runs at {status.url} (data dir {status.data_dir}); 'tghost broker start' "
             "or 'tghost run' starts one")
+
+
+def _disk_line(status: BrokerStatus) -> str:
+    """``"\n  disk  0.4 MiB free of 20.0 MiB (2%) in DIR: LOW, free space there"`` (empty when unknown)."""
+    disk = status.disk()
+    if disk is None:
+        return ""
+    low = disk.to_json()["low"]
+    return f"\n  disk  {disk.describe()}" + (": LOW, free space there (a full disk stops announcements)" if low else "")
 
 
 def _duration(seconds: float) -> str:

@@ -68,7 +68,7 @@ def status(url: str | None, timeout: float, as_json: bool) -> None:
         _print_health(health)
     if health.get("status") != "ok":
         problems = health.get("problems") or []
-        if health.get("status") == "degraded" and health.get("connected") and problems:
+        if health.get("status") == "degraded" and problems:
             click.echo("\n".join(f"error: {problem}" for problem in problems), err=True)
         else:
             click.echo(_STATUS_ADVICE.get(str(health.get("status")),

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from tghost.agent.directory import ToolDirectory
     from tghost.announcing.announcer import Announcer
     from tghost.discovery.discover import Catalog
+    from tghost.operate.contest import ContestWatch
     from tghost.serving.server import Server
 
 __all__ = ["REJECTIONS", "SIGNATURE_REASONS", "CallMetrics", "HostMetrics", "HostMonitor", "MetricsServer"]
@@ -269,13 +270,18 @@ class HostMonitor:
         self.http.stop()
         self.health.detach()
 
-    async def observe(self, catalog: Catalog, server: Server, announcer: Announcer | None) -> None:
+    async def observe(self, catalog: Catalog, server: Server, announcer: Announcer | None,
+                      contest: ContestWatch | None = None) -> None:
         """Read the live host from now on. Pulsar connectivity is the announcer's producer's (else
-        the first service's response producer's): producers the host already has."""
+        the first service's response producer's): producers the host already has. The
+        announcer's :attr:`~tghost.announcing.announcer.Announcer.problem` and the tools another
+        host contests (``contest``) are among ``/health``'s problems."""
         self.metrics.collect_catalog(catalog)
         self.metrics.collect_server(server)
         if announcer is not None:
             self.metrics.collect_announcer(announcer)
+            self.health.reports = lambda: ([announcer.problem] if announcer.problem else []) + (
+                contest.problems() if contest is not None else [])
         self.health.services = lambda: [endpoint.descriptor.id for endpoint in server.endpoints]
         self.health.workers = lambda: {e.descriptor.id: e.executor.stats() for e in list(server.endpoints)}
         source = announcer if announcer is not None else next(iter(server.endpoints), None)

@@ -6,13 +6,15 @@ Never parses the command line.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from typing import Protocol
 
 from tghost.announcing.announcer import Announcer
 from tghost.discovery.discover import Catalog
+from tghost.operate.contest import ContestWatch
 from tghost.operate.plugin_watch import PluginWatcher, WatchSettings
 from tghost.pulsar.clients import PulsarSettings
 from tghost.serving.request import CallListener
@@ -27,8 +29,10 @@ log = logging.getLogger(__name__)
 class Monitor(Protocol):
     """Watches a serving host (metrics, health; :class:`tghost.operate.metrics.HostMonitor`)."""
 
-    async def observe(self, catalog: Catalog, server: Server, announcer: Announcer | None) -> None:
-        """Start reading the live host; called once it serves and announces."""
+    async def observe(self, catalog: Catalog, server: Server, announcer: Announcer | None,
+                      contest: ContestWatch | None = None) -> None:
+        """Start reading the live host; called once it serves and announces (``contest``: the
+        host's tools that others contest, once it follows its announcement topics)."""
 
 
 def _log_catalog(catalog: Catalog, url: str) -> None:
@@ -42,6 +46,23 @@ def _log_catalog(catalog: Catalog, url: str) -> None:
                  descriptor.request_queue, catalog.service_origin[sid].name, ", ".join(tools) or "-")
     log.info("%d service(s), %d tool(s) on %s; Ctrl-C to stop",
              len(catalog.descriptors) + len(catalog.external), len(catalog.tools), url)
+
+
+async def _until_stopped(work: Coroutine[object, object, None], stop: asyncio.Event) -> bool:
+    """Run ``work`` until it is done (True; raises what it raised) or ``stop`` is set first
+    (False; ``work`` is cancelled): a host must stop on a signal even while the broker never
+    confirms its first announcement (e.g. its disk is full)."""
+    task = asyncio.ensure_future(work)
+    stopping = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    if task.done():
+        task.result()
+        return True
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return False
 
 
 def _received(server: Server) -> int:
@@ -97,14 +118,18 @@ async def run_host(
     try:
         await server.start(client)
         _log_catalog(catalog, pulsar_settings.url)
-        if announcer is not None:
-            await announcer.start(client)
+        if announcer is not None and not await _until_stopped(announcer.start(client), stop):
+            log.warning("stopped before the broker confirmed the first announcement")
+        contest = ContestWatch(pulsar_settings, announcer.topic, announcer.identity.id,
+                               lambda: catalog.tools.keys()).start() if monitor and announcer else None
         if monitor is not None:
-            await monitor.observe(catalog, server, announcer)
+            await monitor.observe(catalog, server, announcer, contest)
         watcher = PluginWatcher(catalog, server, announcer, watch).start() if watch is not None else None
         await stop.wait()
         if watcher is not None:
             await watcher.stop()
+        if contest is not None:
+            await contest.close()
         if announcer is not None:
             await announcer.withdraw()
         log.info("stopping: no new requests; waiting up to %ss for %d in-flight call(s) (a second Ctrl-C ends "

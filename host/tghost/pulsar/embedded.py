@@ -14,10 +14,13 @@ import functools
 import json
 import logging
 import logging.handlers
+import mmap
 import os
+import re
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -37,12 +40,25 @@ __all__ = [
     "LOG_BACKUPS",
     "LOG_LEVELS",
     "LOG_MAX_BYTES",
+    "LOW_SPACE_CAP",
+    "LOW_SPACE_FRACTION",
+    "MIB",
+    "NOTE",
+    "STORE",
+    "WATCH_INTERVAL",
     "BrokerRecord",
     "BrokerStatus",
+    "DiskSpace",
     "EmbeddedBroker",
+    "StoreDamage",
     "broker_status",
     "default_data_dir",
+    "disk_space",
     "ensure_broker",
+    "find_damage",
+    "local_disk_trouble",
+    "low_space_threshold",
+    "move_store_aside",
     "run_until_stopped",
     "start_detached",
     "stop_broker",
@@ -55,6 +71,17 @@ LOG_LEVELS = ("error", "warn", "info", "debug", "trace")
 LOG_MAX_BYTES = 10 * 1024 * 1024
 #: Rotated logs kept (``broker.log.1`` .. ``.2``): at most 30 MiB of log per broker.
 LOG_BACKUPS = 2
+#: ``tghost broker`` warns when the file system of its data dir has less free space than this
+#: fraction of its size, or than :data:`LOW_SPACE_CAP` bytes, whichever is less (``--low-space``
+#: sets another threshold).
+LOW_SPACE_FRACTION = 0.05
+LOW_SPACE_CAP = 1 << 30
+#: Seconds between two looks of ``tghost broker`` at its free space and at pulsar-lite's store.
+WATCH_INTERVAL = 1.0
+#: Seconds pulsar-lite stays stopped when ``tghost broker`` restarts it on an empty store, so that
+#: every client sees its connection drop (and a host restates what it announces).
+RESTART_PAUSE = 0.5
+MIB = 1 << 20
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +125,8 @@ class BrokerRecord:
 
 
 RECORD = "broker.json"
+#: How the detached ``tghost broker`` marks a note for its starter on stderr (:attr:`BrokerStatus.notes`).
+NOTE = "note: "
 _LOCK = "broker.lock"
 _START_LOCK = "start.lock"
 
@@ -133,22 +162,29 @@ class BrokerStatus(_Place):
     """The running broker's record (``None`` when not running, or run in-process)."""
     started: bool = False
     """Whether the call that returned this status started the broker."""
+    notes: tuple[str, ...] = ()
+    """What the broker it started did to its store (:attr:`EmbeddedBroker.notes`)."""
 
     def stop_command(self) -> str:
         """The ``tghost broker stop`` command line that stops this broker."""
         return "tghost broker stop" + _where_args(self.port, self.data_dir)
 
+    def disk(self) -> DiskSpace | None:
+        """The free space of the data dir's file system now (``None``: no data dir yet)."""
+        return disk_space(self.data_dir)
+
     def to_json(self) -> dict[str, Any]:
         """``{"url", "port", "data_dir", "log", "running", "answering", "pid", "broker_pid",
-        "started_at", "detached", "started", "stop"}``; the pids, ``started_at`` and ``detached`` are
-        ``null`` without a record."""
-        record = self.record
+        "started_at", "detached", "started", "stop", "disk", "notes"}``; the pids, ``started_at`` and
+        ``detached`` are ``null`` without a record, ``disk`` (:meth:`DiskSpace.to_json`) without a
+        data dir."""
+        record, disk = self.record, self.disk()
         return {"url": self.url, "port": self.port, "data_dir": str(self.data_dir), "log": str(self.log_path),
                 "running": self.running, "answering": self.answering,
                 "pid": record.pid if record else None, "broker_pid": record.broker_pid if record else None,
                 "started_at": record.started_at if record else None,
                 "detached": record.detached if record else None, "started": self.started,
-                "stop": self.stop_command()}
+                "stop": self.stop_command(), "disk": disk.to_json() if disk else None, "notes": list(self.notes)}
 
 
 def _where_args(port: int, data_dir: Path) -> str:
@@ -183,18 +219,24 @@ def ensure_broker(url: str, data_dir: Path | None = None, *, log_level: str = "w
     status = broker_status(port, data_dir)
     if status.answering:
         return status
-    return start_detached(port, data_dir, log_level=log_level)
+    status = start_detached(port, data_dir, log_level=log_level)
+    for note in status.notes:
+        log.warning("the embedded broker %s", note)
+    return status
 
 
 def start_detached(port: int = DEFAULT_PORT, data_dir: Path | None = None, *, log_level: str = "warn",
-                   metrics_port: int | None = None, ready_timeout: float = 20.0) -> BrokerStatus:
+                   metrics_port: int | None = None, ready_timeout: float = 20.0,
+                   low_space: int | None = None) -> BrokerStatus:
     """Start ``tghost broker`` detached: in its own session, so it is not stopped with the
     process that started it (signals, a closed terminal). Every process on its URL shares it;
     ``tghost broker stop`` (or :func:`stop_broker`) stops it. Its record (``broker.json``) and
     log are in ``data_dir``. Starters on one data dir take turns, so two never both start one.
 
-    Returns the status of the running broker: the one started (``started`` True), or one another
-    process started meanwhile.
+    Returns the status of the running broker: the one started (``started`` True; its ``notes``
+    say whether it moved a damaged store aside), or one another process started meanwhile.
+    ``low_space`` (bytes) is where it starts warning about free space (default:
+    :func:`low_space_threshold`).
 
     Raises:
         BrokerError: it did not start within ``ready_timeout`` seconds, or the port is taken, or
@@ -210,6 +252,8 @@ def start_detached(port: int = DEFAULT_PORT, data_dir: Path | None = None, *, lo
                    "--log-level", log_level, "--ready-timeout", str(ready_timeout), "--detached"]
         if metrics_port is not None:
             command += ["--metrics-port", str(metrics_port)]
+        if low_space is not None:
+            command += ["--low-space", f"{low_space / MIB:g}"]
         # cwd: off the user's directory (which may be unmounted, or hold a "tghost" package).
         child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                  stderr=subprocess.PIPE, text=True, start_new_session=True, cwd=data_dir)
@@ -224,7 +268,8 @@ def start_detached(port: int = DEFAULT_PORT, data_dir: Path | None = None, *, lo
             deadline.cancel()
         status = broker_status(port, data_dir)
         if status.record is not None and status.record.pid == child.pid:
-            return dataclasses.replace(status, started=True)
+            notes = tuple(line.removeprefix(NOTE) for line in told.splitlines() if line.startswith(NOTE))
+            return dataclasses.replace(status, started=True, notes=notes)
         code = child.wait()
         raise BrokerError(told.removeprefix("Error: ") or f"the embedded broker exited with code {code}; "
                           f"see {status.log_path}")
@@ -268,6 +313,166 @@ def _signal(pid: int, sig: signal.Signals) -> None:
         os.kill(pid, sig)
 
 
+# -- free space and the store -----------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class DiskSpace:
+    """The file system holding ``path``: ``free`` bytes (what a process without root may still
+    write) and ``total`` bytes."""
+
+    path: Path
+    free: int
+    total: int
+
+    def describe(self) -> str:
+        """E.g. ``"0.4 MiB free of 20.0 MiB (2%) in /data"``."""
+        share = 100 * self.free / self.total if self.total else 0.0
+        return f"{size(self.free)} free of {size(self.total)} ({share:.0f}%) in {self.path}"
+
+    def to_json(self, threshold: int | None = None) -> dict[str, Any]:
+        """``{"path", "free_bytes", "total_bytes", "low_below_bytes", "low"}``."""
+        limit = low_space_threshold(self.total, threshold)
+        return {"path": str(self.path), "free_bytes": self.free, "total_bytes": self.total,
+                "low_below_bytes": limit, "low": self.free < limit}
+
+
+def size(count: int | float) -> str:
+    """``count`` bytes for a human: ``"0.4 MiB"``, ``"12.3 GiB"`` (GiB from 10 GiB up)."""
+    return f"{count / MIB:.1f} MiB" if count < 10 * 1024 * MIB else f"{count / (1024 * MIB):.1f} GiB"
+
+
+def disk_space(path: Path) -> DiskSpace | None:
+    """The free space of the file system holding ``path``; ``None`` when ``path`` cannot be read."""
+    try:
+        found = os.statvfs(path)
+    except OSError:
+        return None
+    return DiskSpace(Path(path), found.f_bavail * found.f_frsize, found.f_blocks * found.f_frsize)
+
+
+def low_space_threshold(total: int, given: int | None = None) -> int:
+    """Bytes of free space below which a file system of ``total`` bytes is low: ``given``, else
+    :data:`LOW_SPACE_FRACTION` of it but at most :data:`LOW_SPACE_CAP` (1 MiB of a 20 MiB disk,
+    1 GiB of anything over 20 GiB)."""
+    return given if given is not None else min(int(total * LOW_SPACE_FRACTION), LOW_SPACE_CAP)
+
+
+def local_disk_trouble(url: str) -> str | None:
+    """What is wrong with the disk of the embedded broker at a loopback ``url``, as a clause for
+    an error message (``"the disk of the embedded broker's data dir is full: 0.0 MiB free of ..."``),
+    or ``None``: not loopback, no embedded broker in that port's default data dir, or space enough.
+    Best effort: it reads files and asks the file system, never the broker."""
+    found = endpoints(url)
+    if len(found) != 1 or not is_loopback(found[0][0]):
+        return None
+    record = BrokerRecord.read(default_data_dir(found[0][1]))
+    space = disk_space(Path(record.data_dir)) if record is not None else None
+    if space is None or space.free >= low_space_threshold(space.total):
+        return None
+    state = "full" if space.free < MIB else "nearly full"
+    return f"the disk of the embedded broker's data dir is {state}: {space.describe()}"
+
+
+#: Where pulsar-lite 0.2.0 keeps its store, under the data dir: RocksDB (its index, with the
+#: message payloads in ``entrylog/N.log``) and the subscriptions' metadata.
+STORE = ("db.rocksdb", "db.metadata.json")
+#: A record of pulsar-lite 0.2.0's entry logs: magic ``GELP``, version, header length (44), ledger
+#: id, entry id, batch index, metadata and payload lengths, checksum, reserved (little-endian; read
+#: from its files, as the format is not documented).
+_RECORD = struct.Struct("<4sHHQQiIIII")
+_MAGIC = b"GELP"
+
+
+@dataclasses.dataclass(frozen=True)
+class StoreDamage:
+    """A torn record in one of pulsar-lite's entry logs: ``file``, the ``offset`` of the first
+    record that is not whole, and ``after``, the whole records found behind it, which pulsar-lite
+    cannot read (it says "entrylog checksum mismatch" or "invalid entrylog magic": its index
+    assumed the torn record was never written)."""
+
+    file: Path
+    offset: int
+    after: int
+
+    def describe(self) -> str:
+        return (f"a record torn at byte {self.offset} of {self.file.name} (a write that failed, e.g. on a full "
+                f"disk), with {self.after} message(s) written after it that cannot be read")
+
+
+def find_damage(data_dir: Path, *, torn_tail: bool = False) -> StoreDamage | None:
+    """The first torn record in pulsar-lite's entry logs under ``data_dir`` with records behind
+    it; with ``torn_tail``, also one at the very end of the newest log (pulsar-lite running now
+    appends its next message behind it; a restarted one starts a new log, so it is harmless then).
+    ``None``: every record is whole, or there is no store. Reads only record headers."""
+    logs = sorted((data_dir / STORE[0] / "entrylog").glob("*.log"), key=_log_number)
+    for path in logs:
+        damage = _scan_entrylog(path)
+        if damage is not None and (damage.after or (torn_tail and path == logs[-1])):
+            return damage
+    return None
+
+
+def _log_number(path: Path) -> int:
+    return int(path.stem) if path.stem.isdigit() else -1
+
+
+def _scan_entrylog(path: Path) -> StoreDamage | None:
+    """The first record of entry log ``path`` that is not whole (bad magic, or past the end),
+    with a count of the whole records behind it; ``None`` when all are whole."""
+    try:
+        with path.open("rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            end = _whole_records(data, 0)[1]
+            if end == len(data):
+                return None
+            return StoreDamage(path, end, _records_behind(data, end))
+    except (OSError, ValueError):  # unreadable, or empty (mmap refuses a file of 0 bytes)
+        return None
+
+
+def _whole_records(data: mmap.mmap, offset: int) -> tuple[int, int]:
+    """(how many whole records follow one another from ``offset``, the offset after the last)."""
+    count = 0
+    while offset + _RECORD.size <= len(data):
+        magic, _, header, _, _, _, metadata, payload, _, _ = _RECORD.unpack_from(data, offset)
+        end = offset + header + metadata + payload
+        if magic != _MAGIC or header != _RECORD.size or end > len(data):
+            break
+        count, offset = count + 1, end
+    return count, offset
+
+
+def _records_behind(data: mmap.mmap, torn: int) -> int:
+    """Whole records after the torn one at ``torn``: runs of records found from each later magic."""
+    count, at = 0, data.find(_MAGIC, torn + 1)
+    while at != -1:
+        found, end = _whole_records(data, at)
+        count += found
+        at = data.find(_MAGIC, max(end, at + 1))
+    return count
+
+
+def move_store_aside(data_dir: Path) -> Path:
+    """Move pulsar-lite's store (:data:`STORE`) into ``<data_dir>/store.corrupt-<UTC time>/``, so
+    that the next start begins with an empty one; returns that directory. Renames only: it
+    takes no space, and frees none (delete it once it is no longer needed).
+
+    Raises:
+        OSError: the data dir cannot be written.
+    """
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    aside = data_dir / f"store.corrupt-{stamp}"
+    suffix = 1
+    while aside.exists():
+        suffix += 1
+        aside = data_dir / f"store.corrupt-{stamp}-{suffix}"
+    aside.mkdir()
+    for name in STORE:
+        if (data_dir / name).exists():
+            (data_dir / name).rename(aside / name)
+    return aside
+
+
 class _Stop(Exception):
     """SIGTERM or SIGHUP reached ``tghost broker``: stop as on Ctrl-C."""
 
@@ -275,22 +480,26 @@ class _Stop(Exception):
 def run_until_stopped(broker: EmbeddedBroker, *, detached: bool, on_ready: Callable[[BrokerRecord], None],
                       ready_timeout: float = 15.0) -> int:
     """Start ``broker``, write its record, call ``on_ready`` with it, and serve until Ctrl-C,
-    SIGTERM or SIGHUP (exit code 0) or until pulsar-lite dies (1). pulsar-lite is stopped and the
-    record removed on every way out, and pulsar-lite also dies if this process is killed (Linux).
+    SIGTERM or SIGHUP (exit code 0) or until pulsar-lite dies (1), watching its free space and
+    store every :data:`WATCH_INTERVAL` seconds (:meth:`EmbeddedBroker.watch`; the record follows a
+    restart's new pid). pulsar-lite is stopped and the record removed on every way out, and
+    pulsar-lite also dies if this process is killed (Linux).
 
     Raises:
-        BrokerError: the broker did not start.
+        BrokerError: the broker did not start, its record could not be written, or a restart
+            on an empty store failed.
     """
     handlers = {sig: signal.signal(sig, _raise_stop) for sig in _STOP_SIGNALS}
     record: BrokerRecord | None = None
     try:
         broker.start(ready_timeout)
         assert broker.process is not None
-        record = BrokerRecord(os.getpid(), broker.process.pid, broker.url, str(broker.data_dir),
-                              str(broker.log_path), time.time(), detached)
-        record.write()
+        record = _write_record(BrokerRecord(os.getpid(), broker.process.pid, broker.url, str(broker.data_dir),
+                                            str(broker.log_path), time.time(), detached))
         on_ready(record)
-        code = broker.process.wait()
+        while (code := broker.wait(WATCH_INTERVAL)) is None:
+            if broker.watch():
+                record = _follow_restart(broker, record)
         broker.note(f"pulsar-lite exited by itself with code {code}")
         log.error("pulsar-lite exited by itself with code %s; see %s", code, broker.log_path)
         return 1
@@ -306,6 +515,31 @@ def run_until_stopped(broker: EmbeddedBroker, *, detached: bool, on_ready: Calla
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _follow_restart(broker: EmbeddedBroker, record: BrokerRecord) -> BrokerRecord:
+    """The record with the restarted pulsar-lite's pid, written (if the data dir lets it: else
+    noted in the log and the old one returned)."""
+    assert broker.process is not None
+    try:
+        return _write_record(dataclasses.replace(record, broker_pid=broker.process.pid))
+    except BrokerError as exc:
+        broker.note(str(exc))
+        return record
+
+
+def _write_record(record: BrokerRecord) -> BrokerRecord:
+    """Write ``record`` (:meth:`BrokerRecord.write`) and return it.
+
+    Raises:
+        BrokerError: the data dir cannot be written (a full disk).
+    """
+    try:
+        record.write()
+    except OSError as exc:
+        raise BrokerError(f"cannot write {RECORD} in the data dir {record.data_dir} ({exc.strerror}): free space "
+                          "there, then start the broker again") from None
+    return record
 
 
 #: Signals that stop ``tghost broker`` as Ctrl-C does (SIGHUP: its terminal closed).
@@ -334,18 +568,25 @@ class EmbeddedBroker(_Place):
     process (the test fixture's, and ``tghost broker``'s in the foreground).
 
     Use as a context manager, or call :meth:`start` and :meth:`stop`. In ``data_dir``:
-    ``db.rocksdb/`` (messages; they survive a restart on the same ``data_dir``), ``broker.log``
-    (pulsar-lite's output at ``log_level``, rotated at :data:`LOG_MAX_BYTES` with
-    :data:`LOG_BACKUPS` old files kept), ``pulsar-lite.toml`` (its config, written at each start)
-    and ``broker.lock`` (held while it runs, so no second broker opens the same data).
-    Its metrics endpoint is off, or on ``127.0.0.1:metrics_port``. With ``echo`` (a text
-    stream), its output is copied there too. With ``die_with_parent`` (Linux), pulsar-lite gets
+    ``db.rocksdb/`` and ``db.metadata.json`` (its store: messages survive a restart on the same
+    ``data_dir``), ``broker.log`` (pulsar-lite's output at ``log_level``, rotated at
+    :data:`LOG_MAX_BYTES` with :data:`LOG_BACKUPS` old files kept), ``pulsar-lite.toml`` (its
+    config, written at each start) and ``broker.lock`` (held while it runs, so no second broker
+    opens the same data). Its metrics endpoint is off, or on ``127.0.0.1:metrics_port``. With
+    ``echo`` (a text stream), its output is copied there too (a line repeated within
+    :data:`REPEAT_WINDOW` seconds once). With ``die_with_parent`` (Linux), pulsar-lite gets
     SIGTERM when the thread that started it ends, even by SIGKILL: start it from the main thread.
+
+    A damaged store (a record torn by a write that failed, e.g. on a full disk, with messages
+    behind it that pulsar-lite cannot read; or one pulsar-lite refuses to open) is moved aside
+    at start (:func:`move_store_aside`), and :attr:`notes` says so. :meth:`watch` looks at free
+    space (warning below ``low_space`` bytes, default :func:`low_space_threshold`) and, once a
+    full disk has damaged the store and has room again, restarts pulsar-lite on an empty store.
     """
 
     def __init__(self, data_dir: Path, port: int = DEFAULT_PORT, *, log_level: str = "warn",
                  metrics_port: int | None = None, echo: IO[str] | None = None,
-                 die_with_parent: bool = False) -> None:
+                 die_with_parent: bool = False, low_space: int | None = None) -> None:
         if log_level not in LOG_LEVELS:
             raise ValueError(f"log_level must be one of {LOG_LEVELS}, not {log_level!r}")
         self.data_dir = Path(data_dir)
@@ -354,9 +595,18 @@ class EmbeddedBroker(_Place):
         self.metrics_port = metrics_port
         self.echo = echo
         self.die_with_parent = die_with_parent
+        self.low_space = low_space
         self.process: subprocess.Popen[bytes] | None = None
+        self.notes: list[str] = []
+        """What tghost did to the store at start (moved it aside, and why), one line each."""
+        self.restarts = 0
+        """How many times :meth:`watch` restarted pulsar-lite on an empty store."""
         self._lock: _DataDirLock | None = None
+        self._log: _BrokerLog | None = None
         self._pump: _LogPump | None = None
+        self._space_low = False
+        self._waiting_for_space = False
+        self._ready_timeout = 15.0
 
     @property
     def config_path(self) -> Path:
@@ -364,34 +614,82 @@ class EmbeddedBroker(_Place):
         return self.data_dir / "pulsar-lite.toml"
 
     def start(self, ready_timeout: float = 15.0) -> EmbeddedBroker:
-        """Start the process and wait (seconds) until it accepts connections.
+        """Start the process and wait (seconds) until it accepts connections. A damaged store is
+        moved aside first, or when pulsar-lite refuses to open it (once).
 
         Raises:
             BrokerError: pulsar-lite is missing; the port is taken; the data dir is in use by
-                another broker; it exited; or it was not ready in time. The message says which,
-                and what to do.
+                another broker, or cannot be written (a full disk); it exited; or it was not
+                ready in time. The message says which, and what to do.
         """
         binary = _binary()
+        self._ready_timeout = ready_timeout
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._lock = _DataDirLock.acquire(self.data_dir)
         try:
             if not _port_is_free(self.port):
                 raise BrokerError(self._port_taken())
-            self.config_path.write_text(self._config())
-            command = [binary, "--config", str(self.config_path), "--addr", f"127.0.0.1:{self.port}",
-                       "--db-path", str(self.data_dir / "db"), "--log-level", self.log_level]
-            self.process = subprocess.Popen(
-                command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                cwd=self.data_dir, preexec_fn=self._preexec())
-            assert self.process.stdout is not None
-            self._pump = _LogPump(self.process.stdout, self.log_path, self.echo)
-            self.note(f"started pulsar-lite pid {self.process.pid} at {self.url} (log level {self.log_level})")
-            self._wait_ready(ready_timeout)
+            self._log = _BrokerLog(self.log_path, self.echo)
+            self._write_config()
+            damage = find_damage(self.data_dir)
+            if damage is not None:
+                self._set_aside(f"it has {damage.describe()}")
+            self._launch(binary, ready_timeout, retry_damaged=True)
         except BaseException:
             self.stop()
             raise
+        assert self.process is not None
         log.info("embedded broker pid %s at %s, data in %s", self.process.pid, self.url, self.data_dir)
         return self
+
+    def _write_config(self) -> None:
+        try:
+            self.config_path.write_text(self._config())
+        except OSError as exc:
+            raise BrokerError(f"cannot write to the data dir {self.data_dir} ({exc.strerror})"
+                              f"{self._space_hint()}") from None
+
+    def _space_hint(self) -> str:
+        space = disk_space(self.data_dir)
+        if space is None or space.free >= MIB:
+            return ""
+        return f": its disk is full ({space.describe()}); free space there, then start the broker again"
+
+    def _launch(self, binary: str, ready_timeout: float, *, retry_damaged: bool) -> None:
+        """Start pulsar-lite and wait until it accepts connections; a store it refuses to open
+        is moved aside and pulsar-lite started again, once, if ``retry_damaged``."""
+        command = [binary, "--config", str(self.config_path), "--addr", f"127.0.0.1:{self.port}",
+                   "--db-path", str(self.data_dir / "db"), "--log-level", self.log_level]
+        self.process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            cwd=self.data_dir, preexec_fn=self._preexec())
+        assert self.process.stdout is not None and self._log is not None
+        self._log.forget_lines()  # a failure to start is told by this process's lines alone
+        self._pump = _LogPump(self.process.stdout, self._log)
+        self.note(f"started pulsar-lite pid {self.process.pid} at {self.url} (log level {self.log_level})")
+        try:
+            self._wait_ready(ready_timeout)
+        except _RefusedStore as refused:
+            if not retry_damaged:
+                raise BrokerError(str(refused)) from None
+            self._end_process()
+            self._set_aside(f"pulsar-lite refused to open it ({refused.line})")
+            self._launch(binary, ready_timeout, retry_damaged=False)
+
+    def _set_aside(self, why: str) -> None:
+        """Move the store aside (:func:`move_store_aside`), saying so in the log and :attr:`notes`."""
+        try:
+            aside = move_store_aside(self.data_dir)
+        except OSError as exc:
+            raise BrokerError(f"the broker's store in {self.data_dir} is damaged ({why}) and could not be moved "
+                              f"aside ({exc}): stop the broker, move {' and '.join(STORE)} out of {self.data_dir} "
+                              "yourself, and start it again") from None
+        message = (f"moved the damaged store aside to {aside}: {why}. pulsar-lite starts on an empty one; hosts "
+                   "announce again when they reconnect. Delete it once you no longer need it")
+        self.notes.append(message)
+        self.note(message)
+        if self.echo is None:  # else the note is on the terminal already
+            log.warning("the embedded broker %s", message)
 
     def _preexec(self) -> Callable[[], None] | None:
         """With ``die_with_parent``: the broker process is sent SIGTERM when this process ends."""
@@ -405,12 +703,16 @@ class EmbeddedBroker(_Place):
         return f"# Written by tghost at each start of the embedded broker; edits are lost.\n[metrics]\n{metrics}\n"
 
     def _wait_ready(self, timeout: float) -> None:
-        assert self.process is not None and self._pump is not None
+        assert self.process is not None and self._pump is not None and self._log is not None
         deadline = time.monotonic() + timeout
         while not is_reachable(self.url, timeout=0.2):
             if self.process.poll() is not None:
                 self._pump.join(2.0)
-                raise BrokerError(self._exit_cause(self.process.returncode, self._pump.last_lines()))
+                lines = self._log.last_lines()
+                refused = next((line for line in lines if any(mark in line for mark in STORE_DAMAGED)), None)
+                if refused is not None:
+                    raise _RefusedStore(refused, self._exit_cause(self.process.returncode, lines))
+                raise BrokerError(self._exit_cause(self.process.returncode, lines))
             if time.monotonic() > deadline:
                 raise BrokerError(f"the embedded broker was not ready after {timeout:g}s; see {self.log_path}")
             time.sleep(0.05)
@@ -422,6 +724,11 @@ class EmbeddedBroker(_Place):
         if "lock file" in text or "LOCK" in text:
             return (f"the data dir {self.data_dir} is locked by another pulsar-lite (not one tghost started): "
                     "stop it, or pass another --data-dir")
+        if DISK_FULL in text:
+            space = disk_space(self.data_dir)
+            where = space.describe() if space else str(self.data_dir)
+            return (f"the embedded broker cannot open its store: its disk is full ({where}). Free space there, "
+                    "then start it again")
         errors = [line for line in lines if line.startswith("Error")] or lines[-1:]
         detail = f": {errors[0]}" if errors else ""
         return f"the embedded broker exited with code {code}{detail}; see {self.log_path}"
@@ -432,13 +739,104 @@ class EmbeddedBroker(_Place):
                 "Stop what listens there, or pass another --port (tghost run: --pulsar-url)")
 
     def note(self, message: str) -> None:
-        """Add a line from tghost (not pulsar-lite) to the broker's log."""
-        if self._pump is not None:
-            self._pump.write(f"[{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} tghost] {message}")
+        """Add a line from tghost (not pulsar-lite) to the broker's log (and its echo)."""
+        if self._log is not None:
+            self._log.note(message)
 
-    def stop(self, timeout: float = 5.0) -> None:
-        """Terminate the process (then kill it after ``timeout`` seconds) and release the data
-        dir. Idempotent."""
+    def wait(self, timeout: float) -> int | None:
+        """pulsar-lite's exit code, once it exits within ``timeout`` seconds; ``None`` while it runs."""
+        assert self.process is not None
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    # -- watching ------------------------------------------------------------------------------
+
+    def watch(self) -> bool:
+        """Look once at free space and at what pulsar-lite said about its disk and store (call it
+        every :data:`WATCH_INTERVAL` seconds from the thread that started it). Says in the log when
+        free space goes below the threshold, and when it is back; when pulsar-lite could not
+        write (a full disk) or read its store. Once the disk has room again, a store that a
+        failed write damaged is moved aside and pulsar-lite restarted on an empty one (hosts
+        restate on reconnect). Returns whether it restarted pulsar-lite (a new pid).
+
+        Raises:
+            BrokerError: the restarted pulsar-lite did not start.
+        """
+        assert self._log is not None
+        space = disk_space(self.data_dir)
+        low = self._note_space(space)
+        if self._log.disk_full is None and self._log.damaged is None:
+            return False
+        if low:
+            self._note_waiting(space)
+            return False
+        damage = self._damage_now()
+        if self._log.damaged is None and damage is None:
+            self.note("pulsar-lite could not write while its disk was full; its store is whole")
+            self._log.clear_trouble()
+            self._waiting_for_space = False
+            return False
+        self._restart_empty(f"it has {damage.describe()}" if damage
+                            else f"pulsar-lite cannot read it ({_words(self._log.damaged)})")
+        return True
+
+    def _threshold(self, space: DiskSpace) -> int:
+        return low_space_threshold(space.total, self.low_space)
+
+    def _note_space(self, space: DiskSpace | None) -> bool:
+        """Note when free space goes below the threshold, or back above it (with a margin of a
+        tenth, so a disk at the threshold does not flap); returns whether it is low now."""
+        if space is None:
+            return self._space_low
+        threshold = self._threshold(space)
+        if not self._space_low and space.free < threshold:
+            self._space_low = True
+            self.note(f"low disk space for the broker's data: {space.describe()}, below {size(threshold)}. "
+                      "On a full disk pulsar-lite refuses persistent messages (the hosts' announcements) and "
+                      "may damage its store: free space there")
+        elif self._space_low and space.free >= threshold * 1.1:
+            self._space_low = False
+            self.note(f"disk space for the broker's data is back: {space.describe()}")
+        return self._space_low
+
+    def _note_waiting(self, space: DiskSpace | None) -> None:
+        if self._waiting_for_space:
+            return
+        self._waiting_for_space = True
+        assert self._log is not None
+        above = f"more than {size(self._threshold(space))}" if space else "space"
+        self.note(f"pulsar-lite cannot write its store: its disk is full ({_words(self._log.disk_full)}). "
+                  "Announcements cannot be published (hosts report it); calls on non-persistent topics go on. "
+                  f"Once {above} is free, a store the full disk damaged is moved aside and pulsar-lite restarted")
+
+    def _damage_now(self) -> StoreDamage | None:
+        """A torn record in the running store that stays torn (looked at twice, as a write may be
+        under way)."""
+        first = find_damage(self.data_dir, torn_tail=True)
+        if first is None:
+            return None
+        time.sleep(0.2)
+        again = find_damage(self.data_dir, torn_tail=True)
+        return again if again is not None and (again.file, again.offset) == (first.file, first.offset) else None
+
+    def _restart_empty(self, why: str) -> None:
+        """Stop pulsar-lite, move its store aside (``why``: a clause for the log), and start it
+        again on the same port."""
+        assert self._log is not None
+        self._end_process()
+        time.sleep(RESTART_PAUSE)
+        self._set_aside(why)
+        self._log.clear_trouble()
+        self._waiting_for_space = False
+        self.restarts += 1
+        self._launch(_binary(), self._ready_timeout, retry_damaged=False)
+
+    # -- stopping ------------------------------------------------------------------------------
+
+    def _end_process(self, timeout: float = 5.0) -> None:
+        """Terminate pulsar-lite (then kill it after ``timeout`` seconds) and wait for its output."""
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()
             try:
@@ -447,10 +845,18 @@ class EmbeddedBroker(_Place):
                 self.process.kill()
                 self.process.wait()
         if self._pump is not None:
-            self._pump.close()
+            self._pump.join(2.0)
             self._pump = None
         if self.process is not None and self.process.stdout is not None:
             self.process.stdout.close()  # read to its end by the pump; unclosed, it warns (ResourceWarning)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Terminate the process (then kill it after ``timeout`` seconds) and release the data
+        dir. Idempotent."""
+        self._end_process(timeout)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
         if self._lock is not None:
             self._lock.release()
             self._lock = None
@@ -462,48 +868,189 @@ class EmbeddedBroker(_Place):
         self.stop()
 
 
+class _RefusedStore(BrokerError):
+    """pulsar-lite exited at start, refusing its store; ``line`` is what it said."""
+
+    def __init__(self, line: str, message: str) -> None:
+        super().__init__(message)
+        self.line = line
+
+
 #: pulsar-lite 0.2.0 warnings that are routine, not a problem: kept in ``broker.log``, never
 #: echoed to a terminal. It warns once per message published to a topic whose reader has gone
 #: (every directory's readers: each ``tghost tools`` or ``tghost call`` leaves two, and each
 #: heartbeat after it then warns).
 ROUTINE_WARNINGS = ("No dispatcher found for subscription 'reader-",)
+#: What pulsar-lite 0.2.0 logs when its disk refuses a write (at each persistent publish, which
+#: it answers by closing the client's connection).
+DISK_FULL = "No space left on device"
+#: What pulsar-lite 0.2.0 logs (or exits with at start) when it cannot read its store: an entry
+#: log record torn by a failed write, RocksDB's own checks, a metadata file it cannot parse.
+STORE_DAMAGED = ("invalid entrylog magic", "entrylog checksum mismatch", "entrylog length does not match index",
+                 "entrylog position does not match index", "Corruption:", "Failed to parse metadata file")
+#: Seconds during which the foreground broker echoes a pulsar-lite line only once, with the
+#: count of the ones like it (the same words but for numbers) it held back.
+REPEAT_WINDOW = 60.0
+
+
+class _QuietFileHandler(logging.handlers.RotatingFileHandler):
+    """``broker.log``, rotated, that never prints Python's "--- Logging error ---" report: when a
+    write fails (a full disk) it says so once on ``complaints`` (stderr when ``None``), drops
+    lines until a write works again, and then logs how many it dropped. ``failed`` is the
+    error of the write that failed, while writes fail."""
+
+    def __init__(self, path: Path, complaints: IO[str] | None = None) -> None:
+        super().__init__(path, maxBytes=LOG_MAX_BYTES, backupCount=LOG_BACKUPS, delay=True)
+        self.setFormatter(logging.Formatter("%(message)s"))
+        self.failed: str | None = None
+        self.dropped = 0
+        self._complaints = complaints
+        self._error = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.failed is not None and not self._resume():
+            self.dropped += 1
+            return
+        self._error = False
+        super().emit(record)
+        if self._error:
+            self.dropped += 1
+
+    def _resume(self) -> bool:
+        """After failed writes, try again: end the line a failed write left half-written, and
+        log how many lines were dropped. Returns whether that worked."""
+        _end_line(self.baseFilename)
+        self._error = False
+        note = f"[{_utc_now()} tghost] the log is written again; {self.dropped} line(s) were dropped meanwhile"
+        super().emit(logging.makeLogRecord({"msg": note, "levelno": logging.WARNING}))
+        if self._error:
+            return False
+        self.failed, self.dropped = None, 0
+        return True
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        self._error = True
+        error = sys.exc_info()[1]
+        with contextlib.suppress(Exception):
+            if self.stream is not None:
+                self.stream.close()  # reopened at the next line: nothing half-written stays buffered
+        self.stream = None  # type: ignore[assignment]
+        if self.failed is None:
+            self.failed = str(error) or type(error).__name__
+            with contextlib.suppress(OSError, ValueError):
+                print(f"tghost broker: cannot write its log {self.baseFilename} ({self.failed}); dropping its "
+                      "lines until it can", file=self._complaints or sys.stderr, flush=True)
+
+
+def _end_line(path: str) -> None:
+    """Add a newline to the file ``path`` unless it is empty or ends with one (best effort)."""
+    with contextlib.suppress(OSError), open(path, "rb+") as file:
+        if file.seek(0, os.SEEK_END) == 0:
+            return
+        file.seek(-1, os.SEEK_END)
+        if file.read(1) != b"\n":
+            file.write(b"\n")
+
+
+def _words(line: str | None) -> str:
+    """What a pulsar-lite log line says, without its ``[time LEVEL module]`` prefix."""
+    return (line or "").partition("] ")[2] or line or "no detail"
+
+
+def _utc_now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+class _Repeats:
+    """Which pulsar-lite lines to echo: one of each kind (the same words but for numbers) per
+    :data:`REPEAT_WINDOW` seconds, the next one with a count of those held back."""
+
+    def __init__(self) -> None:
+        self._seen: dict[str, tuple[float, int]] = {}
+
+    def admit(self, line: str) -> str | None:
+        """``line`` to echo (with a count appended), or ``None`` to hold it back."""
+        kind = re.sub(r"\d+", "#", line.partition("] ")[2] or line)
+        now = time.monotonic()
+        since, held = self._seen.get(kind, (-REPEAT_WINDOW, 0))
+        if now - since < REPEAT_WINDOW:
+            self._seen[kind] = (since, held + 1)
+            return None
+        if len(self._seen) > 1000:
+            self._seen.clear()
+        self._seen[kind] = (now, 0)
+        return line + (f" ({held} more like it held back)" if held else "")
+
+
+class _BrokerLog:
+    """Where pulsar-lite's lines and tghost's notes go: ``broker.log`` (:class:`_QuietFileHandler`)
+    and ``echo`` (every line but :data:`ROUTINE_WARNINGS`, repeats held back). Keeps the last lines
+    for error messages, and what they said about the disk and the store: ``disk_full`` and
+    ``damaged`` are the first such line since :meth:`clear_trouble` (``None``: none)."""
+
+    def __init__(self, path: Path, echo: IO[str] | None) -> None:
+        self._handler = _QuietFileHandler(path)
+        self._echo = echo
+        self._repeats = _Repeats()
+        self._last: collections.deque[str] = collections.deque(maxlen=20)
+        self.disk_full: str | None = None
+        self.damaged: str | None = None
+
+    def pulsar_lite(self, line: str) -> None:
+        """A line of pulsar-lite's output."""
+        self._last.append(line)
+        if self.disk_full is None and DISK_FULL in line:
+            self.disk_full = line
+        if self.damaged is None and any(mark in line for mark in STORE_DAMAGED):
+            self.damaged = line
+        self._write(line)
+        if not any(routine in line for routine in ROUTINE_WARNINGS):
+            self._show(self._repeats.admit(line))
+
+    def note(self, message: str) -> None:
+        """A line from tghost, always echoed."""
+        line = f"[{_utc_now()} tghost] {message}"
+        self._write(line)
+        self._show(line)
+
+    def _write(self, line: str) -> None:
+        self._handler.handle(logging.makeLogRecord({"msg": line, "levelno": logging.INFO}))
+
+    def _show(self, line: str | None) -> None:
+        if self._echo is not None and line is not None:
+            with contextlib.suppress(OSError, ValueError):
+                print(line, file=self._echo, flush=True)
+
+    def last_lines(self) -> list[str]:
+        """The last 20 lines of pulsar-lite's output since :meth:`forget_lines`."""
+        return list(self._last)
+
+    def forget_lines(self) -> None:
+        self._last.clear()
+
+    def clear_trouble(self) -> None:
+        self.disk_full = self.damaged = None
+
+    def close(self) -> None:
+        self._handler.close()
 
 
 class _LogPump:
-    """Copies pulsar-lite's output into ``broker.log`` (rotated by ``RotatingFileHandler``) in a
-    daemon thread, keeping the last lines for error messages; echoes every line but the
-    :data:`ROUTINE_WARNINGS`."""
+    """Copies one pulsar-lite process's output, line by line, into a :class:`_BrokerLog` in a
+    daemon thread."""
 
-    def __init__(self, source: IO[bytes], path: Path, echo: IO[str] | None) -> None:
-        self._handler = logging.handlers.RotatingFileHandler(path, maxBytes=LOG_MAX_BYTES, backupCount=LOG_BACKUPS)
-        self._handler.setFormatter(logging.Formatter("%(message)s"))
-        self._echo = echo
-        self._last: collections.deque[str] = collections.deque(maxlen=20)
+    def __init__(self, source: IO[bytes], sink: _BrokerLog) -> None:
         self._source = source
+        self._sink = sink
         self._thread = threading.Thread(target=self._run, name="pulsar-lite log", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         for raw in self._source:
-            line = raw.decode(errors="replace").rstrip()
-            self._last.append(line)
-            self.write(line)
-
-    def write(self, line: str) -> None:
-        self._handler.handle(logging.makeLogRecord({"msg": line, "levelno": logging.INFO}))
-        if self._echo is not None and not any(routine in line for routine in ROUTINE_WARNINGS):
-            with contextlib.suppress(OSError, ValueError):
-                print(line, file=self._echo, flush=True)
-
-    def last_lines(self) -> list[str]:
-        return list(self._last)
+            self._sink.pulsar_lite(raw.decode(errors="replace").rstrip())
 
     def join(self, timeout: float) -> None:
         self._thread.join(timeout)
-
-    def close(self) -> None:
-        self._thread.join(2.0)
-        self._handler.close()
 
 
 class _DataDirLock:

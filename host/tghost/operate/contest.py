@@ -1,0 +1,69 @@
+"""contest: does another host claim a tool this host announces? A host reads its own
+announcement topics with a :class:`tghost.agent.directory.ToolDirectory` and names every tool
+of its own that is contested (docs/protocol.md §4.8): in open mode directories refuse to call
+it, so its operator must know. Never changes what the host serves or announces.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Collection
+
+from tghost.agent.directory import ToolDirectory
+from tghost.agent.entries import describe_side
+from tghost.protocol.trust import TrustedKeys
+from tghost.pulsar.clients import BrokerError, PulsarSettings
+
+__all__ = ["ContestWatch"]
+
+log = logging.getLogger(__name__)
+
+
+class ContestWatch:
+    """Follows the announcement ``topic`` and reports the tools in ``names()`` (those the host
+    ``host_id`` announces, asked at each :meth:`problems`) whose name or service another host
+    claims differently.
+
+    :meth:`start` it, :meth:`close` it; :meth:`problems` is empty until it has caught up.
+    """
+
+    def __init__(self, settings: PulsarSettings, topic: str, host_id: str, names: Callable[[], Collection[str]],
+                 trusted: TrustedKeys | None = None) -> None:
+        self.directory = ToolDirectory(settings, topic, trusted=trusted)
+        self.host_id = host_id
+        self.names = names
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> ContestWatch:
+        """Catch up on the topic and follow it, in the background (call on the event loop); a
+        topic that cannot be read is logged once, as a warning."""
+        self._task = asyncio.create_task(self._follow(), name="contest watch")
+        return self
+
+    async def _follow(self) -> None:
+        try:
+            await self.directory.start()
+        except BrokerError as exc:
+            log.warning("cannot follow the announcement topics for tools other hosts contest: %s", exc)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self.directory.close()
+
+    def problems(self) -> list[str]:
+        """One line per contested tool of this host, naming the other side: ``/health`` problems."""
+        found = []
+        for name in sorted(self.names()):
+            tool = self.directory.tools.get(name)
+            if tool is None or not tool.contested:
+                continue
+            others = "; ".join(describe_side(side) for side in tool.sides()
+                               if self.host_id not in side["host"].split(","))
+            found.append(f"tool {name!r} is contested by {others}: directories without trusted keys refuse to "
+                         "call it until that host stops announcing it; sign announcements on a shared broker")
+        return found
