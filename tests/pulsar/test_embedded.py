@@ -27,7 +27,7 @@ import pulsar
 import pytest
 
 from tests.conftest import HostProcess, PluginDir, tghost_cli
-from tghost.pulsar import embedded
+from tghost.pulsar import broker_log, embedded
 from tghost.pulsar.clients import free_port, is_reachable
 from tghost.pulsar.embedded import EmbeddedBroker, default_data_dir, stop_broker
 
@@ -366,7 +366,7 @@ def test_pulsar_lite_metrics_when_asked_are_on_loopback_only(tmp_path: Path) -> 
 
 
 def test_the_broker_log_is_rotated_and_capped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(embedded, "LOG_MAX_BYTES", 400)
+    monkeypatch.setattr(broker_log, "LOG_MAX_BYTES", 400)
     with EmbeddedBroker(tmp_path, free_port(), log_level="info"):
         pass
     logs = sorted(tmp_path.glob("broker.log*"))

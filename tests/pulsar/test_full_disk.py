@@ -36,9 +36,10 @@ from tests.conftest import HostProcess, LoopThread, PluginDir, live_tools, tghos
 from tests.pulsar.test_embedded import ECHO, Output, until
 from tghost.agent.client import ToolCallError, ToolServiceClient
 from tghost.protocol.descriptors import request_queue, response_queue
-from tghost.pulsar import embedded
+from tghost.pulsar import broker_log
 from tghost.pulsar.clients import PulsarSettings, free_port
-from tghost.pulsar.embedded import MIB, EmbeddedBroker, StoreDamage, default_data_dir, find_damage, stop_broker
+from tghost.pulsar.embedded import EmbeddedBroker, default_data_dir, stop_broker
+from tghost.pulsar.store import MIB, StoreDamage, find_damage
 
 DISK_MIB = 20
 #: ``tghost broker --low-space``: warn below this many MiB free.
@@ -400,7 +401,7 @@ def test_a_log_file_that_cannot_be_written_says_so_once_and_no_traceback(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     complaints = io.StringIO()
-    handler = embedded._QuietFileHandler(Path("/dev/full"), complaints)  # every write: ENOSPC
+    handler = broker_log._QuietFileHandler(Path("/dev/full"), complaints)  # every write: ENOSPC
     try:
         for number in range(50):
             handler.handle(logging.makeLogRecord({"msg": f"line {number}"}))
@@ -411,7 +412,7 @@ def test_a_log_file_that_cannot_be_written_says_so_once_and_no_traceback(
     assert handler.dropped == 50 and "Logging error" not in capsys.readouterr().err
 
     (tmp_path / "broker.log").write_text("a line the full disk cut sho")
-    later = embedded._QuietFileHandler(tmp_path / "broker.log", complaints)
+    later = broker_log._QuietFileHandler(tmp_path / "broker.log", complaints)
     later.failed, later.dropped = "[Errno 28] No space left on device", 7  # as after writes failed
     later.handle(logging.makeLogRecord({"msg": "back"}))
     later.close()

@@ -21,7 +21,6 @@ from tghost.pulsar.clients import BrokerError
 from tghost.pulsar.embedded import (
     DEFAULT_PORT,
     LOG_LEVELS,
-    MIB,
     NOTE,
     BrokerRecord,
     BrokerStatus,
@@ -32,6 +31,7 @@ from tghost.pulsar.embedded import (
     start_detached,
     stop_broker,
 )
+from tghost.pulsar.store import MIB
 
 F = TypeVar("F", bound=Callable[..., Any])
 

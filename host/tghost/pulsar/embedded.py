@@ -2,25 +2,23 @@
 session, shared by every process on its URL, outliving whoever started it), finds it by the record
 in its data directory, and stops it (README.md, "The broker").
 
+Its data dir's free space and store are :mod:`tghost.pulsar.store`'s, pulsar-lite's log
+:mod:`tghost.pulsar.broker_log`'s.
+
 Never opens a Pulsar client: it knows ports, processes and files.
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import dataclasses
 import functools
 import json
 import logging
-import logging.handlers
-import mmap
 import os
-import re
 import shutil
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import threading
@@ -30,35 +28,35 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import IO, Any
 
+from tghost.pulsar.broker_log import DISK_FULL, STORE_DAMAGED, BrokerLog, LogPump, words
 from tghost.pulsar.clients import BrokerError, endpoints, is_loopback, is_reachable
+from tghost.pulsar.store import (
+    MIB,
+    STORE,
+    DiskSpace,
+    StoreDamage,
+    disk_space,
+    find_damage,
+    low_space_threshold,
+    move_store_aside,
+    size,
+)
 from tghost.system.locks import held, try_lock
 from tghost.system.paths import app_dir
 from tghost.system.processes import die_with_parent
 
 __all__ = [
     "DEFAULT_PORT",
-    "LOG_BACKUPS",
     "LOG_LEVELS",
-    "LOG_MAX_BYTES",
-    "LOW_SPACE_CAP",
-    "LOW_SPACE_FRACTION",
-    "MIB",
     "NOTE",
-    "STORE",
     "WATCH_INTERVAL",
     "BrokerRecord",
     "BrokerStatus",
-    "DiskSpace",
     "EmbeddedBroker",
-    "StoreDamage",
     "broker_status",
     "default_data_dir",
-    "disk_space",
     "ensure_broker",
-    "find_damage",
     "local_disk_trouble",
-    "low_space_threshold",
-    "move_store_aside",
     "run_until_stopped",
     "start_detached",
     "stop_broker",
@@ -67,21 +65,11 @@ __all__ = [
 DEFAULT_PORT = 6650
 #: pulsar-lite's log levels (``--log-level``); tghost starts it at ``warn``.
 LOG_LEVELS = ("error", "warn", "info", "debug", "trace")
-#: Bytes of ``broker.log`` before it is rotated to ``broker.log.1``.
-LOG_MAX_BYTES = 10 * 1024 * 1024
-#: Rotated logs kept (``broker.log.1`` .. ``.2``): at most 30 MiB of log per broker.
-LOG_BACKUPS = 2
-#: ``tghost broker`` warns when the file system of its data dir has less free space than this
-#: fraction of its size, or than :data:`LOW_SPACE_CAP` bytes, whichever is less (``--low-space``
-#: sets another threshold).
-LOW_SPACE_FRACTION = 0.05
-LOW_SPACE_CAP = 1 << 30
 #: Seconds between two looks of ``tghost broker`` at its free space and at pulsar-lite's store.
 WATCH_INTERVAL = 1.0
 #: Seconds pulsar-lite stays stopped when ``tghost broker`` restarts it on an empty store, so that
 #: every client sees its connection drop (and a host restates what it announces).
 RESTART_PAUSE = 0.5
-MIB = 1 << 20
 
 log = logging.getLogger(__name__)
 
@@ -176,8 +164,8 @@ class BrokerStatus(_Place):
     def to_json(self) -> dict[str, Any]:
         """``{"url", "port", "data_dir", "log", "running", "answering", "pid", "broker_pid",
         "started_at", "detached", "started", "stop", "disk", "notes"}``; the pids, ``started_at`` and
-        ``detached`` are ``null`` without a record, ``disk`` (:meth:`DiskSpace.to_json`) without a
-        data dir."""
+        ``detached`` are ``null`` without a record, ``disk``
+        (:meth:`tghost.pulsar.store.DiskSpace.to_json`) without a data dir."""
         record, disk = self.record, self.disk()
         return {"url": self.url, "port": self.port, "data_dir": str(self.data_dir), "log": str(self.log_path),
                 "running": self.running, "answering": self.answering,
@@ -236,7 +224,7 @@ def start_detached(port: int = DEFAULT_PORT, data_dir: Path | None = None, *, lo
     Returns the status of the running broker: the one started (``started`` True; its ``notes``
     say whether it moved a damaged store aside), or one another process started meanwhile.
     ``low_space`` (bytes) is where it starts warning about free space (default:
-    :func:`low_space_threshold`).
+    :func:`tghost.pulsar.store.low_space_threshold`).
 
     Raises:
         BrokerError: it did not start within ``ready_timeout`` seconds, or the port is taken, or
@@ -313,51 +301,6 @@ def _signal(pid: int, sig: signal.Signals) -> None:
         os.kill(pid, sig)
 
 
-# -- free space and the store -----------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class DiskSpace:
-    """The file system holding ``path``: ``free`` bytes (what a process without root may still
-    write) and ``total`` bytes."""
-
-    path: Path
-    free: int
-    total: int
-
-    def describe(self) -> str:
-        """E.g. ``"0.4 MiB free of 20.0 MiB (2%) in /data"``."""
-        share = 100 * self.free / self.total if self.total else 0.0
-        return f"{size(self.free)} free of {size(self.total)} ({share:.0f}%) in {self.path}"
-
-    def to_json(self, threshold: int | None = None) -> dict[str, Any]:
-        """``{"path", "free_bytes", "total_bytes", "low_below_bytes", "low"}``."""
-        limit = low_space_threshold(self.total, threshold)
-        return {"path": str(self.path), "free_bytes": self.free, "total_bytes": self.total,
-                "low_below_bytes": limit, "low": self.free < limit}
-
-
-def size(count: int | float) -> str:
-    """``count`` bytes for a human: ``"0.4 MiB"``, ``"12.3 GiB"`` (GiB from 10 GiB up)."""
-    return f"{count / MIB:.1f} MiB" if count < 10 * 1024 * MIB else f"{count / (1024 * MIB):.1f} GiB"
-
-
-def disk_space(path: Path) -> DiskSpace | None:
-    """The free space of the file system holding ``path``; ``None`` when ``path`` cannot be read."""
-    try:
-        found = os.statvfs(path)
-    except OSError:
-        return None
-    return DiskSpace(Path(path), found.f_bavail * found.f_frsize, found.f_blocks * found.f_frsize)
-
-
-def low_space_threshold(total: int, given: int | None = None) -> int:
-    """Bytes of free space below which a file system of ``total`` bytes is low: ``given``, else
-    :data:`LOW_SPACE_FRACTION` of it but at most :data:`LOW_SPACE_CAP` (1 MiB of a 20 MiB disk,
-    1 GiB of anything over 20 GiB)."""
-    return given if given is not None else min(int(total * LOW_SPACE_FRACTION), LOW_SPACE_CAP)
-
-
 def local_disk_trouble(url: str) -> str | None:
     """What is wrong with the disk of the embedded broker at a loopback ``url``, as a clause for
     an error message (``"the disk of the embedded broker's data dir is full: 0.0 MiB free of ..."``),
@@ -372,105 +315,6 @@ def local_disk_trouble(url: str) -> str | None:
         return None
     state = "full" if space.free < MIB else "nearly full"
     return f"the disk of the embedded broker's data dir is {state}: {space.describe()}"
-
-
-#: Where pulsar-lite 0.2.0 keeps its store, under the data dir: RocksDB (its index, with the
-#: message payloads in ``entrylog/N.log``) and the subscriptions' metadata.
-STORE = ("db.rocksdb", "db.metadata.json")
-#: A record of pulsar-lite 0.2.0's entry logs: magic ``GELP``, version, header length (44), ledger
-#: id, entry id, batch index, metadata and payload lengths, checksum, reserved (little-endian; read
-#: from its files, as the format is not documented).
-_RECORD = struct.Struct("<4sHHQQiIIII")
-_MAGIC = b"GELP"
-
-
-@dataclasses.dataclass(frozen=True)
-class StoreDamage:
-    """A torn record in one of pulsar-lite's entry logs: ``file``, the ``offset`` of the first
-    record that is not whole, and ``after``, the whole records found behind it, which pulsar-lite
-    cannot read (it says "entrylog checksum mismatch" or "invalid entrylog magic": its index
-    assumed the torn record was never written)."""
-
-    file: Path
-    offset: int
-    after: int
-
-    def describe(self) -> str:
-        return (f"a record torn at byte {self.offset} of {self.file.name} (a write that failed, e.g. on a full "
-                f"disk), with {self.after} message(s) written after it that cannot be read")
-
-
-def find_damage(data_dir: Path, *, torn_tail: bool = False) -> StoreDamage | None:
-    """The first torn record in pulsar-lite's entry logs under ``data_dir`` with records behind
-    it; with ``torn_tail``, also one at the very end of the newest log (pulsar-lite running now
-    appends its next message behind it; a restarted one starts a new log, so it is harmless then).
-    ``None``: every record is whole, or there is no store. Reads only record headers."""
-    logs = sorted((data_dir / STORE[0] / "entrylog").glob("*.log"), key=_log_number)
-    for path in logs:
-        damage = _scan_entrylog(path)
-        if damage is not None and (damage.after or (torn_tail and path == logs[-1])):
-            return damage
-    return None
-
-
-def _log_number(path: Path) -> int:
-    return int(path.stem) if path.stem.isdigit() else -1
-
-
-def _scan_entrylog(path: Path) -> StoreDamage | None:
-    """The first record of entry log ``path`` that is not whole (bad magic, or past the end),
-    with a count of the whole records behind it; ``None`` when all are whole."""
-    try:
-        with path.open("rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            end = _whole_records(data, 0)[1]
-            if end == len(data):
-                return None
-            return StoreDamage(path, end, _records_behind(data, end))
-    except (OSError, ValueError):  # unreadable, or empty (mmap refuses a file of 0 bytes)
-        return None
-
-
-def _whole_records(data: mmap.mmap, offset: int) -> tuple[int, int]:
-    """(how many whole records follow one another from ``offset``, the offset after the last)."""
-    count = 0
-    while offset + _RECORD.size <= len(data):
-        magic, _, header, _, _, _, metadata, payload, _, _ = _RECORD.unpack_from(data, offset)
-        end = offset + header + metadata + payload
-        if magic != _MAGIC or header != _RECORD.size or end > len(data):
-            break
-        count, offset = count + 1, end
-    return count, offset
-
-
-def _records_behind(data: mmap.mmap, torn: int) -> int:
-    """Whole records after the torn one at ``torn``: runs of records found from each later magic."""
-    count, at = 0, data.find(_MAGIC, torn + 1)
-    while at != -1:
-        found, end = _whole_records(data, at)
-        count += found
-        at = data.find(_MAGIC, max(end, at + 1))
-    return count
-
-
-def move_store_aside(data_dir: Path) -> Path:
-    """Move pulsar-lite's store (:data:`STORE`) into ``<data_dir>/store.corrupt-<UTC time>/``, so
-    that the next start begins with an empty one; returns that directory. Renames only: it
-    takes no space, and frees none (delete it once it is no longer needed).
-
-    Raises:
-        OSError: the data dir cannot be written.
-    """
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    aside = data_dir / f"store.corrupt-{stamp}"
-    suffix = 1
-    while aside.exists():
-        suffix += 1
-        aside = data_dir / f"store.corrupt-{stamp}-{suffix}"
-    aside.mkdir()
-    for name in STORE:
-        if (data_dir / name).exists():
-            (data_dir / name).rename(aside / name)
-    return aside
 
 
 class _Stop(Exception):
@@ -570,18 +414,20 @@ class EmbeddedBroker(_Place):
     Use as a context manager, or call :meth:`start` and :meth:`stop`. In ``data_dir``:
     ``db.rocksdb/`` and ``db.metadata.json`` (its store: messages survive a restart on the same
     ``data_dir``), ``broker.log`` (pulsar-lite's output at ``log_level``, rotated at
-    :data:`LOG_MAX_BYTES` with :data:`LOG_BACKUPS` old files kept), ``pulsar-lite.toml`` (its
-    config, written at each start) and ``broker.lock`` (held while it runs, so no second broker
-    opens the same data). Its metrics endpoint is off, or on ``127.0.0.1:metrics_port``. With
-    ``echo`` (a text stream), its output is copied there too (a line repeated within
-    :data:`REPEAT_WINDOW` seconds once). With ``die_with_parent`` (Linux), pulsar-lite gets
-    SIGTERM when the thread that started it ends, even by SIGKILL: start it from the main thread.
+    :data:`tghost.pulsar.broker_log.LOG_MAX_BYTES` with :data:`tghost.pulsar.broker_log.LOG_BACKUPS`
+    old files kept), ``pulsar-lite.toml`` (its config, written at each start) and ``broker.lock``
+    (held while it runs, so no second broker opens the same data). Its metrics endpoint is off, or
+    on ``127.0.0.1:metrics_port``. With ``echo`` (a text stream), its output is copied there too (a
+    line repeated within :data:`tghost.pulsar.broker_log.REPEAT_WINDOW` seconds once). With
+    ``die_with_parent`` (Linux), pulsar-lite gets SIGTERM when the thread that started it ends,
+    even by SIGKILL: start it from the main thread.
 
     A damaged store (a record torn by a write that failed, e.g. on a full disk, with messages
     behind it that pulsar-lite cannot read; or one pulsar-lite refuses to open) is moved aside
-    at start (:func:`move_store_aside`), and :attr:`notes` says so. :meth:`watch` looks at free
-    space (warning below ``low_space`` bytes, default :func:`low_space_threshold`) and, once a
-    full disk has damaged the store and has room again, restarts pulsar-lite on an empty store.
+    at start (:func:`tghost.pulsar.store.move_store_aside`), and :attr:`notes` says so.
+    :meth:`watch` looks at free space (warning below ``low_space`` bytes, default
+    :func:`tghost.pulsar.store.low_space_threshold`) and, once a full disk has damaged the store
+    and has room again, restarts pulsar-lite on an empty store.
     """
 
     def __init__(self, data_dir: Path, port: int = DEFAULT_PORT, *, log_level: str = "warn",
@@ -602,8 +448,8 @@ class EmbeddedBroker(_Place):
         self.restarts = 0
         """How many times :meth:`watch` restarted pulsar-lite on an empty store."""
         self._lock: _DataDirLock | None = None
-        self._log: _BrokerLog | None = None
-        self._pump: _LogPump | None = None
+        self._log: BrokerLog | None = None
+        self._pump: LogPump | None = None
         self._space_low = False
         self._waiting_for_space = False
         self._ready_timeout = 15.0
@@ -629,7 +475,7 @@ class EmbeddedBroker(_Place):
         try:
             if not _port_is_free(self.port):
                 raise BrokerError(self._port_taken())
-            self._log = _BrokerLog(self.log_path, self.echo)
+            self._log = BrokerLog(self.log_path, self.echo)
             self._write_config()
             damage = find_damage(self.data_dir)
             if damage is not None:
@@ -665,7 +511,7 @@ class EmbeddedBroker(_Place):
             cwd=self.data_dir, preexec_fn=self._preexec())
         assert self.process.stdout is not None and self._log is not None
         self._log.forget_lines()  # a failure to start is told by this process's lines alone
-        self._pump = _LogPump(self.process.stdout, self._log)
+        self._pump = LogPump(self.process.stdout, self._log)
         self.note(f"started pulsar-lite pid {self.process.pid} at {self.url} (log level {self.log_level})")
         try:
             self._wait_ready(ready_timeout)
@@ -677,7 +523,8 @@ class EmbeddedBroker(_Place):
             self._launch(binary, ready_timeout, retry_damaged=False)
 
     def _set_aside(self, why: str) -> None:
-        """Move the store aside (:func:`move_store_aside`), saying so in the log and :attr:`notes`."""
+        """Move the store aside (:func:`tghost.pulsar.store.move_store_aside`), saying so in the log
+        and :attr:`notes`."""
         try:
             aside = move_store_aside(self.data_dir)
         except OSError as exc:
@@ -779,7 +626,7 @@ class EmbeddedBroker(_Place):
             self._waiting_for_space = False
             return False
         self._restart_empty(f"it has {damage.describe()}" if damage
-                            else f"pulsar-lite cannot read it ({_words(self._log.damaged)})")
+                            else f"pulsar-lite cannot read it ({words(self._log.damaged)})")
         return True
 
     def _threshold(self, space: DiskSpace) -> int:
@@ -807,7 +654,7 @@ class EmbeddedBroker(_Place):
         self._waiting_for_space = True
         assert self._log is not None
         above = f"more than {size(self._threshold(space))}" if space else "space"
-        self.note(f"pulsar-lite cannot write its store: its disk is full ({_words(self._log.disk_full)}). "
+        self.note(f"pulsar-lite cannot write its store: its disk is full ({words(self._log.disk_full)}). "
                   "Announcements cannot be published (hosts report it); calls on non-persistent topics go on. "
                   f"Once {above} is free, a store the full disk damaged is moved aside and pulsar-lite restarted")
 
@@ -874,183 +721,6 @@ class _RefusedStore(BrokerError):
     def __init__(self, line: str, message: str) -> None:
         super().__init__(message)
         self.line = line
-
-
-#: pulsar-lite 0.2.0 warnings that are routine, not a problem: kept in ``broker.log``, never
-#: echoed to a terminal. It warns once per message published to a topic whose reader has gone
-#: (every directory's readers: each ``tghost tools`` or ``tghost call`` leaves two, and each
-#: heartbeat after it then warns).
-ROUTINE_WARNINGS = ("No dispatcher found for subscription 'reader-",)
-#: What pulsar-lite 0.2.0 logs when its disk refuses a write (at each persistent publish, which
-#: it answers by closing the client's connection).
-DISK_FULL = "No space left on device"
-#: What pulsar-lite 0.2.0 logs (or exits with at start) when it cannot read its store: an entry
-#: log record torn by a failed write, RocksDB's own checks, a metadata file it cannot parse.
-STORE_DAMAGED = ("invalid entrylog magic", "entrylog checksum mismatch", "entrylog length does not match index",
-                 "entrylog position does not match index", "Corruption:", "Failed to parse metadata file")
-#: Seconds during which the foreground broker echoes a pulsar-lite line only once, with the
-#: count of the ones like it (the same words but for numbers) it held back.
-REPEAT_WINDOW = 60.0
-
-
-class _QuietFileHandler(logging.handlers.RotatingFileHandler):
-    """``broker.log``, rotated, that never prints Python's "--- Logging error ---" report: when a
-    write fails (a full disk) it says so once on ``complaints`` (stderr when ``None``), drops
-    lines until a write works again, and then logs how many it dropped. ``failed`` is the
-    error of the write that failed, while writes fail."""
-
-    def __init__(self, path: Path, complaints: IO[str] | None = None) -> None:
-        super().__init__(path, maxBytes=LOG_MAX_BYTES, backupCount=LOG_BACKUPS, delay=True)
-        self.setFormatter(logging.Formatter("%(message)s"))
-        self.failed: str | None = None
-        self.dropped = 0
-        self._complaints = complaints
-        self._error = False
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if self.failed is not None and not self._resume():
-            self.dropped += 1
-            return
-        self._error = False
-        super().emit(record)
-        if self._error:
-            self.dropped += 1
-
-    def _resume(self) -> bool:
-        """After failed writes, try again: end the line a failed write left half-written, and
-        log how many lines were dropped. Returns whether that worked."""
-        _end_line(self.baseFilename)
-        self._error = False
-        note = f"[{_utc_now()} tghost] the log is written again; {self.dropped} line(s) were dropped meanwhile"
-        super().emit(logging.makeLogRecord({"msg": note, "levelno": logging.WARNING}))
-        if self._error:
-            return False
-        self.failed, self.dropped = None, 0
-        return True
-
-    def handleError(self, record: logging.LogRecord) -> None:
-        self._error = True
-        error = sys.exc_info()[1]
-        with contextlib.suppress(Exception):
-            if self.stream is not None:
-                self.stream.close()  # reopened at the next line: nothing half-written stays buffered
-        self.stream = None  # type: ignore[assignment]
-        if self.failed is None:
-            self.failed = str(error) or type(error).__name__
-            with contextlib.suppress(OSError, ValueError):
-                print(f"tghost broker: cannot write its log {self.baseFilename} ({self.failed}); dropping its "
-                      "lines until it can", file=self._complaints or sys.stderr, flush=True)
-
-
-def _end_line(path: str) -> None:
-    """Add a newline to the file ``path`` unless it is empty or ends with one (best effort)."""
-    with contextlib.suppress(OSError), open(path, "rb+") as file:
-        if file.seek(0, os.SEEK_END) == 0:
-            return
-        file.seek(-1, os.SEEK_END)
-        if file.read(1) != b"\n":
-            file.write(b"\n")
-
-
-def _words(line: str | None) -> str:
-    """What a pulsar-lite log line says, without its ``[time LEVEL module]`` prefix."""
-    return (line or "").partition("] ")[2] or line or "no detail"
-
-
-def _utc_now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-
-
-class _Repeats:
-    """Which pulsar-lite lines to echo: one of each kind (the same words but for numbers) per
-    :data:`REPEAT_WINDOW` seconds, the next one with a count of those held back."""
-
-    def __init__(self) -> None:
-        self._seen: dict[str, tuple[float, int]] = {}
-
-    def admit(self, line: str) -> str | None:
-        """``line`` to echo (with a count appended), or ``None`` to hold it back."""
-        kind = re.sub(r"\d+", "#", line.partition("] ")[2] or line)
-        now = time.monotonic()
-        since, held = self._seen.get(kind, (-REPEAT_WINDOW, 0))
-        if now - since < REPEAT_WINDOW:
-            self._seen[kind] = (since, held + 1)
-            return None
-        if len(self._seen) > 1000:
-            self._seen.clear()
-        self._seen[kind] = (now, 0)
-        return line + (f" ({held} more like it held back)" if held else "")
-
-
-class _BrokerLog:
-    """Where pulsar-lite's lines and tghost's notes go: ``broker.log`` (:class:`_QuietFileHandler`)
-    and ``echo`` (every line but :data:`ROUTINE_WARNINGS`, repeats held back). Keeps the last lines
-    for error messages, and what they said about the disk and the store: ``disk_full`` and
-    ``damaged`` are the first such line since :meth:`clear_trouble` (``None``: none)."""
-
-    def __init__(self, path: Path, echo: IO[str] | None) -> None:
-        self._handler = _QuietFileHandler(path)
-        self._echo = echo
-        self._repeats = _Repeats()
-        self._last: collections.deque[str] = collections.deque(maxlen=20)
-        self.disk_full: str | None = None
-        self.damaged: str | None = None
-
-    def pulsar_lite(self, line: str) -> None:
-        """A line of pulsar-lite's output."""
-        self._last.append(line)
-        if self.disk_full is None and DISK_FULL in line:
-            self.disk_full = line
-        if self.damaged is None and any(mark in line for mark in STORE_DAMAGED):
-            self.damaged = line
-        self._write(line)
-        if not any(routine in line for routine in ROUTINE_WARNINGS):
-            self._show(self._repeats.admit(line))
-
-    def note(self, message: str) -> None:
-        """A line from tghost, always echoed."""
-        line = f"[{_utc_now()} tghost] {message}"
-        self._write(line)
-        self._show(line)
-
-    def _write(self, line: str) -> None:
-        self._handler.handle(logging.makeLogRecord({"msg": line, "levelno": logging.INFO}))
-
-    def _show(self, line: str | None) -> None:
-        if self._echo is not None and line is not None:
-            with contextlib.suppress(OSError, ValueError):
-                print(line, file=self._echo, flush=True)
-
-    def last_lines(self) -> list[str]:
-        """The last 20 lines of pulsar-lite's output since :meth:`forget_lines`."""
-        return list(self._last)
-
-    def forget_lines(self) -> None:
-        self._last.clear()
-
-    def clear_trouble(self) -> None:
-        self.disk_full = self.damaged = None
-
-    def close(self) -> None:
-        self._handler.close()
-
-
-class _LogPump:
-    """Copies one pulsar-lite process's output, line by line, into a :class:`_BrokerLog` in a
-    daemon thread."""
-
-    def __init__(self, source: IO[bytes], sink: _BrokerLog) -> None:
-        self._source = source
-        self._sink = sink
-        self._thread = threading.Thread(target=self._run, name="pulsar-lite log", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        for raw in self._source:
-            self._sink.pulsar_lite(raw.decode(errors="replace").rstrip())
-
-    def join(self, timeout: float) -> None:
-        self._thread.join(timeout)
 
 
 class _DataDirLock:
