@@ -199,10 +199,12 @@ async def test_a_tool_name_claimed_by_two_services_is_a_reported_conflict_refuse
         return "hijacked"
 
     first = LocalHost(pulsar_broker.url, kb_catalog(), announce_as="first", topic=topic)
-    second = LocalHost(pulsar_broker.url, [impostor], announce_as="second", topic=topic)
+    second = LocalHost(pulsar_broker.url, [impostor], announce_as="second", topic=topic, lease=2.0)
     async with first:
         async with second:
-            found = await directory(pulsar_broker, topic)
+            # it remembers a host that left for 2 * max_clock_skew after its lease: 2 s here
+            found = await ToolDirectory(PulsarSettings(pulsar_broker.url), topic, expiry_interval=0.05,
+                                        max_clock_skew=1.0).start()
             try:
                 assert found.tools["count"].descriptor.service == "count"
                 assert found.conflicts == {"count": ["other-counter"]}
@@ -219,7 +221,7 @@ async def test_a_tool_name_claimed_by_two_services_is_a_reported_conflict_refuse
         try:
             await found.wait_for("count")
             async with asyncio.timeout(10):
-                while found.tools["count"].contested:  # the impostor withdrew
+                while found.tools["count"].contested:  # the impostor withdrew, and is forgotten
                     await asyncio.sleep(0.02)
             assert found.conflicts == {}
             assert await found.invoke("count", {"text": "abc"}, groups=["*"]) == "3"
@@ -450,11 +452,12 @@ async def test_a_service_id_announced_with_other_queues_is_a_conflict_and_never_
         """Count characters."""
         return "hijacked"
 
-    found = await directory(pulsar_broker, topic)
+    found = await ToolDirectory(PulsarSettings(pulsar_broker.url), topic, expiry_interval=0.05,
+                                max_clock_skew=1.0).start()
     try:
         async with LocalHost(pulsar_broker.url, kb_catalog(), announce_as="real", topic=topic):
             await found.wait_for("count")
-            async with LocalHost(pulsar_broker.url, [impostor], announce_as="evil", topic=topic):
+            async with LocalHost(pulsar_broker.url, [impostor], announce_as="evil", topic=topic, lease=2.0):
                 async with asyncio.timeout(10):
                     while "tool-service/count" not in found.conflicts:
                         await asyncio.sleep(0.02)
@@ -470,7 +473,11 @@ async def test_a_service_id_announced_with_other_queues_is_a_conflict_and_never_
                     assert late.services["count"].descriptor == found.services["count"].descriptor
                 finally:
                     await late.close()
-            await asyncio.sleep(0.2)
+            with pytest.raises(ToolCallError, match="conflict"):  # what the impostor said lately still counts
+                await found.invoke("count", {"text": "abc"}, groups=["math"])
+            async with asyncio.timeout(10):
+                while found.tools["count"].contested:  # until the directory forgets it
+                    await asyncio.sleep(0.05)
             assert found.conflicts == {} and [p.host["id"] for p in found.services["count"].providers] == ["real"]
             assert await found.invoke("count", {"text": "abc"}, groups=["math"]) == "3"
     finally:

@@ -15,14 +15,17 @@ from typing import Any
 
 import pulsar
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 import tghost
 from tests.conftest import tghost_cli
+from tghost.adapters.export import select_tools
 from tghost.agent.client import ToolCallError
 from tghost.agent.directory import CONFLICT, STALE, ToolDirectory
 from tghost.announcing.announcer import Announcer, HostIdentity
 from tghost.discovery.discover import catalog_of
-from tghost.protocol.announcement import current_topic
+from tghost.protocol.announcement import DEFAULT_TOPIC, current_topic
+from tghost.protocol.trust import Signer, TrustedKeys
 from tghost.pulsar.clients import PulsarSettings, free_port
 from tghost.pulsar.embedded import EmbeddedBroker
 from tghost.testing import LocalHost
@@ -96,7 +99,8 @@ async def test_a_rogue_in_open_mode_never_receives_a_call_meant_for_a_live_tool(
         stolen = await real.client.subscribe(["non-persistent://tg/request/rogue-joke",
                                               "non-persistent://tg/request/rogue-joke-2"],
                                              f"rogue-{uuid.uuid4().hex[:6]}")
-        found = await ToolDirectory(settings, topic, expiry_interval=0.05).start()
+        # a directory remembers a host for 2 * max_clock_skew after its lease: 2 s here
+        found = await ToolDirectory(settings, topic, expiry_interval=0.05, max_clock_skew=1.0).start()
         try:
             assert await outcomes(found, 1) == ["a joke about cats"]
             # a rogue tool over its own service, and a rogue claim on the real service id itself
@@ -119,7 +123,7 @@ async def test_a_rogue_in_open_mode_never_receives_a_call_meant_for_a_live_tool(
             assert ("tell-joke: service 'joke-service' from host real (seen first) vs service 'rogue-svc' from host "
                     "rogue-host; service 'joke-service' on non-persistent://tg/request/rogue-joke-2 from host "
                     "rogue-2") in listed.stderr
-            # the rogue stops heartbeating: its claims expire and the real tool answers again
+            # the rogue stops heartbeating: once its claims expire and are forgotten, the real tool answers again
             await until(lambda: not found.conflicts and not found.tools["tell-joke"].contested)
             assert await outcomes(found, CALLS) == ["a joke about cats"] * CALLS
             with pytest.raises(TimeoutError):
@@ -174,3 +178,60 @@ async def test_the_host_of_a_contested_tool_says_so_in_its_health_and_tghost_sta
     assert health["status"] == "degraded" and health["connected"] is True
     logged = await asyncio.to_thread(host.wait_for, "is claimed by services", 5)  # the host's log says it too
     assert "tool 'tell-joke' is claimed by services ['joke-service', 'rogue-svc']" in logged
+
+
+# -- the same rules without a broker: what a directory makes of the messages, in the order it reads them --
+
+
+def offline() -> ToolDirectory:
+    return ToolDirectory(PulsarSettings("pulsar://127.0.0.1:1"), "unused")
+
+
+def feed(found: ToolDirectory, messages: list[tuple[str, dict[str, Any]]]) -> None:
+    for key, value in messages:
+        found._resolve(found._apply(json.dumps(value).encode(), time.time(), key), "removed")
+
+
+def real_host(lease: float = 30.0) -> Announcer:
+    return Announcer(catalog_of([tell_joke]), HostIdentity("real", "laptop", 42), lease=lease)
+
+
+def test_a_directory_that_reads_the_rogue_first_still_refuses_its_calls() -> None:
+    found = offline()
+    # the rogue claims the real service id on its own queue, and the tool over its own service, first
+    feed(found, forged(rogue_service, "rogue-2", lease=30.0)[:2] + forged(rogue_tool, "rogue-host", lease=30.0))
+    feed(found, list(real_host()._messages("available")))
+    tool = found.tools["tell-joke"]
+    assert tool.contested
+    with pytest.raises(ToolCallError) as refused:
+        found.check("tell-joke", groups=["*"])
+    assert refused.value.error_type == CONFLICT and "from host real" in refused.value.message
+    assert select_tools(found, None, None) == []  # nor exported for anyone to call directly
+
+
+def test_when_the_host_seen_first_withdraws_the_rogue_does_not_get_the_tool() -> None:
+    found, real = offline(), real_host()
+    feed(found, list(real._messages("available")))
+    feed(found, forged(rogue_tool, "rogue-host", lease=30.0))
+    assert found.tools["tell-joke"].contested
+    for key in list(real._since):
+        real._since.pop(key)
+    feed(found, list(real._messages("withdrawn", [("tool-service", "joke-service"), ("tool", "tell-joke")])))
+    tool = found.tools["tell-joke"]  # only the rogue's claim is live now
+    assert [p.host["id"] for p in tool.providers] == ["rogue-host"]
+    assert tool.contested  # the real host's last word still counts until the directory forgets it
+    with pytest.raises(ToolCallError, match="service 'joke-service' from host real"):
+        found.check("tell-joke", groups=["*"])
+    found._resolve(found._expire(time.time() + 30 + 2 * 60 + 1), "expired")  # both forgotten: nothing left
+    assert "tell-joke" not in found.tools
+
+
+def test_with_trusted_keys_a_contest_is_not_refused() -> None:
+    signer = Signer(Ed25519PrivateKey.generate())
+    found = ToolDirectory(PulsarSettings("pulsar://127.0.0.1:1"), DEFAULT_TOPIC,
+                          trusted=TrustedKeys([signer.public_key]))
+    one = Announcer(catalog_of([tell_joke]), HostIdentity("one", "x", 1), lease=30.0, signer=signer)
+    two = Announcer(catalog_of([rogue_tool]), HostIdentity("two", "x", 2), lease=30.0, signer=signer)
+    feed(found, list(one._messages("available")) + list(two._messages("available")))
+    assert found.tools["tell-joke"].contested
+    assert found.check("tell-joke", groups=["*"]).service.descriptor.id == "joke-service"  # seen first

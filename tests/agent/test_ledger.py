@@ -157,10 +157,14 @@ def test_a_message_from_the_future_orders_by_its_publish_time_and_blocks_nothing
     assert ledger.rejections == {STALE: 1}
 
 
-def test_a_lease_counts_at_most_max_lease_seconds() -> None:
-    ledger, host = Ledger("t", max_lease=60.0), Announcer(catalog_of([count]), HostIdentity("h", "x", 1), lease=86_400)
+def test_a_lease_counts_at_most_max_lease_seconds(caplog: pytest.LogCaptureFixture) -> None:
+    ledger, host = Ledger("t", max_lease=60.0), Announcer(catalog_of([count]), HostIdentity("h", "x", 1), lease=600)
     now = time.time()
-    feed_at(ledger, now, *host._messages("available", now=now))
+    with caplog.at_level(logging.WARNING, logger="tghost"):
+        feed_at(ledger, now, *host._messages("available", now=now))
+    assert [r.getMessage() for r in caplog.records] == [
+        "host h announces a lease of 600.0s: it counts as 60.0s here (max_lease), so the host may expire between "
+        "its heartbeats; give it --lease 60.0 or less"]
     assert ledger.hosts["h"].expires_at == pytest.approx(now + 60.0)
     ledger.expire(now + 61)
     assert ledger.claims == {} and ledger.hosts == {}
@@ -175,6 +179,18 @@ def test_a_host_instance_announcing_more_than_max_entries_is_refused_the_rest_an
     flood = Ledger("t", max_entries=5)
     feed(flood, *[m for m in host._messages("available") if m[1]["kind"] != "host"])
     assert len(flood.claims) == 5 and flood.rejections == {OVER_LIMIT: 7}
+
+
+def test_entries_a_host_withdrew_do_not_count_against_max_entries() -> None:
+    ledger, host = Ledger("t", max_entries=4), announcer(instance="i1")  # count and shout: 4 entries
+    feed(ledger, *host._messages("available"))
+    for key in [("tool-service", "shout"), ("tool", "shout")]:
+        host._since.pop(key)
+    feed(ledger, *host._messages("withdrawn", [("tool-service", "shout"), ("tool", "shout")]))
+    host._since.update({("tool-service", "shout"): time.time(), ("tool", "shout"): time.time()})
+    time.sleep(0.001)
+    feed(ledger, *host._messages("available"), heartbeat(host), heartbeat(host))  # back again, and beating
+    assert ledger.rejections == {} and len(ledger.claims) == 4 and list(ledger.hosts) == ["h"]
 
 
 def test_a_value_signed_for_another_topic_is_refused() -> None:

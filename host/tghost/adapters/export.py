@@ -22,10 +22,14 @@ def select_tools(
     directory: ToolDirectory, groups: Sequence[str] | None, state: str | None,
 ) -> list[DirectoryTool]:
     """The live tools of ``directory`` that a seed 001 request with ``groups`` and ``state`` may
-    use, sorted by name; with neither given, every live tool (as ``tghost tools`` lists them)."""
+    use, sorted by name; with neither given, every live tool (as ``tghost tools`` lists them).
+    Without trusted keys a contested tool is left out (docs/protocol.md §4.8): whoever loads
+    the export would call its queues directly, with nothing to tell which claim is real."""
     if groups is None and state is None:
-        return [directory.tools[name] for name in sorted(directory.tools)]
-    return [directory.tools[d.name] for d in directory.available(["*"] if groups is None else groups, state)]
+        tools = [directory.tools[name] for name in sorted(directory.tools)]
+    else:
+        tools = [directory.tools[d.name] for d in directory.available(["*"] if groups is None else groups, state)]
+    return [t for t in tools if not (t.contested and directory.calls.refuse_conflicts)]
 
 
 def input_schema(tool: ToolDescriptor) -> dict[str, Any]:

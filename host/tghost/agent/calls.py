@@ -17,7 +17,7 @@ from typing import Any
 import pulsar.asyncio
 
 from tghost.agent.client import ToolCallError, ToolServiceClient
-from tghost.agent.entries import DirectoryTool, describe_side
+from tghost.agent.entries import DirectoryTool
 from tghost.protocol import wire
 from tghost.protocol.descriptors import ToolServiceDescriptor
 from tghost.protocol.groups import DEFAULT_GROUPS, DEFAULT_STATE, WILDCARD, is_available, next_state
@@ -132,14 +132,14 @@ class ToolCalls:
         tool = self.tools.get(name)
         if tool is None:
             raise self._refuse(UNKNOWN_TOOL, UNKNOWN_TOOL, f"no live tool named {name!r}; see 'tghost tools'")
-        if self.refuse_conflicts and tool.contested:
-            raise self._refuse(CONFLICT, CONFLICT, _contest(tool))
         if not is_available(tool.descriptor, groups, state):
             d = tool.descriptor
             raise self._refuse(NOT_AVAILABLE, wire.NOT_ALLOWED, (
                 f"tool {name!r} is in groups {list(d.group)} and available in states "
                 f"{list(d.available_in_states or ['*'])}; the request has groups {requested} "
                 f"and state {state or DEFAULT_STATE!r}"))
+        if self.refuse_conflicts and tool.contested:
+            raise self._refuse(CONFLICT, CONFLICT, _contest(tool))
         return tool
 
     def _refuse(self, reason: str, error_type: str, message: str) -> ToolCallError:
@@ -220,10 +220,11 @@ class ToolCalls:
 
 def _contest(tool: DirectoryTool) -> str:
     """Why a contested tool is not called: every side of its conflicts."""
-    first, *others = map(describe_side, tool.sides())
+    first, *others = (side.describe() for side in tool.sides())
     return (f"tool {tool.descriptor.name!r} is claimed by conflicting announcements: {first} (seen first); "
             f"{'; '.join(others)}. Calling none of them: without trusted keys nothing proves which is real. Stop "
-            "the host that should not announce it, or sign announcements (tghost keygen, --signing-key, --trusted-key)")
+            "the host that should not announce it (or make their descriptors agree), or sign announcements "
+            "(tghost keygen, --signing-key, --trusted-key)")
 
 
 def _excess_groups(requested: Sequence[str], allowed: Sequence[str]) -> list[str]:

@@ -31,7 +31,7 @@ from tghost.agent.calls import (
     ToolCalls,
 )
 from tghost.agent.client import ToolServiceClient
-from tghost.agent.entries import Change, DirectoryTool, ServiceEntry
+from tghost.agent.entries import Change, DirectoryTool, ServiceEntry, Side
 from tghost.agent.ledger import (
     DUPLICATE,
     HIJACK,
@@ -242,16 +242,19 @@ class ToolDirectory:
         return dirty
 
     async def close(self) -> None:
-        """Stop following and close every client."""
-        for task in self._tasks:
+        """Stop following and close every client. Idempotent (also after a failed :meth:`start`)."""
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self.calls.close()
-        if self._window is not None:
-            await self._window.close()
-        if self._client is not None:
-            await self._client.close()
+        window, self._window = self._window, None
+        if window is not None:
+            await window.close()
+        client, self._client = self._client, None
+        if client is not None:
+            await client.close()
 
     async def __aenter__(self) -> ToolDirectory:
         return await self.start()
@@ -329,9 +332,10 @@ class ToolDirectory:
             groups[_wire_identity(claim.descriptor)].append(claim)
         winners, losers = _rank(groups.values())
         self._losers[service_id] = {c.ref for c in losers}
-        newest = max(winners, key=lambda c: c.rank)
+        newest = max(winners, key=lambda c: c.applied)
         assert isinstance(newest.descriptor, ToolServiceDescriptor)
-        self.services[service_id] = ServiceEntry(newest.descriptor, tuple(c.provider for c in winners), tuple(losers))
+        self.services[service_id] = ServiceEntry(newest.descriptor, tuple(c.provider for c in winners),
+                                                 self._service_rivals(newest.descriptor))
         losing_hosts = sorted({c.provider.host["id"] for c in losers})
         if losing_hosts and self.conflicts.get(conflict) != losing_hosts:
             log.warning("tool service %r is announced with other queues or config params by host(s) %s; host %r "
@@ -368,7 +372,7 @@ class ToolDirectory:
             self.conflicts.pop(name, None)
             return None
         winners, losers = _rank(groups.values())
-        newest = max(winners, key=lambda c: c.rank)
+        newest = max(winners, key=lambda c: c.applied)
         assert isinstance(newest.descriptor, ToolDescriptor)
         service = newest.descriptor.service
         losing = list(dict.fromkeys(c.descriptor.service for c in sorted(losers, key=lambda c: c.rank)
@@ -378,7 +382,22 @@ class ToolDirectory:
                         [service, *losing], service, self._refusing)
         _set_or_drop(self.conflicts, name, losing)
         return DirectoryTool(newest.descriptor, self.services[service], tuple(c.provider for c in winners),
-                             tuple(losers))
+                             self._tool_rivals(newest.descriptor))
+
+    def _tool_rivals(self, winner: ToolDescriptor) -> tuple[Side, ...]:
+        """The hosts whose latest word on this tool name, live or lately (the ledger's
+        remembered claims), names another service or other config values than ``winner``."""
+        mine = (winner.service, _config_identity(winner))
+        return tuple(Side(host, d.service) for host, d in sorted(self.ledger.remembered(("tool", winner.name)).items())
+                     if isinstance(d, ToolDescriptor) and (d.service, _config_identity(d)) != mine)
+
+    def _service_rivals(self, winner: ToolServiceDescriptor) -> tuple[Side, ...]:
+        """The hosts whose latest word on this service id, live or lately, names other queues
+        or config params than ``winner``."""
+        mine = _wire_identity(winner)
+        return tuple(Side(host, d.id, d.request_queue)
+                     for host, d in sorted(self.ledger.remembered(("tool-service", winner.id)).items())
+                     if isinstance(d, ToolServiceDescriptor) and _wire_identity(d) != mine)
 
     @property
     def _refusing(self) -> str:

@@ -8,62 +8,62 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from tghost.agent.ledger import Claim, Provider
+from tghost.agent.ledger import Provider
 from tghost.protocol.descriptors import ToolDescriptor, ToolServiceDescriptor
 
-__all__ = ["Change", "DirectoryTool", "ServiceEntry", "describe_side"]
+__all__ = ["Change", "DirectoryTool", "ServiceEntry", "Side"]
+
+
+@dataclass(frozen=True)
+class Side:
+    """One side of a conflict (docs/protocol.md §4.8): the ``host`` id(s) (comma-separated),
+    the ``service`` id its claim names and, for a claim on a service id, its ``request_queue``."""
+
+    host: str
+    service: str
+    request_queue: str = ""
+
+    def describe(self) -> str:
+        """``service 'x' on TOPIC from host h``."""
+        where = f" on {self.request_queue}" if self.request_queue else ""
+        return f"service {self.service!r}{where} from host {self.host}"
+
+    def to_json(self) -> dict[str, str]:
+        return {"host": self.host, "service": self.service, "request_queue": self.request_queue}
 
 
 @dataclass(frozen=True)
 class ServiceEntry:
-    """A live tool service and every host whose lease on it is alive. ``conflicting``: the live
-    claims on its id with other queues or config params, seen after the winning ones
-    (docs/protocol.md §4.8)."""
+    """A live tool service and every host whose lease on it is alive. ``rivals``: the hosts
+    that announce its id, live or lately, with other queues or config params."""
 
     descriptor: ToolServiceDescriptor
     providers: tuple[Provider, ...]
-    conflicting: tuple[Claim, ...] = ()
+    rivals: tuple[Side, ...] = ()
 
 
 @dataclass(frozen=True)
 class DirectoryTool:
-    """A live tool: its descriptor, its service, and the hosts announcing it. ``conflicting``:
-    the live claims on its name over another service or with other config values, seen after
-    the winning ones (docs/protocol.md §4.8)."""
+    """A live tool: its descriptor, its service, and the hosts announcing it. ``rivals``: the
+    hosts that announce its name, live or lately, over another service or with other config
+    values (its service's rivals are in ``service.rivals``)."""
 
     descriptor: ToolDescriptor
     service: ServiceEntry
     providers: tuple[Provider, ...]
-    conflicting: tuple[Claim, ...] = ()
+    rivals: tuple[Side, ...] = ()
 
     @property
     def contested(self) -> bool:
         """Whether another host claims this tool's name or its service id differently."""
-        return bool(self.conflicting or self.service.conflicting)
+        return bool(self.rivals or self.service.rivals)
 
-    def rivals(self) -> list[dict[str, str]]:
-        """The other side of each conflict, seen after this tool's claims: ``{"host": id,
-        "service": id, "request_queue": topic}``, per claim of this tool's name over another
-        service (``request_queue`` is then ``""``) and per claim of this tool's service id with
-        other queues or config params."""
-        return [{"host": str(c.provider.host.get("id")), "service": c.descriptor.service, "request_queue": ""}
-                for c in self.conflicting if isinstance(c.descriptor, ToolDescriptor)] + [
-                {"host": str(c.provider.host.get("id")), "service": c.descriptor.id,
-                 "request_queue": c.descriptor.request_queue}
-                for c in self.service.conflicting if isinstance(c.descriptor, ToolServiceDescriptor)]
-
-    def sides(self) -> list[dict[str, str]]:
-        """Every side of its conflicts, as :meth:`rivals` gives them: first the claims seen first
-        (``host``: their host ids, comma-separated), then :meth:`rivals`."""
-        first = {"host": ",".join(sorted({str(p.host.get("id")) for p in self.providers})),
-                 "service": self.service.descriptor.id, "request_queue": self.service.descriptor.request_queue}
-        return [first, *self.rivals()]
-
-
-def describe_side(side: dict[str, str]) -> str:
-    """One side of a conflict (:meth:`DirectoryTool.sides`) in words: ``service 'x' on TOPIC from host h``."""
-    where = f" on {side['request_queue']}" if side["request_queue"] else ""
-    return f"service {side['service']!r}{where} from host {side['host']}"
+    def sides(self) -> list[Side]:
+        """Every side of its conflicts: first the live claims that win (the claims seen first),
+        then the rivals of the tool and of its service."""
+        first = Side(",".join(sorted({str(p.host.get("id")) for p in self.providers})), self.service.descriptor.id,
+                     self.service.descriptor.request_queue)
+        return [first, *self.rivals, *self.service.rivals]
 
 
 @dataclass(frozen=True)

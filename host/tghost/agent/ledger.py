@@ -123,6 +123,8 @@ class _Entry:
     plugin: dict[str, Any] | None
     available: bool
     external: bool = False
+    applied: int = 0
+    """When its descriptor was last applied (a count of messages applied): the newest is shown."""
 
 
 @dataclass
@@ -156,6 +158,8 @@ class Claim:
     descriptor: ToolDescriptor | ToolServiceDescriptor
     provider: Provider
     rank: tuple[float, str, str]
+    applied: int = 0
+    """When its descriptor was last applied: of agreeing claims, the newest one's is shown."""
 
     @property
     def ref(self) -> Ref:
@@ -195,9 +199,11 @@ class Ledger:
         self.quiet = False
         """While true (a directory catching up on history), clashes are recorded, not logged."""
         self._skewed_hosts: set[str] = set()
+        self._capped_hosts: set[str] = set()
         self._seen: dict[str, dict[Key, int]] = defaultdict(dict)
         """Host id -> (kind, name) -> when its claim was first seen (a count of claims seen)."""
         self._seen_count = 0
+        self._applied = 0
 
     @property
     def hosts(self) -> dict[str, HostLease]:
@@ -241,6 +247,7 @@ class Ledger:
                 state.expired = True
                 dirty |= self._sync(ref, state, set(state.entries))
             if state.lease_end < now - 2 * self.max_clock_skew:
+                dirty |= set(state.entries)  # what it said no longer contests anything
                 self._forget(ref)
         self._settle_clashes()
         return dirty
@@ -307,15 +314,15 @@ class Ledger:
                 raise _Rejected(DUPLICATE, "a byte-identical copy of the last message applied")
             if order(sent_at, publish_time) <= latest[0]:
                 raise _Rejected(STALE, f"sent at {sent_at}, not after {latest[0][1]} (a replay?)")
-        self._check_room(state.entries.keys() if state else set(), announcement)
+        self._check_room({k for k, e in state.entries.items() if e.available} if state else set(), announcement)
         return announcement, descriptor, digest
 
     def _check_room(self, known: AbstractSet[Key], announcement: Announcement) -> None:
         """Raises :class:`_Rejected` (:data:`OVER_LIMIT`) if applying the message would give the
-        instance, which holds the ``known`` (kind, name) entries, more than :attr:`max_entries`."""
+        instance, whose ``known`` (kind, name) entries are available now, more than
+        :attr:`max_entries` available ones (a manifest: more than that many listed)."""
         if announcement.kind == "host":
-            listed = announcement.entries.keys() if announcement.entries is not None else set()
-            count = len(listed | known)
+            count = len(announcement.entries.keys()) if announcement.entries is not None else 0
         elif announcement.status == "available" and (announcement.kind, announcement.name) not in known:
             count = len(known) + 1
         else:
@@ -346,7 +353,13 @@ class Ledger:
         return start + self._seconds(announcement)
 
     def _seconds(self, announcement: Announcement) -> float:
-        """The lease this directory honours (seconds): the announced one, at most :attr:`max_lease`."""
+        """The lease this directory honours (seconds): the announced one, at most :attr:`max_lease`
+        (a host announcing longer is told once in the log)."""
+        if announcement.lease.seconds > self.max_lease and announcement.host.id not in self._capped_hosts:
+            self._capped_hosts.add(announcement.host.id)
+            log.warning("host %s announces a lease of %ss: it counts as %ss here (max_lease), so the host may "
+                        "expire between its heartbeats; give it --lease %s or less", announcement.host.id,
+                        announcement.lease.seconds, self.max_lease, self.max_lease)
         return min(announcement.lease.seconds, self.max_lease)
 
     def _record(
@@ -369,6 +382,9 @@ class Ledger:
         was_active = state.active
         dirty = self._meet(ref, state) if lease_end >= now else set()
         changed = self._state(state, announcement, descriptor)
+        if len(state.entries) > 2 * self.max_entries:  # withdrawn entries pile up: forget them
+            for key in [k for k, e in state.entries.items() if not e.available]:
+                del state.entries[key]
         if state.expired and state.lease_end >= now:
             state.expired = False  # heard again in time, e.g. from the backlog after an outage of ours
         if state.active != was_active:
@@ -391,7 +407,8 @@ class Ledger:
             if entry is not None:
                 entry.available = False
         else:
-            state.entries[key] = _Entry(descriptor, announcement.plugin, True, announcement.external)
+            self._applied += 1
+            state.entries[key] = _Entry(descriptor, announcement.plugin, True, announcement.external, self._applied)
         return {key}
 
     def _meet(self, ref: Ref, state: _Instance) -> set[Key]:
@@ -450,12 +467,26 @@ class Ledger:
                 if claims is None:
                     claims = self.claims[key] = {}
                 provider = Provider(state.host, entry.plugin, entry.external)
-                claims[ref] = Claim(entry.descriptor, provider, (self._first_seen(ref[0], key), *ref))
+                claims[ref] = Claim(entry.descriptor, provider, (self._first_seen(ref[0], key), *ref), entry.applied)
             elif claims is not None:
                 claims.pop(ref, None)
                 if not claims:
                     del self.claims[key]
         return keys
+
+    def remembered(self, key: Key) -> dict[str, ToolDescriptor | ToolServiceDescriptor]:
+        """Host id -> the last descriptor of ``key`` its newest remembered instance announced,
+        live or not: what a host said lately, to tell a contested entry (docs/protocol.md §4.8)
+        even while one side is withdrawn or expired. Kept until the ledger forgets the instance
+        (``max_clock_skew`` twice after its lease ended)."""
+        found: dict[str, ToolDescriptor | ToolServiceDescriptor] = {}
+        for host_id, instances in self._host_instances.items():
+            for instance in reversed(instances):
+                entry = self._instances[(host_id, instance)].entries.get(key)
+                if entry is not None and entry.descriptor is not None:
+                    found[host_id] = entry.descriptor
+                    break
+        return found
 
     def _first_seen(self, host_id: str, key: Key) -> int:
         """When this host id's claim on ``key`` was first seen (a count), kept while the ledger

@@ -26,7 +26,14 @@ import pulsar.asyncio
 
 from tghost._version import __version__
 from tghost.discovery.discover import Catalog
-from tghost.protocol.announcement import DEFAULT_TOPIC, EPOCH_SECONDS, announcement_key, epoch_of, epoch_topic
+from tghost.protocol.announcement import (
+    DEFAULT_TOPIC,
+    EPOCH_SECONDS,
+    MAX_LEASE,
+    announcement_key,
+    epoch_of,
+    epoch_topic,
+)
 from tghost.protocol.descriptors import ToolDescriptor, ToolServiceDescriptor
 from tghost.protocol.trust import Signer
 from tghost.pulsar.clients import is_reachable
@@ -154,6 +161,13 @@ class Announcer:
         *,
         epoch_seconds: float = EPOCH_SECONDS,
     ) -> None:
+        """Raises:
+            ValueError: ``lease`` is not above 0 and at most
+                :data:`tghost.protocol.announcement.MAX_LEASE` seconds (directories honour no more).
+        """
+        if not 0 < lease <= MAX_LEASE:
+            raise ValueError(f"a lease of {lease}s: give more than 0 and at most {MAX_LEASE:.0f}s, the longest a "
+                             "directory honours (docs/protocol.md §4.7)")
         self.catalog = catalog
         self.identity = identity
         self.topic = topic

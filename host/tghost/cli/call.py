@@ -102,6 +102,11 @@ async def _call_service(directory: ToolDirectory, service_id: str, topic: str | 
                         arguments: dict[str, Any], user: str | None, timeout: float | None) -> None:
     async with directory:
         announced = directory.services.get(service_id)
+        if announced and announced.rivals and directory.calls.refuse_conflicts and not topic:
+            sides = "; ".join(side.describe() for side in announced.rivals)
+            raise click.ClickException(
+                f"service {service_id!r} on {announced.descriptor.request_queue} is contested: {sides}. Not calling "
+                "it: without trusted keys nothing proves which is real (--topic calls a topic you name)")
         descriptor = announced.descriptor if announced and not topic else _installed_service(service_id, topic)
         service = await directory.caller(descriptor)
         await _echo_stream(service.stream(config, arguments, user=user, timeout=_timeout(timeout, descriptor)))

@@ -15,7 +15,7 @@ import click
 
 from tghost.adapters.export import FORMATS, select_tools
 from tghost.agent.directory import Change, DirectoryTool
-from tghost.agent.entries import describe_side
+from tghost.agent.entries import Side
 from tghost.cli.app import cli
 from tghost.cli.options import filter_options, open_directory, pulsar_options, setup_logging, trust_options
 from tghost.protocol.trust import TrustedKeys
@@ -29,14 +29,15 @@ def _tool_json(tool: DirectoryTool) -> dict[str, Any]:
     ``arguments``, ``input-schema``, config values at the top level ...), plus ``config`` (the
     config values alone), ``available_in_states`` and ``state`` (``null`` when unset),
     ``providers`` (host ids), ``external`` and ``conflicts`` (the other side of each conflict
-    over its name or service: :meth:`tghost.agent.entries.DirectoryTool.rivals`)."""
+    over its name or service: :class:`tghost.agent.entries.Side` as JSON)."""
     d = tool.descriptor
     return {**d.to_json_dict(), "name": d.name, "service": d.service, "description": d.description,
             "group": list(d.group), "state": d.state,
             "available_in_states": list(d.available_in_states) if d.available_in_states else None,
             "config": d.config, "arguments": [a.model_dump() for a in d.arguments],
             "providers": [p.host["id"] for p in tool.providers],
-            "external": any(p.external for p in tool.service.providers), "conflicts": tool.rivals()}
+            "external": any(p.external for p in tool.service.providers),
+            "conflicts": [side.to_json() for side in tool.sides()[1:]] if tool.contested else []}
 
 
 @cli.command()
@@ -85,9 +86,9 @@ def _print_conflicts(rows: list[dict[str, Any]], refused: bool) -> None:
               "(tghost keygen) on a shared broker" if refused else "calls go to the claims seen first")
     click.secho(f"\n{len(contested)} tool(s) contested by another host: {effect}", fg="red", err=True)
     for r in contested:
-        first = {"host": ",".join(r["providers"]), "service": r["service"], "request_queue": ""}
-        others = "; ".join(map(describe_side, r["conflicts"]))
-        click.echo(f"  {r['name']}: {describe_side(first)} (seen first) vs {others}", err=True)
+        first = Side(",".join(r["providers"]), r["service"])
+        others = "; ".join(Side(**side).describe() for side in r["conflicts"])
+        click.echo(f"  {r['name']}: {first.describe()} (seen first) vs {others}", err=True)
 
 
 @cli.command()

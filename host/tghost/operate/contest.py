@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable, Collection
 
 from tghost.agent.directory import ToolDirectory
-from tghost.agent.entries import describe_side
+from tghost.announcing.announcer import Announcer
 from tghost.protocol.trust import TrustedKeys
 from tghost.pulsar.clients import BrokerError, PulsarSettings
 
@@ -48,12 +48,23 @@ class ContestWatch:
         except BrokerError as exc:
             log.warning("cannot follow the announcement topics for tools other hosts contest: %s", exc)
 
+    @classmethod
+    def of(cls, announcer: Announcer, settings: PulsarSettings, names: Callable[[], Collection[str]]) -> ContestWatch:
+        """A watch over what ``announcer`` announces: its topic and host id; trusting its own
+        key when it signs, as the directories of a signed deployment do."""
+        trusted = TrustedKeys([announcer.signer.public_key]) if announcer.signer is not None else None
+        return cls(settings, announcer.topic, announcer.identity.id, names, trusted)
+
     async def close(self) -> None:
+        """Stop following. Idempotent; never raises (errors are logged at debug level)."""
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        await self.directory.close()
+        try:
+            await self.directory.close()
+        except Exception as exc:
+            log.debug("could not close the contest watch's directory: %r", exc)
 
     def problems(self) -> list[str]:
         """One line per contested tool of this host, naming the other side: ``/health`` problems."""
@@ -62,8 +73,7 @@ class ContestWatch:
             tool = self.directory.tools.get(name)
             if tool is None or not tool.contested:
                 continue
-            others = "; ".join(describe_side(side) for side in tool.sides()
-                               if self.host_id not in side["host"].split(","))
+            others = "; ".join(side.describe() for side in tool.sides() if self.host_id not in side.host.split(","))
             found.append(f"tool {name!r} is contested by {others}: directories without trusted keys refuse to "
                          "call it until that host stops announcing it; sign announcements on a shared broker")
         return found

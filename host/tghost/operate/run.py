@@ -115,21 +115,20 @@ async def run_host(
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, _on_signal, stop, server)
     client = await pulsar_settings.connect()
+    contest: ContestWatch | None = None
     try:
         await server.start(client)
         _log_catalog(catalog, pulsar_settings.url)
         if announcer is not None and not await _until_stopped(announcer.start(client), stop):
             log.warning("stopped before the broker confirmed the first announcement")
-        contest = ContestWatch(pulsar_settings, announcer.topic, announcer.identity.id,
-                               lambda: catalog.tools.keys()).start() if monitor and announcer else None
+        if monitor is not None and announcer is not None:
+            contest = ContestWatch.of(announcer, pulsar_settings, lambda: catalog.tools.keys()).start()
         if monitor is not None:
             await monitor.observe(catalog, server, announcer, contest)
         watcher = PluginWatcher(catalog, server, announcer, watch).start() if watch is not None else None
         await stop.wait()
         if watcher is not None:
             await watcher.stop()
-        if contest is not None:
-            await contest.close()
         if announcer is not None:
             await announcer.withdraw()
         log.info("stopping: no new requests; waiting up to %ss for %d in-flight call(s) (a second Ctrl-C ends "
@@ -147,4 +146,6 @@ async def run_host(
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
+        if contest is not None:
+            await contest.close()
         await client.close()

@@ -51,6 +51,7 @@ __all__ = [
     "Signer",
     "TrustedKeys",
     "canonical_json",
+    "full_topic_name",
     "key_id",
     "load_private_key",
     "load_public_key",
@@ -101,7 +102,16 @@ def signed_bytes(value: Mapping[str, Any], topic: str, version: int = SIGNATURE_
         return canonical_json(value)
     if version != 2:
         raise ValueError(f"unknown signature version {version!r}")
-    return canonical_json({"topic": topic, "value": {k: v for k, v in value.items() if k != SIGNATURE_FIELD}})
+    unsigned = {k: v for k, v in value.items() if k != SIGNATURE_FIELD}
+    return canonical_json({"topic": full_topic_name(topic), "value": unsigned})
+
+
+def full_topic_name(topic: str) -> str:
+    """``topic`` as Pulsar's fully qualified name: ``tenant/ns/name`` and a bare ``name`` (in
+    ``public/default``) are persistent topics, as Pulsar reads them; a full name is kept."""
+    if "://" in topic:
+        return topic
+    return f"persistent://{topic}" if topic.count("/") == 2 else f"persistent://public/default/{topic}"
 
 
 def key_id(public_key: Ed25519PublicKey) -> str:
