@@ -13,7 +13,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-BENCHMARKS = ["roundtrip", "streaming", "discovery", "plugins", "scaleout", "amplifier", "isolation", "edges", "drain"]
+BENCHMARKS = ["roundtrip", "streaming", "discovery", "plugins", "scaleout", "amplifier", "isolation", "edges", "drain",
+              "access"]
 
 
 def main() -> None:

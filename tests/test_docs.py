@@ -125,6 +125,7 @@ RUN_BY = {
     ("README.md", "# an agent"): "test_readme_try_it",
     ("README.md", ".venv/bin/tghost run --config examples/tools.toml &"): "test_examples",
     ("README.md", "# tools.toml"): "test_examples",
+    ("README.md", "# access.toml"): "test_access",
     ("README.md", "[external-services.tgpeer] "): "test_external_services",
     ("docs/plugin-hooks.md", "# tghost_textkit.py"): "test_docs",
     ("docs/plugin-hooks.md", "# tghost_search.py"): "test_docs",

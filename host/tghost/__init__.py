@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from tghost._version import __version__
 from tghost.author.hookspecs import hookimpl
-from tghost.author.service import Context, InvalidArguments, ToolError, ToolService, tool
+from tghost.author.service import Context, InvalidArguments, ToolError, ToolService, current_caller, tool
 from tghost.protocol.descriptors import Argument, ConfigParam, DescriptorError, ToolDescriptor, ToolServiceDescriptor
 
 if TYPE_CHECKING:
@@ -36,6 +36,7 @@ __all__ = [
     "ToolService",
     "ToolServiceDescriptor",
     "__version__",
+    "current_caller",
     "hookimpl",
     "tool",
 ]

@@ -30,6 +30,7 @@ from tghost.protocol.announcement import DEFAULT_TOPIC, EPOCH_SECONDS, epoch_of,
 from tghost.protocol.trust import Signer
 from tghost.pulsar.clients import PulsarSettings, free_port
 from tghost.pulsar.embedded import EmbeddedBroker
+from tghost.serving.access import Gate
 from tghost.serving.request import CallListener
 from tghost.serving.server import Server
 from tghost.serving.settings import ServeSettings
@@ -106,7 +107,8 @@ class LocalHost:
             self.catalog = catalog_of(services, tools, authorize=authorize)
         self.services, self.descriptors = self.catalog.services, self.catalog.descriptors
         self.pulsar = PulsarSettings(url)
-        self.server = Server(self.services, self.descriptors, settings, listeners, authorize=self.catalog.authorize)
+        self.server = Server(self.services, self.descriptors, settings, listeners, authorize=self.catalog.authorize,
+                             gate=Gate.of(self.catalog))
         self.announcer = None if announce_as is None else Announcer(
             self.catalog, HostIdentity(announce_as, "localhost", os.getpid()), topic, lease, signer,
             epoch_seconds=epoch_seconds)

@@ -177,12 +177,23 @@ async def test_streamable_http_transport_lists_and_calls(
 StartBridge = Callable[..., tuple[HostProcess, int]]
 
 
+#: The bearer token of a bridge bound off loopback, and the header that carries it.
+TOKEN = "s3cret-" + uuid.uuid4().hex
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
 @pytest.fixture
-def http_bridge(env: dict[str, str], host_process: Callable[..., HostProcess]) -> StartBridge:
-    """Start ``tghost mcp --transport http --port P ARGS`` (P free) and wait until it listens;
-    returns the process and P. Any still running at the end is killed."""
+def http_bridge(env: dict[str, str], host_process: Callable[..., HostProcess], tmp_path: Path) -> StartBridge:
+    """Start ``tghost mcp --transport http --port P ARGS`` (P free; with ``--token-file`` holding
+    :data:`TOKEN` when bound off loopback) and wait until it listens; returns the process and P.
+    Any still running at the end is killed."""
+    token_file = tmp_path / "mcp-token"
+    token_file.write_text(f"{TOKEN}\n")
+
     def start(*args: str) -> tuple[HostProcess, int]:
         port = free_port()
+        if "0.0.0.0" in args:
+            args = (*args, "--token-file", str(token_file))
         bridge = host_process("--transport", "http", "--port", str(port), *args, env=env, command=("mcp",))
         wait_for_port(port, bridge.process)
         return bridge, port
@@ -222,14 +233,15 @@ def stop(bridge: HostProcess) -> str:
 
 async def test_http_on_every_interface_refuses_a_foreign_host_header_with_421(http_bridge: StartBridge) -> None:
     bridge, port = http_bridge("--host", "0.0.0.0")
-    refused = await post_initialize(port, {"Host": "evil.example.com"})
+    refused = await post_initialize(port, {"Host": "evil.example.com", **AUTH})
     assert (refused.status_code, refused.text) == (421, "Invalid Host header")
     stop(bridge)
 
 
 async def test_http_on_every_interface_refuses_a_foreign_origin_with_403(http_bridge: StartBridge) -> None:
     bridge, port = http_bridge("--host", "0.0.0.0", "--allowed-host", "mcp.example.com:*")
-    refused = await post_initialize(port, {"Host": f"mcp.example.com:{port}", "Origin": "http://evil.example.com"})
+    refused = await post_initialize(port, {"Host": f"mcp.example.com:{port}", "Origin": "http://evil.example.com",
+                                           **AUTH})
     assert (refused.status_code, refused.text) == (403, "Invalid Origin header")
     stop(bridge)
 
@@ -238,7 +250,7 @@ async def test_http_on_every_interface_serves_an_allowed_host_and_its_https_orig
     bridge, port = http_bridge("--host", "0.0.0.0", "--allowed-host", "other.example.com",
                                "--allowed-host", "mcp.example.com:*")
     name = f"mcp.example.com:{port}"
-    async with http_session(port, {"Host": name, "Origin": f"https://{name}"}) as session:
+    async with http_session(port, {"Host": name, "Origin": f"https://{name}", **AUTH}) as session:
         server = session.initialize_result.server_info if session.initialize_result else None
         listed = await session.list_tools()
     assert server is not None and server.name == "tghost"
@@ -249,14 +261,14 @@ async def test_http_on_every_interface_serves_an_allowed_host_and_its_https_orig
 async def test_http_on_every_interface_with_allowed_hosts_still_serves_loopback_names(http_bridge: StartBridge) -> None:
     bridge, port = http_bridge("--host", "0.0.0.0", "--allowed-host", "mcp.example.com")
     for name in (f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}"):
-        async with http_session(port, {"Host": name, "Origin": f"http://{name}"}) as session:
+        async with http_session(port, {"Host": name, "Origin": f"http://{name}", **AUTH}) as session:
             assert (await session.list_tools()).tools == []
     stop(bridge)
 
 
 async def test_http_off_loopback_without_allowed_hosts_warns_once_and_serves_loopback(http_bridge: StartBridge) -> None:
     bridge, port = http_bridge("--host", "0.0.0.0")
-    async with http_session(port) as session:
+    async with http_session(port, AUTH) as session:
         assert (await session.list_tools()).tools == []
     log = stop(bridge)
     warnings = [line for line in log.splitlines() if "WARNING" in line]
@@ -269,6 +281,25 @@ async def test_http_on_loopback_without_allowed_hosts_does_not_warn(http_bridge:
     async with http_session(port) as session:
         assert (await session.list_tools()).tools == []
     assert "WARNING" not in stop(bridge)
+
+
+def test_http_off_loopback_without_a_token_file_refuses_to_start_saying_how_to_make_one() -> None:
+    result = tghost_cli("mcp", "--transport", "http", "--host", "0.0.0.0", "--pulsar-url", "pulsar://127.0.0.1:1")
+    assert result.returncode == 2, result.stderr
+    assert "--host 0.0.0.0 makes the MCP bridge reachable from other machines: give --token-file FILE" in result.stderr
+
+
+async def test_http_with_a_token_answers_401_without_it_or_with_a_wrong_one_and_serves_the_right_one(
+    http_bridge: StartBridge,
+) -> None:
+    bridge, port = http_bridge("--host", "0.0.0.0")
+    missing = await post_initialize(port, {})
+    wrong = await post_initialize(port, {"Authorization": "Bearer not-the-token"})
+    right = await post_initialize(port, AUTH)
+    assert (missing.status_code, wrong.status_code, right.status_code) == (401, 401, 200)
+    async with http_session(port, AUTH) as session:
+        assert (await session.list_tools()).tools == []
+    stop(bridge)
 
 
 def test_an_allowed_host_given_as_a_url_is_a_usage_error_naming_the_option() -> None:

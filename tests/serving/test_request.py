@@ -65,14 +65,14 @@ def error_type(t: Terms, body: dict[str, Any] | bytes) -> str:
 
 def test_check_passes_a_good_request_and_records_its_user_and_arguments() -> None:
     record, call = checked(terms(), {"user": "ada", "config": "{}", "arguments": json.dumps({"text": "hi"})})
-    assert call == ("ada", {}, {"text": "hi"})
+    assert call == ("ada", {}, {"text": "hi"}, None)  # user, config, arguments, no verified caller
     assert (record.user, record.arguments) == ("ada", {"text": "hi"})
 
 
 def test_check_refuses_in_order_size_envelope_authorize_config_then_arguments() -> None:
     assert error_type(terms(max_payload=10), {"arguments": "{}"}) == wire.BAD_REQUEST
     assert error_type(terms(), b"not json") == wire.BAD_REQUEST
-    deny = terms(authorize=lambda user, service, config, arguments: "no")
+    deny = terms(authorize=lambda user, service, config, arguments, caller: "no")
     assert error_type(deny, {"arguments": json.dumps({"text": "x"})}) == wire.NOT_ALLOWED
     needs = ToolServiceDescriptor.model_validate({**echo.descriptor.to_json_dict(),
                                                   "config-params": [{"name": "style", "required": True}]})

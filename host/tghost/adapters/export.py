@@ -23,10 +23,12 @@ def select_tools(
 ) -> list[DirectoryTool]:
     """The live tools of ``directory`` that a seed 001 request with ``groups`` and ``state`` may
     use, sorted by name; with neither given, every live tool (as ``tghost tools`` lists them).
+    Either way only the tools the directory's identity (anonymous without one) is admitted to.
     Without trusted keys a contested tool is left out (docs/protocol.md §4.8): whoever loads
     the export would call its queues directly, with nothing to tell which claim is real."""
     if groups is None and state is None:
-        tools = [directory.tools[name] for name in sorted(directory.tools)]
+        me = directory.identity.key_id if directory.identity else None
+        tools = [directory.tools[name] for name in sorted(directory.tools) if directory.tools[name].admits(me)]
     else:
         tools = [directory.tools[d.name] for d in directory.available(["*"] if groups is None else groups, state)]
     return [t for t in tools if not (t.contested and directory.calls.refuse_conflicts)]

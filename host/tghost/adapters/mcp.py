@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -15,10 +16,13 @@ from typing import Any
 import uvicorn
 from mcp import types
 from mcp.server import InitializationOptions, NotificationOptions, Server, ServerRequestContext
+from mcp.server.auth.provider import AccessToken
+from mcp.server.auth.settings import AuthSettings
 from mcp.server.session import ServerSession
 from mcp.server.stdio import stdio_server
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
 from mcp.server.transport_security import TransportSecuritySettings
+from pydantic import AnyHttpUrl
 
 from tghost._version import __version__
 from tghost.adapters.export import mcp_tool
@@ -26,7 +30,7 @@ from tghost.agent.client import ToolCallError
 from tghost.agent.directory import ToolDirectory
 from tghost.pulsar.clients import is_loopback
 
-__all__ = ["LOOPBACK_HOSTS", "Bridge", "serve", "transport_security"]
+__all__ = ["LOOPBACK_HOSTS", "BearerToken", "Bridge", "serve", "transport_security"]
 
 log = logging.getLogger(__name__)
 
@@ -121,12 +125,14 @@ def _error(text: str) -> types.CallToolResult:
 
 
 async def serve(directory: ToolDirectory, groups: Sequence[str] | None, state: str | None,
-                transport: str, host: str, port: int, allowed_hosts: Sequence[str] = ()) -> None:
+                transport: str, host: str, port: int, allowed_hosts: Sequence[str] = (),
+                token: str | None = None) -> None:
     """Follow ``directory`` and serve it until the stdio client leaves or the task is cancelled.
 
     ``transport`` is ``stdio`` (MCP on stdin/stdout) or ``http`` (streamable HTTP at
     ``http://host:port/mcp``, accepting the ``Host`` headers of :func:`transport_security`
-    with ``allowed_hosts``).
+    with ``allowed_hosts``; with a ``token``, every request must carry ``Authorization: Bearer
+    <token>``, else it is answered 401, through the SDK's bearer auth).
 
     Raises:
         tghost.pulsar.clients.BrokerError: no broker answered within the directory's ``connect_timeout``.
@@ -138,7 +144,7 @@ async def serve(directory: ToolDirectory, groups: Sequence[str] | None, state: s
             if transport == "stdio":
                 await _serve_stdio(bridge.server)
             else:
-                await _serve_http(bridge.server, host, port, allowed_hosts)
+                await _serve_http(bridge.server, host, port, allowed_hosts, token)
         finally:
             follower.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -176,8 +182,25 @@ def _warn_if_unreachable_by_name(host: str, port: int, allowed_hosts: Sequence[s
                 "e.g. --allowed-host mcp.example.com:%d", host, port, ", ".join(LOOPBACK_HOSTS), port)
 
 
-async def _serve_http(server: Server[Any], host: str, port: int, allowed_hosts: Sequence[str]) -> None:
+class BearerToken:
+    """The SDK's :class:`~mcp.server.auth.provider.TokenVerifier` for one shared secret: a
+    request's bearer token is accepted when it equals ``token`` (compared in constant time)."""
+
+    def __init__(self, token: str) -> None:
+        self._token = token
+
+    async def verify_token(self, token: str) -> AccessToken | None:
+        if hmac.compare_digest(token.encode(), self._token.encode()):
+            return AccessToken(token=token, client_id="tghost-mcp", scopes=[])
+        return None
+
+
+async def _serve_http(server: Server[Any], host: str, port: int, allowed_hosts: Sequence[str],
+                      token: str | None) -> None:
     _warn_if_unreachable_by_name(host, port, allowed_hosts)
-    app = server.streamable_http_app(transport_security=transport_security(allowed_hosts))
+    auth: dict[str, Any] = {} if token is None else {
+        "auth": AuthSettings(issuer_url=AnyHttpUrl(f"http://{host}:{port}"), resource_server_url=None),
+        "token_verifier": BearerToken(token)}
+    app = server.streamable_http_app(transport_security=transport_security(allowed_hosts), **auth)
     config = uvicorn.Config(app, host=host, port=port, log_config=None, lifespan="on")
     await uvicorn.Server(config).serve()

@@ -21,9 +21,10 @@ from tghost.agent.entries import DirectoryTool
 from tghost.protocol import wire
 from tghost.protocol.descriptors import ToolServiceDescriptor
 from tghost.protocol.groups import DEFAULT_GROUPS, DEFAULT_STATE, WILDCARD, is_available, next_state
+from tghost.protocol.trust import Signer
 
 __all__ = [
-    "CONFLICT", "GROUPS_EXCEED_ALLOWED", "NOT_AVAILABLE", "UNKNOWN_TOOL",
+    "CONFLICT", "GROUPS_EXCEED_ALLOWED", "NOT_AVAILABLE", "UNAUTHORIZED", "UNKNOWN_TOOL",
     "ToolCallListener", "ToolCallRecord", "ToolCalls",
 ]
 
@@ -33,6 +34,8 @@ log = logging.getLogger(__name__)
 UNKNOWN_TOOL = "unknown-tool"
 NOT_AVAILABLE = "not-available"
 GROUPS_EXCEED_ALLOWED = "groups-exceed-allowed"
+#: The tool's hosts announce that they do not admit this caller (docs/protocol.md §4.3 ``access``).
+UNAUTHORIZED = "unauthorized"
 #: Also the error type: another host claims the tool's name or its service id differently, and
 #: nothing proves which claim is the real one (open mode; docs/protocol.md §4.8).
 CONFLICT = "conflict"
@@ -89,10 +92,12 @@ class ToolCalls:
     """
 
     def __init__(self, tools: Mapping[str, DirectoryTool], listeners: Sequence[ToolCallListener] = (),
-                 refuse_conflicts: bool = True) -> None:
+                 refuse_conflicts: bool = True, identity: Signer | None = None) -> None:
         self.tools = tools
         self.listeners = tuple(listeners)
         self.refuse_conflicts = refuse_conflicts
+        self.identity = identity
+        """The caller key every request is signed with (``None``: anonymous)."""
         self.client: pulsar.asyncio.Client | None = None
         self.refusals: Counter[str] = Counter()
         """Calls refused before anything was sent, by reason."""
@@ -138,6 +143,11 @@ class ToolCalls:
                 f"tool {name!r} is in groups {list(d.group)} and available in states "
                 f"{list(d.available_in_states or ['*'])}; the request has groups {requested} "
                 f"and state {state or DEFAULT_STATE!r}"))
+        if not tool.admits(self.identity.key_id if self.identity else None):
+            who = f"caller key {self.identity.key_id}" if self.identity else "an anonymous caller"
+            raise self._refuse(UNAUTHORIZED, wire.UNAUTHORIZED, (
+                f"tool {name!r} does not admit {who}: its hosts admit {tool.access()} (their [access] policy)"
+                + ("; call with a caller key (--identity)" if self.identity is None else "")))
         if self.refuse_conflicts and tool.contested:
             raise self._refuse(CONFLICT, CONFLICT, _contest(tool))
         return tool
@@ -154,7 +164,7 @@ class ToolCalls:
                     descriptor.request_queue, descriptor.response_queue):
                 assert self.client is not None, "start the directory first"
                 caller = await ToolServiceClient(self.client, descriptor.request_queue,
-                                                 descriptor.response_queue).start()
+                                                 descriptor.response_queue, self.identity).start()
                 self._callers[descriptor.id] = caller
             return caller
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -19,6 +20,8 @@ import pulsar
 import pulsar.asyncio
 
 from tghost.protocol import wire
+from tghost.protocol.callers import sign_request
+from tghost.protocol.trust import Signer
 from tghost.pulsar import hop
 
 __all__ = ["ToolCallError", "ToolServiceClient"]
@@ -48,11 +51,15 @@ class ToolServiceClient:
     """Calls one tool service: a producer on its request queue, a consumer on its response queue.
 
     Use ``async with ToolServiceClient(client, request_queue, response_queue) as svc:`` then
-    ``await svc.call(...)`` or ``async for chunk in svc.stream(...)``.
+    ``await svc.call(...)`` or ``async for chunk in svc.stream(...)``. With an ``identity`` (a
+    caller key, ``tghost keygen``) every request is signed (docs/protocol.md §2.8); without, the
+    caller is anonymous.
     """
 
-    def __init__(self, client: pulsar.asyncio.Client, request_queue: str, response_queue: str) -> None:
+    def __init__(self, client: pulsar.asyncio.Client, request_queue: str, response_queue: str,
+                 identity: Signer | None = None) -> None:
         self._client = client
+        self.identity = identity
         self.request_queue = request_queue
         self.response_queue = response_queue
         self._pending: dict[str, asyncio.Queue[wire.Response | Exception]] = {}
@@ -109,7 +116,8 @@ class ToolServiceClient:
         self._pending[request_id] = queue
         try:
             async with asyncio.timeout(timeout):
-                hop.send(self._producer, wire.encode_request(user, config, arguments), {"id": request_id},
+                body = wire.encode_request(user, config, arguments)
+                hop.send(self._producer, body, self._properties(request_id, body),
                          lambda result, _: self._on_sent(queue, result))
                 while True:
                     response = await queue.get()
@@ -126,6 +134,12 @@ class ToolServiceClient:
                                               f"within {timeout}s") from None
         finally:
             del self._pending[request_id]
+
+    def _properties(self, request_id: str, body: bytes) -> dict[str, str]:
+        """The request's properties: its ``id``, and with an identity its signature."""
+        if self.identity is None:
+            return {"id": request_id}
+        return {"id": request_id, **sign_request(self.identity, body, request_id, self.request_queue, time.time())}
 
     async def call(
         self,

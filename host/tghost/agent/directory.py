@@ -53,7 +53,7 @@ from tghost.agent.window import TopicWindow
 from tghost.protocol.announcement import DEFAULT_TOPIC, EPOCH_SECONDS
 from tghost.protocol.descriptors import ToolDescriptor, ToolServiceDescriptor
 from tghost.protocol.groups import select
-from tghost.protocol.trust import TrustedKeys
+from tghost.protocol.trust import Signer, TrustedKeys
 from tghost.pulsar.clients import BrokerError, PulsarSettings
 
 __all__ = [
@@ -150,6 +150,7 @@ class ToolDirectory:
         report_interval: float = 60.0,
         max_lease: float = MAX_LEASE,
         max_entries: int = MAX_ENTRIES,
+        identity: Signer | None = None,
     ) -> None:
         self.pulsar = pulsar_settings
         self.topic = topic
@@ -171,7 +172,10 @@ class ToolDirectory:
         self._tools_of_service: dict[str, set[str]] = defaultdict(set)
         self._filtered: dict[tuple[tuple[str, ...] | None, str | None], list[ToolDescriptor]] = {}
         self._watchers: list[asyncio.Queue[Change]] = []
-        self.calls = ToolCalls(self.tools, listeners, refuse_conflicts=trusted is None)
+        self.identity = identity
+        """The caller key this directory calls with (``None``: anonymous): it signs every request,
+        and :meth:`available` lists only the tools their hosts admit it to."""
+        self.calls = ToolCalls(self.tools, listeners, refuse_conflicts=trusted is None, identity=identity)
         """Calls by tool name over :attr:`tools` (:mod:`tghost.agent.calls`)."""
         self._tasks: list[asyncio.Task[None]] = []
         self._client: pulsar.asyncio.Client | None = None
@@ -410,13 +414,15 @@ class ToolDirectory:
     # -- queries ---------------------------------------------------------------------------
 
     def available(self, groups: Sequence[str] | None = None, state: str | None = None) -> list[ToolDescriptor]:
-        """Tools a request with these groups and state may use (seed 001), sorted by name.
+        """Tools a request with these groups and state may use (seed 001), and that their hosts
+        admit this directory's :attr:`identity` to (anonymous without one), sorted by name.
 
         Cached per (groups, state) until the tool set changes.
         """
         key = (None if groups is None else tuple(groups), state)
         if key not in self._filtered:
-            descriptors = (self.tools[name].descriptor for name in sorted(self.tools))
+            me = self.identity.key_id if self.identity else None
+            descriptors = (self.tools[name].descriptor for name in sorted(self.tools) if self.tools[name].admits(me))
             self._filtered[key] = select(descriptors, groups, state)
         return self._filtered[key]
 

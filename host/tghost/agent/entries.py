@@ -53,6 +53,18 @@ class DirectoryTool:
     providers: tuple[Provider, ...]
     rivals: tuple[Side, ...] = ()
 
+    def admits(self, key_id: str | None) -> bool:
+        """Whether a caller with this key id (``None``: anonymous) may call the tool on every host
+        that provides it, as they announce it (docs/protocol.md §4.3 ``access``)."""
+        return all(p.access is None or p.access.admits(key_id) for p in self.providers)
+
+    def access(self) -> str:
+        """Who may call it, in words: ``everyone``, ``anonymous``, or key ids (the first host's)."""
+        announced = next((p.access for p in self.providers if p.access is not None), None)
+        if announced is None:
+            return "everyone"
+        return ",".join((["anonymous"] if announced.anonymous else []) + list(announced.keys)) or "nobody"
+
     @property
     def contested(self) -> bool:
         """Whether another host claims this tool's name or its service id differently."""

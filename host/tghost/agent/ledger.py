@@ -19,6 +19,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from tghost.protocol.access import ToolAccess
 from tghost.protocol.announcement import MAX_LEASE, Announcement, announcement_key, parse_descriptor
 from tghost.protocol.descriptors import ToolDescriptor, ToolServiceDescriptor
 from tghost.protocol.trust import TrustedKeys
@@ -102,6 +103,8 @@ class Provider:
     host: dict[str, Any]
     plugin: dict[str, Any] | None
     external: bool = False
+    access: ToolAccess | None = None
+    """Who may call the tool on this host (its ``[access]`` policy); ``None``: everyone."""
 
 
 @dataclass(frozen=True)
@@ -125,6 +128,7 @@ class _Entry:
     external: bool = False
     applied: int = 0
     """When its descriptor was last applied (a count of messages applied): the newest is shown."""
+    access: ToolAccess | None = None
 
 
 @dataclass
@@ -408,7 +412,8 @@ class Ledger:
                 entry.available = False
         else:
             self._applied += 1
-            state.entries[key] = _Entry(descriptor, announcement.plugin, True, announcement.external, self._applied)
+            state.entries[key] = _Entry(descriptor, announcement.plugin, True, announcement.external, self._applied,
+                                        ToolAccess.from_json(announcement.access))
         return {key}
 
     def _meet(self, ref: Ref, state: _Instance) -> set[Key]:
@@ -466,7 +471,7 @@ class Ledger:
             if state.active and entry is not None and entry.available and entry.descriptor is not None:
                 if claims is None:
                     claims = self.claims[key] = {}
-                provider = Provider(state.host, entry.plugin, entry.external)
+                provider = Provider(state.host, entry.plugin, entry.external, entry.access)
                 claims[ref] = Claim(entry.descriptor, provider, (self._first_seen(ref[0], key), *ref), entry.applied)
             elif claims is not None:
                 claims.pop(ref, None)

@@ -251,6 +251,8 @@ class Announcer:
             value["entries"] = self._manifest()
         if kind == "tool-service" and name in self.catalog.external:
             value["external"] = True  # announced here, served elsewhere (config.py; docs/protocol.md §4.3)
+        if kind == "tool" and status == "available" and self.catalog.access is not None:
+            value["access"] = self.catalog.access.access_of(name).to_json()  # who may call it (§4.3)
         if self.signer is not None:
             value = self.signer.sign(value, self.topic)
         return announcement_key(kind, name, self.identity.id), value

@@ -12,12 +12,14 @@ from typing import Any
 
 import pluggy
 
+from tghost.protocol.callers import Caller
+
 hookspec = pluggy.HookspecMarker("tghost")
 hookimpl = pluggy.HookimplMarker("tghost")
 
 #: What the host calls per request: every ``tghost_authorize`` answer combined, called as
-#: ``authorize(user, service_id, config, arguments)``; ``None`` allows, a string is the deny reason.
-Authorize = Callable[[str, str, dict[str, Any], dict[str, Any]], str | None]
+#: ``authorize(user, service_id, config, arguments, caller)``; ``None`` allows, a string is the deny reason.
+Authorize = Callable[[str, str, dict[str, Any], dict[str, Any], Caller | None], str | None]
 
 
 @hookspec
@@ -64,8 +66,13 @@ def tghost_shutdown() -> None:
 
 
 @hookspec
-def tghost_authorize(user: str, service: str, config: dict[str, Any], arguments: dict[str, Any]) -> Any:
-    """Allow or deny one call before ``invoke``: ``service`` is the service id, the rest as decoded.
+def tghost_authorize(user: str, service: str, config: dict[str, Any], arguments: dict[str, Any],
+                     caller: Caller | None) -> Any:
+    """Allow or deny one call before ``invoke``: ``service`` is the service id, ``user`` is
+    asserted by the caller (nothing checks it), ``caller`` is the verified caller
+    (:class:`tghost.protocol.callers.Caller`: name and key id) under the host's ``[access]``
+    policy, ``None`` when anonymous or without a policy; the rest as decoded. An implementation
+    names only the arguments it needs.
 
     Return ``None`` for no opinion, ``True`` to allow, ``False`` or a reason string to deny.
     Any deny wins: the call is answered ``not-allowed`` (with the reason) and never invoked.

@@ -12,14 +12,16 @@ import inspect
 import json
 import re
 from collections.abc import Callable, Iterable, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, get_type_hints, overload
+from typing import Any, NamedTuple, get_type_hints, overload
 
 import docstring_parser
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from tghost.author.arguments import Problem, closed_schema, coerce, jsonschema_problems, schema_of_arguments, unknown
 from tghost.protocol import wire
+from tghost.protocol.callers import Caller
 from tghost.protocol.descriptors import (
     Argument,
     ConfigParam,
@@ -31,7 +33,8 @@ from tghost.protocol.descriptors import (
     response_queue,
 )
 
-__all__ = ["Context", "InvalidArguments", "ToolError", "ToolService", "arguments_from_schema", "tool"]
+__all__ = ["Call", "Context", "InvalidArguments", "ToolError", "ToolService", "arguments_from_schema",
+           "current_caller", "invoke", "tool"]
 
 
 class ToolError(Exception):
@@ -66,11 +69,44 @@ class InvalidArguments(ToolError):
 class Context:
     """Per-call facts, injected into a ``@tool`` function parameter annotated ``tghost.Context``.
 
-    ``user`` is the request's user; ``config`` the tool's config values (seed 000).
+    ``user`` is the request's user, as the caller asserted it (nothing checks it); ``config``
+    the tool's config values (seed 000); ``caller`` the verified caller (name and key id), when
+    the host has an ``[access]`` policy and the request was signed by one of its callers, else
+    ``None`` (README "Who may call what").
     """
 
     user: str
     config: dict[str, Any] = field(default_factory=dict)
+    caller: Caller | None = None
+
+
+class Call(NamedTuple):
+    """One call to make: the request's asserted ``user``, its ``config`` values, the checked
+    ``arguments`` (seed 000 envelope) and the verified ``caller`` (``None``: anonymous)."""
+
+    user: str
+    config: dict[str, Any]
+    arguments: dict[str, Any]
+    caller: Caller | None = None
+
+
+_CALLER: ContextVar[Caller | None] = ContextVar("tghost_caller", default=None)
+
+
+def current_caller() -> Caller | None:
+    """The verified caller of the call whose ``invoke`` is running (``None``: anonymous, or not
+    in a call): for a :class:`ToolService` subclass, whose ``invoke`` has no :class:`Context`."""
+    return _CALLER.get()
+
+
+def invoke(service: ToolService, call: Call) -> Any:
+    """``service.invoke(user, config, arguments)`` with :func:`current_caller` set to the call's
+    caller while it runs (an ``async`` invoke's coroutine is built, not awaited, here)."""
+    token = _CALLER.set(call.caller)
+    try:
+        return service.invoke(call.user, call.config, call.arguments)
+    finally:
+        _CALLER.reset(token)
 
 
 class ToolService:
@@ -338,7 +374,7 @@ class FunctionService(ToolService):
             if param.name in config:
                 values[param.name] = config[param.name]
         if self._context_param:
-            values[self._context_param] = Context(user=user, config=config)
+            values[self._context_param] = Context(user=user, config=config, caller=current_caller())
         return self.fn(**values)
 
     def default_tools(self) -> list[ToolDescriptor]:

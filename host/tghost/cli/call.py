@@ -13,11 +13,19 @@ import click
 from tghost.agent.client import ToolCallError
 from tghost.agent.directory import ToolDirectory
 from tghost.cli.app import cli
-from tghost.cli.options import filter_options, json_value, open_directory, parse_pairs, pulsar_options, trust_options
+from tghost.cli.options import (
+    filter_options,
+    identity_options,
+    json_value,
+    open_directory,
+    parse_pairs,
+    pulsar_options,
+    trust_options,
+)
 from tghost.discovery.discover import discover
 from tghost.protocol.descriptors import ToolServiceDescriptor, request_queue, response_queue
 from tghost.protocol.groups import DEFAULT_STATE, next_state
-from tghost.protocol.trust import TrustedKeys
+from tghost.protocol.trust import Signer, TrustedKeys
 from tghost.pulsar.clients import PulsarSettings
 from tghost.serving.settings import ServeSettings
 
@@ -26,6 +34,7 @@ from tghost.serving.settings import ServeSettings
 @pulsar_options
 @filter_options
 @trust_options
+@identity_options
 @click.option("--service", "service_id", default=None,
               help="Call a tool service by id instead of a tool by name.")
 @click.option("--topic", default=None,
@@ -41,7 +50,8 @@ from tghost.serving.settings import ServeSettings
                    f"{ServeSettings.timeout:g}, a host's default].")
 @click.argument("arguments", nargs=-1, metavar="[TOOL] [KEY=VALUE | KEY:=JSON]...")
 def call(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...], state: str | None,
-         trusted: TrustedKeys | None, service_id: str | None, topic: str | None, config_pairs: tuple[str, ...],
+         trusted: TrustedKeys | None, identity: Signer | None, service_id: str | None, topic: str | None,
+         config_pairs: tuple[str, ...],
          json_args: str | None, user: str | None, timeout: float | None, arguments: tuple[str, ...]) -> None:
     """Call a tool by name (through the live directory), or a service with --service.
 
@@ -65,7 +75,7 @@ def call(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...]
         raise click.UsageError("give arguments as KEY=VALUE pairs or --json, not both")
     args = parse_pairs(arguments, "ARGUMENTS") if json_args is None else _json_object(json_args)
     config = parse_pairs(config_pairs, "--config")
-    directory = open_directory(pulsar, descriptors_topic, trusted)
+    directory = open_directory(pulsar, descriptors_topic, trusted, identity=identity)
     try:
         if tool_name is not None:
             asyncio.run(_call_tool(directory, tool_name, args, user, list(groups) or None, state, timeout))

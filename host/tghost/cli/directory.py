@@ -9,6 +9,7 @@ import contextlib
 import json
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
@@ -17,9 +18,16 @@ from tghost.adapters.export import FORMATS, select_tools
 from tghost.agent.directory import Change, DirectoryTool
 from tghost.agent.entries import Side
 from tghost.cli.app import cli
-from tghost.cli.options import filter_options, open_directory, pulsar_options, setup_logging, trust_options
-from tghost.protocol.trust import TrustedKeys
-from tghost.pulsar.clients import PulsarSettings
+from tghost.cli.options import (
+    filter_options,
+    identity_options,
+    open_directory,
+    pulsar_options,
+    setup_logging,
+    trust_options,
+)
+from tghost.protocol.trust import Signer, TrustedKeys
+from tghost.pulsar.clients import PulsarSettings, is_loopback
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -28,8 +36,9 @@ def _tool_json(tool: DirectoryTool) -> dict[str, Any]:
     """A row of ``tghost tools --json``: the whole announced tool descriptor (seed 000/001 JSON:
     ``arguments``, ``input-schema``, config values at the top level ...), plus ``config`` (the
     config values alone), ``available_in_states`` and ``state`` (``null`` when unset),
-    ``providers`` (host ids), ``external`` and ``conflicts`` (the other side of each conflict
-    over its name or service: :class:`tghost.agent.entries.Side` as JSON)."""
+    ``providers`` (host ids), ``external``, ``conflicts`` (the other side of each conflict
+    over its name or service: :class:`tghost.agent.entries.Side` as JSON) and ``access`` (who
+    its hosts admit: ``everyone``, ``anonymous`` and/or caller key ids)."""
     d = tool.descriptor
     return {**d.to_json_dict(), "name": d.name, "service": d.service, "description": d.description,
             "group": list(d.group), "state": d.state,
@@ -37,28 +46,38 @@ def _tool_json(tool: DirectoryTool) -> dict[str, Any]:
             "config": d.config, "arguments": [a.model_dump() for a in d.arguments],
             "providers": [p.host["id"] for p in tool.providers],
             "external": any(p.external for p in tool.service.providers),
-            "conflicts": [side.to_json() for side in tool.sides()[1:]] if tool.contested else []}
+            "conflicts": [side.to_json() for side in tool.sides()[1:]] if tool.contested else [],
+            "access": tool.access()}
 
 
 @cli.command()
 @pulsar_options
 @filter_options
 @trust_options
+@identity_options
+@click.option("--all", "show_all", is_flag=True,
+              help="List every live tool, whoever may call it, with an ACCESS column [default: those the "
+                   "--identity, or an anonymous caller, may call].")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for programs.")
 def tools(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...], state: str | None,
-          trusted: TrustedKeys | None, as_json: bool) -> None:
+          trusted: TrustedKeys | None, identity: Signer | None, show_all: bool, as_json: bool) -> None:
     """List the live tools every agent can see, as announced by running hosts.
 
     Without --group/--state, every live tool is listed; with them, only those a seed 001
-    request with those groups and state may use. A tool whose name or service another host
+    request with those groups and state may use. Hosts with an [access] policy announce who may
+    call each tool: only those the --identity (or an anonymous caller) may call are listed,
+    unless --all. A tool whose name or service another host
     announces differently is marked CONFLICT, and the conflicts are listed on stderr.
     """
+    me = identity.key_id if identity else None
+
     async def fetch() -> list[dict[str, Any]]:
-        async with open_directory(pulsar, descriptors_topic, trusted) as directory:
+        async with open_directory(pulsar, descriptors_topic, trusted, identity=identity) as directory:
             names = [t.name for t in directory.available(groups or ["*"], state)]
             if not groups and state is None:
                 names = sorted(directory.tools)
-            return [_tool_json(directory.tools[name]) for name in names]
+            return [_tool_json(directory.tools[name]) for name in names
+                    if show_all or directory.tools[name].admits(me)]
 
     rows = asyncio.run(fetch())
     if as_json:
@@ -67,10 +86,10 @@ def tools(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...
     if not rows:
         click.echo("no live tools (is a 'tghost run' up on this broker?)")
         return
-    table = [("TOOL", "SERVICE", "PROVIDERS", "GROUPS", "STATES", "-> STATE")] + [
+    table = [("TOOL", "SERVICE", "PROVIDERS", "GROUPS", "STATES", "-> STATE", *(("ACCESS",) if show_all else ()))] + [
         (r["name"] + (" CONFLICT" if r["conflicts"] else ""), r["service"] + (" (external)" if r["external"] else ""),
          ",".join(r["providers"]), ",".join(r["group"]), ",".join(r["available_in_states"] or ["*"]),
-         r["state"] or "-") for r in rows]
+         r["state"] or "-", *((r["access"],) if show_all else ())) for r in rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     for row in table:
         click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
@@ -160,6 +179,7 @@ def _host_names(ctx: click.Context, param: click.Parameter, values: tuple[str, .
 @pulsar_options
 @filter_options
 @trust_options
+@identity_options
 @click.option("--transport", type=click.Choice(["stdio", "http"]), default="stdio", show_default=True,
               help="stdio for a client that starts this command; http for streamable HTTP at /mcp.")
 @click.option("--host", "http_host", default="127.0.0.1", show_default=True,
@@ -173,20 +193,52 @@ def _host_names(ctx: click.Context, param: click.Parameter, values: tuple[str, .
                    "for any port; Origin http(s)://NAME is accepted with it. Repeatable (env TGHOST_MCP_ALLOWED_HOSTS, "
                    "space- or comma-separated). On every bind, other Host headers get 421 and other Origins 403 "
                    "(DNS-rebinding protection): bound off loopback, give the names clients use.")
+@click.option("--token-file", type=click.Path(path_type=Path, dir_okay=False), envvar="TGHOST_MCP_TOKEN_FILE",
+              help="With --transport http: a file holding the bearer token every request must carry "
+                   "('Authorization: Bearer <token>'; others get 401) (env TGHOST_MCP_TOKEN_FILE). Required when "
+                   "--host is not a loopback address; loopback works without one.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="warning",
               show_default=True, help="Log level; the log always goes to stderr.")
 def mcp_bridge(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...], state: str | None,
-               trusted: TrustedKeys | None, transport: str, http_host: str, http_port: int,
-               allowed_hosts: tuple[str, ...], log_level: str) -> None:
+               trusted: TrustedKeys | None, identity: Signer | None, transport: str, http_host: str, http_port: int,
+               allowed_hosts: tuple[str, ...], token_file: Path | None, log_level: str) -> None:
     """Serve the live tools to MCP clients (Model Context Protocol), until Ctrl-C or the client leaves.
 
     tools/list gives the tools a seed 001 request with --group (default: the 'default' group)
-    and --state may use; tools/call calls one over Pulsar (an error reply is a result with
-    isError true). Clients get notifications/tools/list_changed when that list changes.
+    and --state may use, and that the hosts admit --identity to (anonymous without one);
+    tools/call calls one over Pulsar, signed with --identity (an error reply is a result with
+    isError true). Clients get notifications/tools/list_changed when that list changes. Over
+    HTTP bound off loopback it asks every request for the bearer token in --token-file.
     """
+    token = _mcp_token(token_file, transport, http_host)
     setup_logging(log_level)
     from tghost.adapters.mcp import serve  # the mcp SDK is imported only by this command
 
-    directory = open_directory(pulsar, descriptors_topic, trusted, wait=True)
+    directory = open_directory(pulsar, descriptors_topic, trusted, wait=True, identity=identity)
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(directory, list(groups) or None, state, transport, http_host, http_port, allowed_hosts))
+        asyncio.run(serve(directory, list(groups) or None, state, transport, http_host, http_port, allowed_hosts,
+                          token))
+
+
+def _mcp_token(path: Path | None, transport: str, host: str) -> str | None:
+    """The bearer token in ``path`` (whitespace stripped).
+
+    Raises:
+        click.UsageError: HTTP bound off loopback without a token file.
+        click.BadParameter: the file is unreadable or empty.
+    """
+    if path is None:
+        if transport == "http" and not is_loopback(host):
+            raise click.UsageError(
+                f"--host {host} makes the MCP bridge reachable from other machines: give --token-file FILE (env "
+                "TGHOST_MCP_TOKEN_FILE) holding a secret its clients send as 'Authorization: Bearer <token>', e.g. "
+                "python3 -c 'import secrets; print(secrets.token_urlsafe(32))' > FILE")
+        return None
+    try:
+        token = path.read_text().strip()
+    except OSError as exc:
+        raise click.BadParameter(f"cannot read {path}: {exc.strerror or exc}",
+                                 param_hint="--token-file / TGHOST_MCP_TOKEN_FILE") from None
+    if not token:
+        raise click.BadParameter(f"{path} is empty", param_hint="--token-file / TGHOST_MCP_TOKEN_FILE")
+    return token

@@ -22,7 +22,7 @@ from tghost.announcing.announcer import DEFAULT_TOPIC
 from tghost.discovery.config import config_path, default_config_path
 from tghost.discovery.discover import PluginSelection
 from tghost.operate.audit import AuditLog
-from tghost.protocol.trust import KeyFileError, TrustedKeys
+from tghost.protocol.trust import KeyFileError, Signer, TrustedKeys
 from tghost.pulsar.clients import DEFAULT_URL, PulsarSettings, is_reachable
 
 if TYPE_CHECKING:  # imported when used: only 'tghost run' serves or exposes metrics
@@ -158,6 +158,24 @@ def trust_options(fn: F) -> F:
              "are ignored [default: accept every host].")(with_trust))
 
 
+def identity_options(fn: F) -> F:
+    """--identity (env TGHOST_IDENTITY): the caller key ('tghost keygen') a command signs its
+    requests with; the command gets ``identity: Signer | None`` (``None``: anonymous)."""
+    @functools.wraps(fn)
+    def with_identity(*args: Any, identity_key: Path | None, **kwargs: Any) -> Any:
+        try:
+            identity = Signer.from_file(identity_key) if identity_key is not None else None
+        except KeyFileError as exc:
+            raise click.BadParameter(str(exc), param_hint="--identity / TGHOST_IDENTITY") from None
+        return fn(*args, identity=identity, **kwargs)
+
+    return cast(F, click.option(
+        "--identity", "identity_key", type=click.Path(path_type=Path, dir_okay=False), envvar="TGHOST_IDENTITY",
+        help="Caller key (.key from 'tghost keygen') to sign requests with (env TGHOST_IDENTITY): hosts with an "
+             "[access] policy let it call the tools they grant it, and only those are listed "
+             "[default: anonymous].")(with_identity))
+
+
 @dataclass(frozen=True)
 class Operations:
     """What ``tghost run`` exposes for operators: metrics and /health, and the audit log."""
@@ -258,10 +276,10 @@ def require_broker(url: str) -> None:
 
 
 def open_directory(pulsar: PulsarSettings, topic: str, trusted: TrustedKeys | None,
-                   wait: bool = False) -> ToolDirectory:
+                   wait: bool = False, identity: Signer | None = None) -> ToolDirectory:
     """A directory (not started yet). A one-shot command fails at once when no broker answers;
     with ``wait`` (a follower: watch, mcp) starting it waits up to ``--connect-timeout``."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if not wait:
         require_broker(pulsar.url)
-    return ToolDirectory(pulsar, topic, trusted=trusted)
+    return ToolDirectory(pulsar, topic, trusted=trusted, identity=identity)

@@ -23,7 +23,7 @@ from tghost.cli.options import (
     selection_options,
     setup_logging,
 )
-from tghost.discovery.config import ConfigError, load_config_tools, read_config
+from tghost.discovery.config import ConfigError, load_access, load_config_tools, read_config
 from tghost.discovery.discover import Catalog, PluginLoadError, PluginSelection, discover
 from tghost.operate.plugin_watch import WatchSettings
 from tghost.operate.run import run_host
@@ -115,6 +115,10 @@ def run(pulsar: PulsarSettings, descriptors_topic: str, data_dir: Path | None, t
         raise click.ClickException(str(exc)) from None
     if config_path is not None:
         _add_config_tools(catalog, config_path, document)
+        try:
+            load_access(catalog, config_path, document or {})
+        except ConfigError as exc:
+            raise click.ClickException(str(exc)) from None
     for report in catalog.plugins:
         for error in report.errors:
             log.error("plugin %s: %s (run 'tghost plugins' for details)", report.name, error)

@@ -23,8 +23,15 @@ from tghost.adapters.trustgraph.config_service import (
 )
 from tghost.adapters.trustgraph.sync import MARKER, ItemChange, TrustGraphSync, summary
 from tghost.cli.app import cli
-from tghost.cli.options import filter_options, pulsar_options, require_broker, setup_logging, trust_options
-from tghost.protocol.trust import TrustedKeys
+from tghost.cli.options import (
+    filter_options,
+    identity_options,
+    pulsar_options,
+    require_broker,
+    setup_logging,
+    trust_options,
+)
+from tghost.protocol.trust import Signer, TrustedKeys
 from tghost.pulsar.clients import PulsarSettings
 
 log = logging.getLogger("tghost")
@@ -52,6 +59,7 @@ def _queue(ctx: click.Context, param: click.Parameter, value: str) -> str:
 @pulsar_options
 @filter_options
 @trust_options
+@identity_options
 @click.option("--workspace", envvar="TGHOST_TRUSTGRAPH_WORKSPACE", default="default", show_default=True,
               callback=_workspace,
               help="TrustGraph workspace whose config items to keep (env TGHOST_TRUSTGRAPH_WORKSPACE).")
@@ -74,7 +82,7 @@ def _queue(ctx: click.Context, param: click.Parameter, value: str) -> str:
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default=None,
               help="Log level; the log goes to stderr [default: info; warning with --once].")
 def sync(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...], state: str | None,
-         trusted: TrustedKeys | None, workspace: str, owner: str, config_request_queue: str,
+         trusted: TrustedKeys | None, identity: Signer | None, workspace: str, owner: str, config_request_queue: str,
          config_response_queue: str, config_push_queue: str, timeout: float, resync_interval: float, once: bool,
          as_json: bool, log_level: str | None) -> None:
     """Keep TrustGraph's tool config items in step with the live tools.
@@ -96,7 +104,7 @@ def sync(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...]
             click.echo(json.dumps({"workspace": workspace, **change.to_json()}))
 
     async def main() -> list[ItemChange]:
-        async with ToolDirectory(pulsar, descriptors_topic, trusted=trusted) as directory:
+        async with ToolDirectory(pulsar, descriptors_topic, trusted=trusted, identity=identity) as directory:
             client = await pulsar.connect()
             config = ConfigServiceClient(client, config_request_queue, config_response_queue,
                                          None if once else config_push_queue, timeout)

@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from tghost.discovery.discover import Catalog, PluginReport
+from tghost.protocol.access import AccessError, AccessPolicy
 from tghost.protocol.descriptors import ToolDescriptor, ToolServiceDescriptor, describe_validation_error
 from tghost.system.paths import app_dir
 
@@ -40,6 +41,27 @@ def config_path(given: Path | None) -> Path | None:
 
 class ConfigError(ValueError):
     """The config file cannot be read or is not TOML; the message names the file."""
+
+
+def load_access(catalog: Catalog, path: Path, document: dict[str, Any]) -> None:
+    """Set ``catalog.access`` from the ``[access]`` table of the config file at ``path`` (its
+    parsed ``document``), if it has one; key paths are relative to the file's directory.
+
+    Raises:
+        ConfigError: the table is wrong, a key file is missing or not a public key, or it names a
+            tool this host does not serve (the message names the file, the table and the field).
+    """
+    if "access" not in document:
+        return
+    try:
+        policy = AccessPolicy.from_table(document["access"], path.parent, f"{path}: [access]")
+    except AccessError as exc:
+        raise ConfigError(str(exc)) from None
+    unknown = policy.unknown_tools(catalog.tools)
+    if unknown:
+        raise ConfigError(f"{path}: [access] names tool(s) {unknown} that this host does not serve "
+                          f"(it serves {sorted(catalog.tools)}); fix the name or install the plugin")
+    catalog.access = policy
 
 
 def read_config(path: Path) -> dict[str, Any]:

@@ -23,6 +23,8 @@ from pydantic import ValidationError
 
 from tghost.author import hookspecs
 from tghost.author.service import ToolService
+from tghost.protocol.access import AccessPolicy
+from tghost.protocol.callers import Caller
 from tghost.protocol.descriptors import (
     DescriptorError,
     ToolDescriptor,
@@ -192,6 +194,8 @@ class Catalog:
     plugin implements the hook, so serving pays nothing for it."""
     shutdown_hooks: list[tuple[str, Callable[[], object]]] = field(default_factory=list)
     """``(plugin name, function)`` of every ``tghost_shutdown`` implementation not yet run."""
+    access: AccessPolicy | None = None
+    """Who may call what (the config file's ``[access]`` table); ``None``: every caller, every tool."""
 
     def shutdown(self, plugins: Iterable[str] | None = None) -> None:
         """Run the ``tghost_shutdown`` hooks of ``plugins`` (names; default: every plugin), each
@@ -324,7 +328,7 @@ def catalog_of(
     return catalog
 
 
-_AUTHORIZE_ARGS = ("user", "service", "config", "arguments")
+_AUTHORIZE_ARGS = ("user", "service", "config", "arguments", "caller")
 
 
 def authorizer(checks: Iterable[tuple[str, Callable[..., Any]]]) -> hookspecs.Authorize | None:
@@ -339,8 +343,9 @@ def authorizer(checks: Iterable[tuple[str, Callable[..., Any]]]) -> hookspecs.Au
     if not named:
         return None
 
-    def authorize(user: str, service: str, config: dict[str, Any], arguments: dict[str, Any]) -> str | None:
-        given = {"user": user, "service": service, "config": config, "arguments": arguments}
+    def authorize(user: str, service: str, config: dict[str, Any], arguments: dict[str, Any],
+                  caller: Caller | None = None) -> str | None:
+        given = {"user": user, "service": service, "config": config, "arguments": arguments, "caller": caller}
         for name, fn, args in named:
             try:
                 verdict = fn(**{arg: given[arg] for arg in args})

@@ -30,17 +30,21 @@ def audit_entry(record: Any, arguments: bool = False) -> dict[str, Any]:
     """The audit line of a ``tghost.serving.request.CallRecord`` or ``tghost.agent.calls.ToolCallRecord``,
     matched on attributes, as a JSON-able dict::
 
-        {"time": ISO 8601 UTC, "kind": "call" | "invoke", "request_id", "user", "service",
+        {"time": ISO 8601 UTC, "kind": "call" | "invoke", "request_id", "user", "caller", "service",
          ["tool", "groups", "allowed_groups", "state": {"before", "after"}], "status",
          "duration_ms": float, "argument_names": [sorted names] | "arguments": {...}}
 
-    ``kind`` is ``invoke`` for a directory-side record (it has ``tool``). Argument values appear
+    ``kind`` is ``invoke`` for a directory-side record (it has ``tool``). ``user`` is what the
+    request asserted, never checked; ``caller`` is the verified caller of a host with an
+    ``[access]`` policy, ``{"name", "key_id"}``, or ``null`` (anonymous). Argument values appear
     only with ``arguments=True``; otherwise only their names (none when the request was not decoded).
     """
     entry: dict[str, Any] = {"time": datetime.now(UTC).isoformat(timespec="milliseconds"),
                              "kind": "invoke" if hasattr(record, "tool") else "call"}
     for name in _ALWAYS:
         entry[name] = getattr(record, name, None)
+    caller = getattr(record, "caller", None)
+    entry["caller"] = caller.to_json() if caller is not None else None
     for name in _INVOKE:
         if hasattr(record, name):
             value = getattr(record, name)

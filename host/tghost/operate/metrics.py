@@ -22,6 +22,7 @@ from prometheus_client.registry import Collector
 
 from tghost.operate.health import HEALTHY, Health
 from tghost.protocol import wire
+from tghost.protocol.access import ANONYMOUS
 from tghost.serving.request import UNANSWERABLE, CallRecord
 
 if TYPE_CHECKING:
@@ -39,7 +40,7 @@ log = logging.getLogger(__name__)
 
 #: Call statuses that mean the request was refused before ``invoke`` (``tghost_rejections_total``).
 REJECTIONS = frozenset({wire.OVERLOADED, wire.BAD_REQUEST, wire.MISSING_CONFIG, wire.INVALID_ARGUMENTS,
-                        wire.NOT_ALLOWED, wire.REDELIVERY_LIMIT, UNANSWERABLE})
+                        wire.NOT_ALLOWED, wire.REDELIVERY_LIMIT, wire.UNAUTHORIZED, wire.RATE_LIMITED, UNANSWERABLE})
 #: Directory rejection reasons that come from the signature check (``tghost_signature_rejections_total``).
 SIGNATURE_REASONS = frozenset({"unsigned", "bad-signature", "unknown-key", "hijack"})
 #: Plugin statuses always reported by ``tghost_plugins`` (0 when none).
@@ -56,7 +57,9 @@ class CallMetrics:
     - ``tghost_invocation_duration_seconds{service}``: receipt to acknowledgement, seconds;
     - ``tghost_timeouts_total{service}``: calls answered ``timeout``;
     - ``tghost_rejections_total{service,reason}``: requests refused before ``invoke``
-      (:data:`REJECTIONS`).
+      (:data:`REJECTIONS`);
+    - ``tghost_caller_invocations_total{service,caller,status}``: by verified caller (the names
+      of the host's ``[access]`` policy, or ``anonymous``: bounded by the policy).
     """
 
     def __init__(self, registry: CollectorRegistry) -> None:
@@ -67,9 +70,13 @@ class CallMetrics:
         self.timeouts = Counter("tghost_timeouts", "Calls answered 'timeout'.", ["service"], registry=registry)
         self.rejections = Counter("tghost_rejections", "Requests refused before invoke, by reason.",
                                   ["service", "reason"], registry=registry)
+        self.by_caller = Counter("tghost_caller_invocations", "Requests by service, verified caller (the "
+                                 "[access] policy's name, or 'anonymous') and status.",
+                                 ["service", "caller", "status"], registry=registry)
 
     def __call__(self, record: CallRecord) -> None:
         self.invocations.labels(record.service, record.status).inc()
+        self.by_caller.labels(record.service, record.caller.name if record.caller else ANONYMOUS, record.status).inc()
         self.duration.labels(record.service).observe(record.duration)
         if record.status == wire.TIMEOUT:
             self.timeouts.labels(record.service).inc()

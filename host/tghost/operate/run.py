@@ -17,6 +17,7 @@ from tghost.discovery.discover import Catalog
 from tghost.operate.contest import ContestWatch
 from tghost.operate.plugin_watch import PluginWatcher, WatchSettings
 from tghost.pulsar.clients import PulsarSettings
+from tghost.serving.access import Gate
 from tghost.serving.request import CallListener
 from tghost.serving.server import Server
 from tghost.serving.settings import ServeSettings
@@ -110,7 +111,8 @@ async def run_host(
         pulsar.asyncio.PulsarException: the broker refused a subscription or producer.
     """
     stop = stop or asyncio.Event()
-    server = Server(catalog.services, catalog.descriptors, serve_settings, listeners, authorize=catalog.authorize)
+    server = Server(catalog.services, catalog.descriptors, serve_settings, listeners, authorize=catalog.authorize,
+                    gate=Gate.of(catalog))
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, _on_signal, stop, server)

@@ -134,6 +134,9 @@ class Announcement(BaseModel):
     since: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     entries: Entries | None = None
     external: bool = False
+    access: dict[str, Any] | None = None
+    """Tool messages of a host with an ``[access]`` policy: who may call the tool,
+    ``{"anonymous": bool, "keys": [key ids]}`` (:class:`tghost.protocol.access.ToolAccess`)."""
 
     @model_validator(mode="after")
     def _consistent(self) -> Announcement:

@@ -137,10 +137,14 @@ class Signer:
         """
         return cls(load_private_key(path))
 
+    def sign_bytes(self, data: bytes) -> bytes:
+        """The 64-byte Ed25519 signature of ``data`` (a request's, :mod:`tghost.protocol.callers`)."""
+        return self._private_key.sign(data)
+
     def sign(self, value: Mapping[str, Any], topic: str) -> dict[str, Any]:
         """A copy of ``value`` with its version 2 ``signature`` field for the base announcement
         ``topic`` set (any old one is replaced)."""
-        signature = self._private_key.sign(signed_bytes(value, topic))
+        signature = self.sign_bytes(signed_bytes(value, topic))
         return {**value, SIGNATURE_FIELD: {"v": SIGNATURE_VERSION, "key": self.key_id,
                                            "value": base64.b64encode(signature).decode()}}
 

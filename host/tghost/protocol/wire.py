@@ -18,9 +18,11 @@ __all__ = [
     "NOT_ALLOWED",
     "OK",
     "OVERLOADED",
+    "RATE_LIMITED",
     "REDELIVERY_LIMIT",
     "TIMEOUT",
     "TOOL_SERVICE_ERROR",
+    "UNAUTHORIZED",
     "UNAVAILABLE",
     "BadRequest",
     "Request",
@@ -45,6 +47,11 @@ NOT_ALLOWED = "not-allowed"
 UNAVAILABLE = "unavailable"
 #: A request on a persistent topic delivered more often than the host's redelivery limit.
 REDELIVERY_LIMIT = "redelivery-limit"
+#: A host's access policy refuses the call: a caller it does not know or allow, or a bad,
+#: stale or replayed caller signature (docs/protocol.md §2.8).
+UNAUTHORIZED = "unauthorized"
+#: The verified caller is over its rate on this host; the text says when to retry.
+RATE_LIMITED = "rate-limited"
 #: The status of a call answered without error, on both sides' call records (any other
 #: status is an error type).
 OK = "ok"

@@ -31,6 +31,7 @@ from tghost.protocol import wire
 from tghost.protocol.descriptors import ToolServiceDescriptor
 from tghost.pulsar import hop
 from tghost.serving import executors, handoff
+from tghost.serving.access import Gate
 from tghost.serving.deadlines import Deadlines
 from tghost.serving.executors.base import Call
 from tghost.serving.executors.thread import ThreadExecutor
@@ -84,12 +85,13 @@ class ServiceEndpoint:
         settings: ServeSettings,
         listeners: Sequence[CallListener] = (),
         authorize: Authorize | None = None,
+        gate: Gate | None = None,
     ) -> None:
         self.service = service
         self.descriptor = descriptor
         self.terms = Terms(service, descriptor, descriptor.timeout or settings.timeout,
                            descriptor.max_concurrency or settings.max_concurrency, settings.max_queue,
-                           settings.max_payload, settings.max_redeliveries, authorize)
+                           settings.max_payload, settings.max_redeliveries, authorize, gate)
         self.persistent = self.terms.persistent
         self.counters = {"received": 0, "unanswerable": 0}
         self._listeners = tuple(listeners)

@@ -35,6 +35,7 @@ import time
 from collections.abc import Coroutine
 from typing import Any
 
+from tghost.author.service import invoke
 from tghost.protocol import wire
 from tghost.serving.executors.thread import ThreadExecutor
 from tghost.serving.request import CallRecord, Port, Request, Terms, confirmed, failure
@@ -98,7 +99,7 @@ class ThreadLane:
             self._refuse(request, wire.UNAVAILABLE, self._terms.refusal(wire.UNAVAILABLE))
             return
         try:
-            result = self._terms.service.invoke(*self._terms.check(request.record, request.message))
+            result = invoke(self._terms.service, self._terms.check(request.record, request.message))
             if inspect.isawaitable(result):
                 result = self._on_loop(_awaited(result))
             if inspect.isgenerator(result) or inspect.isasyncgen(result):

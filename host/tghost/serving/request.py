@@ -35,8 +35,10 @@ import pulsar.asyncio
 from tghost.author.hookspecs import Authorize
 from tghost.author.service import ToolError, ToolService
 from tghost.protocol import wire
+from tghost.protocol.callers import Caller
 from tghost.protocol.descriptors import ToolServiceDescriptor
 from tghost.pulsar import hop
+from tghost.serving.access import Gate, Refused
 from tghost.serving.executors.base import Call
 
 __all__ = [
@@ -69,8 +71,9 @@ class CallRecord:
 
     ``status`` is :data:`tghost.protocol.wire.OK`, :data:`UNANSWERABLE`, :data:`RETURNED` or the wire error type of
     the reply (``timeout``, ``overloaded``, ``not-allowed``, ...). ``duration`` is seconds from
-    receipt to acknowledgement. ``user`` and ``arguments`` (the decoded arguments object) are
-    ``None`` when the envelope was not decoded.
+    receipt to acknowledgement. ``user`` (asserted by the caller, never checked) and
+    ``arguments`` (the decoded arguments object) are ``None`` when the envelope was not decoded;
+    ``caller`` is the verified caller under the host's access policy (``None``: anonymous).
     """
 
     service: str
@@ -79,6 +82,7 @@ class CallRecord:
     status: str = wire.OK
     duration: float = 0.0
     arguments: dict[str, Any] | None = None
+    caller: Caller | None = None
 
 
 #: Called once per request, after it is settled (metrics, audit), on the event loop or on a
@@ -106,6 +110,7 @@ class Terms:
     max_payload: int
     max_redeliveries: int
     authorize: Authorize | None = None
+    gate: Gate | None = None
 
     @property
     def service_id(self) -> str:
@@ -129,12 +134,15 @@ class Terms:
     def check(self, record: CallRecord, message: Any) -> Call:
         """The call to make, once the request (a raw ``_pulsar.Message``) passes every check
         before ``invoke``, in this order: the payload size, the redelivery count (persistent
-        topics), the envelope, ``authorize``, the required config params and the service's
-        argument policy. Sets the record's ``user`` and ``arguments``. Safe from any thread.
+        topics), the envelope, the host's access policy (``gate``: the caller's signature,
+        whether it may call the tool, its rate), ``authorize``, the required config params and
+        the service's argument policy. Sets the record's ``user``, ``caller`` and ``arguments``.
+        Safe from any thread.
 
         Raises:
             ToolError: with the wire error type of the failed check (``bad-request``,
-                ``redelivery-limit``, ``not-allowed``, ``missing-config``, ``invalid-arguments``).
+                ``redelivery-limit``, ``unauthorized``, ``rate-limited``, ``not-allowed``,
+                ``missing-config``, ``invalid-arguments``).
         """
         payload = message.data()
         if len(payload) > self.max_payload:
@@ -149,14 +157,26 @@ class Terms:
         except wire.BadRequest as exc:
             raise ToolError(str(exc), wire.BAD_REQUEST) from None
         record.user, record.arguments = request.user, request.arguments
+        caller = self._admit(request.config, message, payload)
+        record.caller = caller
         if self.authorize is not None:
-            reason = self.authorize(request.user, self.service_id, request.config, request.arguments)
+            reason = self.authorize(request.user, self.service_id, request.config, request.arguments, caller)
             if reason is not None:
                 raise ToolError(reason, wire.NOT_ALLOWED)
         missing = [p for p in self.required_config if p not in request.config]
         if missing:
             raise ToolError(f"service {self.service_id!r} needs config param(s) {missing}", wire.MISSING_CONFIG)
-        return request.user, request.config, self.service.check_arguments(request.arguments)
+        return Call(request.user, request.config, self.service.check_arguments(request.arguments), caller)
+
+    def _admit(self, config: dict[str, Any], message: Any, payload: bytes) -> Caller | None:
+        """The verified caller, under the host's access policy (``None`` without one)."""
+        if self.gate is None:
+            return None
+        try:
+            return self.gate.admit(self.service_id, config, message.properties(), payload,
+                                   self.descriptor.request_queue)
+        except Refused as exc:
+            raise ToolError(str(exc), exc.error_type) from None
 
     def over_capacity(self, admitted: int) -> str | None:
         """The text of the ``overloaded`` reply when ``admitted`` requests already fill the

@@ -15,6 +15,7 @@ import pulsar.asyncio
 from tghost.author.hookspecs import Authorize
 from tghost.author.service import ToolService
 from tghost.protocol.descriptors import ToolServiceDescriptor
+from tghost.serving.access import Gate
 from tghost.serving.endpoint import ServiceEndpoint
 from tghost.serving.executors.thread import ThreadExecutor
 from tghost.serving.request import CallListener
@@ -36,13 +37,16 @@ class Server:
         settings: ServeSettings | None = None,
         listeners: Sequence[CallListener] = (),
         authorize: Authorize | None = None,
+        gate: Gate | None = None,
     ) -> None:
         """Serve ``services`` (by service id) under their ``descriptors``.
 
         ``listeners`` are told of every request once it is acknowledged (see :class:`CallRecord`).
         ``authorize`` is asked about every decoded request before ``invoke`` (see
-        :data:`tghost.author.hookspecs.Authorize`); ``None`` allows every call.
+        :data:`tghost.author.hookspecs.Authorize`); ``None`` allows every call. ``gate`` applies
+        the host's ``[access]`` policy first (:class:`tghost.serving.access.Gate`).
         """
+        self._gate = gate
         self.settings = settings or ServeSettings()
         self._listeners = tuple(listeners)
         self._authorize = authorize
@@ -53,8 +57,8 @@ class Server:
 
     def _endpoints(self, services: dict[str, ToolService],
                    descriptors: dict[str, ToolServiceDescriptor]) -> list[ServiceEndpoint]:
-        return [ServiceEndpoint(services[sid], descriptors[sid], self.settings, self._listeners, self._authorize)
-                for sid in descriptors]
+        return [ServiceEndpoint(services[sid], descriptors[sid], self.settings, self._listeners, self._authorize,
+                                self._gate) for sid in descriptors]
 
     async def start(self, client: pulsar.asyncio.Client) -> None:
         """Start the stall detector (unless ``stall_threshold`` is 0) and every service endpoint.

@@ -11,6 +11,8 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from tghost.author.service import Call
+
 __all__ = [
     "CRASH",
     "ISOLATIONS",
@@ -42,8 +44,6 @@ MEMORY = "memory"
 RECYCLED = "recycled"
 RESTART_REASONS = (TIMEOUT, CRASH, MEMORY, RECYCLED)
 
-#: What ``invoke`` receives: user, config, checked arguments (seed 000 request envelope).
-Call = tuple[str, dict[str, Any], dict[str, Any]]
 #: What :meth:`Executor.run` gives back: one observation string, or a stream of them.
 Outcome = str | AsyncGenerator[str, None]
 

@@ -21,7 +21,7 @@ from importlib.metadata import EntryPoint
 from multiprocessing.connection import Connection
 from typing import Any
 
-from tghost.author.service import ToolError, ToolService
+from tghost.author.service import Call, ToolError, ToolService, invoke
 from tghost.protocol import wire
 from tghost.system.processes import die_with_parent
 
@@ -160,7 +160,7 @@ class _Runner:
             self._loop = asyncio.new_event_loop()
         return self._loop
 
-    def run(self, call: tuple[str, dict[str, Any], dict[str, Any]]) -> bool:
+    def run(self, call: Call) -> bool:
         """Serve one call; False when this worker must end (it ran out of memory)."""
         try:
             self._invoke(call)
@@ -175,8 +175,8 @@ class _Runner:
                             traceback.format_exc(), self.rss()))
         return True
 
-    def _invoke(self, call: tuple[str, dict[str, Any], dict[str, Any]]) -> None:
-        result = self.service.invoke(*call)
+    def _invoke(self, call: Call) -> None:
+        result = invoke(self.service, call)
         if inspect.isawaitable(result):
             result = self.loop.run_until_complete(result)
         if inspect.isasyncgen(result):

@@ -16,7 +16,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from tghost.author.service import ToolError, ToolService
+from tghost.author.service import ToolError, ToolService, invoke
 from tghost.protocol import wire
 from tghost.serving.executors.base import THREAD, Call, Executor, Outcome, WorkerStats
 
@@ -65,9 +65,9 @@ class ThreadExecutor(Executor):
 
     async def run(self, call: Call) -> Outcome:
         if self._blocking:
-            result = await self._in_thread(self.service.invoke, *call)
+            result = await self._in_thread(invoke, self.service, call)
         else:
-            result = self.service.invoke(*call)
+            result = invoke(self.service, call)
         if inspect.isawaitable(result):
             result = await result
         if inspect.isasyncgen(result) or inspect.isgenerator(result):

@@ -1,0 +1,110 @@
+"""Access: what a host's ``[access]`` policy costs per call (README "Who may call what").
+
+One ``tghost run`` serving the echo tool, in two set-ups, in turn, ``REPS`` times: no policy
+and an anonymous caller (today's path), and a policy with the caller's key, the caller signing
+every request (the host verifies the Ed25519 signature, checks the replay window, the tool and
+a rate too high to bite). Serial latency (median of ``SERIAL`` calls) and throughput at
+concurrency ``CONCURRENCY``. Nothing here asserts anything about time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import sys
+import tempfile
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from tghost.agent.client import ToolServiceClient
+from tghost.protocol.descriptors import request_queue, response_queue
+from tghost.protocol.trust import Signer, write_key_pair
+from tghost.pulsar.clients import PulsarSettings
+
+from .common import ECHO, ECHO_ARGS, broker, host_env, ready, report, serial_ms, summary, tghost_run, throughput
+
+CONCURRENCY = 64
+POLICY = """
+[access]
+anonymous = []
+
+[access.callers.bench]
+public-key = "bench.pub"
+tools = ["echo"]
+rate = "1000000/second"
+"""
+
+
+@dataclass(frozen=True)
+class Sizes:
+    serial: int
+    warmup: int
+    total: int
+    reps: int
+
+
+FULL = Sizes(serial=2000, warmup=200, total=20000, reps=3)
+QUICK = Sizes(serial=50, warmup=10, total=200, reps=1)
+
+
+@asynccontextmanager
+async def caller(url: str, identity: Signer | None) -> AsyncIterator[ToolServiceClient]:
+    client = await PulsarSettings(url).connect()
+    try:
+        async with ToolServiceClient(client, request_queue("echo"), response_queue("echo"), identity) as svc:
+            yield svc
+    finally:
+        await client.close()
+
+
+async def measure(url: str, env: dict[str, str], identity: Signer | None, sizes: Sizes) -> tuple[float, float]:
+    """(serial median ms, calls/s at CONCURRENCY) of one host in ``env``."""
+    with tghost_run(env):
+        async with caller(url, identity) as svc:
+            def call() -> Any:
+                return svc.call({}, ECHO_ARGS, timeout=30)
+            await ready(call)
+            median = summary(await serial_ms(call, sizes.serial, sizes.warmup))["median_ms"]
+            rate, errors = await throughput(call, sizes.total, CONCURRENCY)
+            assert errors == 0, f"{errors} calls failed"
+            return median, rate
+
+
+async def run(url: str, sizes: Sizes) -> list[dict[str, Any]]:
+    results: dict[str, list[tuple[float, float]]] = {"no policy, anonymous": [], "policy, signed caller": []}
+    with tempfile.TemporaryDirectory(prefix="tghost-bench-access-") as tmp:
+        pair = write_key_pair(Path(tmp) / "bench")
+        config = Path(tmp) / "access.toml"
+        config.write_text(POLICY)
+        identity = Signer.from_file(pair.private)
+        for _ in range(sizes.reps):
+            with host_env(url, {"echo": ECHO}) as env:
+                results["no policy, anonymous"].append(await measure(url, env, None, sizes))
+            with host_env(url, {"echo": ECHO}) as env:
+                results["policy, signed caller"].append(await measure(url, {**env, "TGHOST_CONFIG": str(config)},
+                                                                      identity, sizes))
+    base_ms = statistics.median(m for m, _ in results["no policy, anonymous"])
+    base_rate = statistics.median(r for _, r in results["no policy, anonymous"])
+    rows = []
+    for name, samples in results.items():
+        median_ms = statistics.median(m for m, _ in samples)
+        rate = statistics.median(r for _, r in samples)
+        rows.append({"set-up": name, "serial_p50_ms": round(median_ms, 3),
+                     "extra_p50_ms": round(median_ms - base_ms, 3),
+                     f"c{CONCURRENCY}_calls_per_s": round(rate), "throughput_ratio": round(rate / base_rate, 2)})
+    return rows
+
+
+def main(quick: bool = False) -> None:
+    sizes = QUICK if quick else FULL
+    with broker() as running:
+        rows = asyncio.run(run(running.url, sizes))
+    report("access", f"Access policy: serial p50 of {sizes.serial} calls and calls/s at c{CONCURRENCY} "
+                     f"({sizes.total} calls), medians of {sizes.reps} interleaved repetitions", rows, asdict(sizes))
+
+
+if __name__ == "__main__":
+    main("--quick" in sys.argv)

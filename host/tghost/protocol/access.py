@@ -1,0 +1,173 @@
+"""access: who may call what on a host, as its ``[access]`` config table states it and its
+announcements publish it (docs/protocol.md §2.8, §4.3).
+
+Config (README "Who may call what")::
+
+    [access]
+    anonymous = ["tell-joke"]              # tools callers without a verified identity may use; "*" = all
+
+    [access.callers.alice]
+    public-key = "keys/alice.pub"          # a path relative to the config file, or the PEM itself
+    tools = ["calculate", "solve-steps"]   # "*" = all
+    rate = "30/minute"                     # optional: calls per period, per host (the `limits` notation)
+
+A tool's announced access is ``{"anonymous": bool, "keys": [key ids]}``: who may call it.
+
+Pure data: never talks to Pulsar and never reads a request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from tghost.protocol.trust import KeyFileError, key_id, load_public_key
+
+__all__ = ["ALL", "ANONYMOUS", "AccessError", "AccessPolicy", "CallerGrant", "ToolAccess"]
+
+#: In a tools list: every tool the host serves.
+ALL = "*"
+#: The name of a caller without a verified identity, in refusals, audit records and metrics.
+ANONYMOUS = "anonymous"
+
+
+class AccessError(ValueError):
+    """An ``[access]`` table that cannot be used: the message names the table and the field."""
+
+
+class _CallerTable(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    public_key: str = Field(alias="public-key", min_length=1)
+    tools: list[str] = Field(default_factory=list)
+    rate: str | None = None
+
+    @field_validator("rate")
+    @classmethod
+    def _rate(cls, value: str | None) -> str | None:
+        if value is not None:
+            from limits import parse
+
+            try:
+                parse(value)
+            except ValueError:
+                raise ValueError(f"{value!r} is not a rate: write e.g. '30/minute' or '5 per second'") from None
+        return value
+
+
+class _AccessTable(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    anonymous: list[str] = Field(default_factory=list)
+    callers: dict[str, _CallerTable] = Field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CallerGrant:
+    """One caller of an access policy: its ``name``, public ``key`` (and its id), the ``tools``
+    it may call (``"*"``: all) and its ``rate`` (``None``: unlimited; the `limits` notation)."""
+
+    name: str
+    key: Ed25519PublicKey
+    key_id: str
+    tools: frozenset[str]
+    rate: str | None = None
+
+
+@dataclass(frozen=True)
+class ToolAccess:
+    """Who may call one tool, as announced: ``anonymous`` callers, and the callers whose key ids
+    are in ``keys``."""
+
+    anonymous: bool
+    keys: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"anonymous": self.anonymous, "keys": list(self.keys)}
+
+    @classmethod
+    def from_json(cls, value: Any) -> ToolAccess | None:
+        """The announced field, or ``None`` (everyone may call) when absent or not an object."""
+        if not isinstance(value, dict):
+            return None
+        keys = value.get("keys")
+        return cls(value.get("anonymous") is True,
+                   tuple(k for k in keys if isinstance(k, str)) if isinstance(keys, list) else ())
+
+    def admits(self, caller_key_id: str | None) -> bool:
+        """Whether a caller with this key id (``None``: anonymous) may call the tool."""
+        return self.anonymous if caller_key_id is None else caller_key_id in self.keys or self.anonymous
+
+
+@dataclass(frozen=True)
+class AccessPolicy:
+    """A host's ``[access]`` table, keys loaded: ``anonymous`` tools (``"*"``: all) and the
+    ``callers`` by key id."""
+
+    anonymous: frozenset[str]
+    callers: Mapping[str, CallerGrant] = field(default_factory=dict)
+
+    @classmethod
+    def from_table(cls, table: Any, base: Path, where: str = "[access]") -> AccessPolicy:
+        """The policy of an ``[access]`` table (its parsed TOML), with relative key paths read
+        from ``base`` (the config file's directory); ``where`` names the table in errors.
+
+        Raises:
+            AccessError: a field is wrong or a key file is missing or not an Ed25519 public key;
+                the message names the table and the field.
+        """
+        try:
+            parsed = _AccessTable.model_validate(table)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            path = ".".join(str(p) for p in first["loc"])
+            raise AccessError(f"{where}: {path}: {first['msg']}") from None
+        callers: dict[str, CallerGrant] = {}
+        for name, entry in parsed.callers.items():
+            key = _public_key(entry.public_key, base, f"{where} callers.{name}.public-key")
+            grant = CallerGrant(name, key, key_id(key), frozenset(entry.tools), entry.rate)
+            if grant.key_id in callers:
+                raise AccessError(f"{where} callers.{name}.public-key: the same key as callers."
+                                  f"{callers[grant.key_id].name}: give each caller its own key")
+            callers[grant.key_id] = grant
+        return cls(frozenset(parsed.anonymous), callers)
+
+    def tool_names(self) -> set[str]:
+        """Every tool name the policy names (not ``"*"``), to check against what the host serves."""
+        names = set(self.anonymous) | {t for grant in self.callers.values() for t in grant.tools}
+        return names - {ALL}
+
+    def allows(self, caller: CallerGrant | None, tool: str) -> bool:
+        """Whether ``caller`` (``None``: anonymous) may call ``tool``."""
+        tools = self.anonymous if caller is None else caller.tools | self.anonymous
+        return ALL in tools or tool in tools
+
+    def access_of(self, tool: str) -> ToolAccess:
+        """What the host announces about ``tool``: who may call it."""
+        return ToolAccess(ALL in self.anonymous or tool in self.anonymous,
+                          tuple(sorted(k for k, grant in self.callers.items() if self.allows(grant, tool))))
+
+    def unknown_tools(self, served: Iterable[str]) -> list[str]:
+        """The tools the policy names that are not in ``served``."""
+        return sorted(self.tool_names() - set(served))
+
+
+def _public_key(value: str, base: Path, where: str) -> Ed25519PublicKey:
+    """The public key in ``value``: PEM text itself, or a path (relative to ``base``)."""
+    try:
+        if value.lstrip().startswith("-----BEGIN"):
+            key = serialization.load_pem_public_key(value.encode())
+            if not isinstance(key, Ed25519PublicKey):
+                raise AccessError(f"{where}: not an Ed25519 public key")
+            return key
+        return load_public_key(base / value)
+    except KeyFileError as exc:
+        raise AccessError(f"{where}: {exc}") from None
+    except ValueError as exc:
+        raise AccessError(f"{where}: not a PEM public key ({exc})") from None

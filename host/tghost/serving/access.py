@@ -1,0 +1,145 @@
+"""access: a host's gate between a decoded request and ``invoke`` when it has an ``[access]``
+policy (docs/protocol.md §2.8): who sent the request (a caller's signature, checked against
+the policy's keys, within a time window, never twice), whether that caller may call the tool
+the request's config values name, and whether it is within its rate.
+
+Never runs plugin code and never answers a request: it says why one is refused.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from limits import parse
+from limits.storage import MemoryStorage
+from limits.strategies import MovingWindowRateLimiter
+
+from tghost.discovery.discover import Catalog
+from tghost.protocol import callers as signed
+from tghost.protocol import wire
+from tghost.protocol.access import ANONYMOUS, AccessPolicy, CallerGrant
+from tghost.protocol.callers import Caller
+from tghost.protocol.descriptors import ToolDescriptor
+from tghost.system.logs import LogSummary
+
+__all__ = ["WINDOW", "Gate", "Refused"]
+
+log = logging.getLogger(__name__)
+
+#: Seconds a signed request may be from the host's clock; a signature is accepted once within it.
+WINDOW = 60.0
+
+
+class Refused(Exception):
+    """A request the gate does not let through: ``error_type`` (``unauthorized`` or
+    ``rate-limited``, :mod:`tghost.protocol.wire`) and the text of the reply."""
+
+    def __init__(self, error_type: str, text: str) -> None:
+        super().__init__(text)
+        self.error_type = error_type
+
+
+class _Seen:
+    """Signatures accepted within the window, by (key id, request id): a replay is refused.
+    Thread-safe; holds at most what one window brings."""
+
+    def __init__(self, window: float) -> None:
+        self.window = window
+        self._seen: OrderedDict[tuple[str, str], float] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def first_time(self, key: tuple[str, str], now: float) -> bool:
+        with self._lock:
+            while self._seen and next(iter(self._seen.values())) < now - 2 * self.window:
+                self._seen.popitem(last=False)
+            if key in self._seen:
+                return False
+            self._seen[key] = now
+            return True
+
+
+class Gate:
+    """The access checks of one host's services under ``policy``. ``tools`` are the host's
+    tools (name -> descriptor): a request's tool is the one over its service whose config values
+    it carries. ``window``: seconds (see :data:`WINDOW`)."""
+
+    def __init__(self, policy: AccessPolicy, tools: Mapping[str, ToolDescriptor], window: float = WINDOW) -> None:
+        self.policy = policy
+        self.tools = tools
+        self.window = window
+        self._seen = _Seen(window)
+        self._rates = {key: parse(grant.rate) for key, grant in policy.callers.items() if grant.rate}
+        # the in-memory storage runs a timer thread: only a policy with rates needs one
+        self._limiter = MovingWindowRateLimiter(MemoryStorage()) if self._rates else None
+        self._refused = LogSummary(log, "refused %(count)d request(s) under this host's [access] policy: "
+                                        "%(reason)s (e.g. %(example)s)")
+
+    @classmethod
+    def of(cls, catalog: Catalog) -> Gate | None:
+        """The gate of a catalog's ``[access]`` policy over its tools; ``None`` without a policy."""
+        return None if catalog.access is None else cls(catalog.access, catalog.tools)
+
+    def admit(self, service: str, config: Mapping[str, Any], properties: Mapping[str, str], body: bytes,
+              topic: str) -> Caller | None:
+        """The verified caller of a request to ``service`` (``None``: anonymous), if the policy
+        lets it call the tool its ``config`` names now.
+
+        Raises:
+            Refused: a bad or replayed signature, a caller the policy does not know or allow for
+                the tool, or a caller over its rate (the text says which, and what to do). Each
+                is summarised in the log, one line per reason at most once a minute.
+        """
+        try:
+            return self._admit(service, config, properties, body, topic)
+        except Refused as refused:
+            self._refused.add(refused.error_type, str(refused))
+            self._refused.flush()
+            raise
+
+    def _admit(self, service: str, config: Mapping[str, Any], properties: Mapping[str, str], body: bytes,
+               topic: str) -> Caller | None:
+        grant = self._verify(properties, body, topic)
+        tools = self._tools_of(service, config)
+        if not any(self.policy.allows(grant, name) for name in tools):
+            who = ANONYMOUS if grant is None else f"caller {grant.name!r}"
+            what = f"tool {tools[0]!r}" if len(tools) == 1 else f"service {service!r} with this config"
+            raise Refused(wire.UNAUTHORIZED, f"{who} may not call {what} on this host (its [access] policy)"
+                          + ("; sign requests with a caller key (--identity)" if grant is None else ""))
+        if grant is not None:
+            self._within_rate(grant)
+            return Caller(grant.name, grant.key_id)
+        return None
+
+    def _verify(self, properties: Mapping[str, str], body: bytes, topic: str) -> CallerGrant | None:
+        key_id = signed.caller_key_id(properties)
+        if key_id is None:
+            return None
+        grant = self.policy.callers.get(key_id)
+        if grant is None:
+            raise Refused(wire.UNAUTHORIZED, f"caller key {key_id!r} is not in this host's [access] policy")
+        now = time.time()
+        checked = signed.verify_request(grant.key, properties, body, topic, now, self.window)
+        if isinstance(checked, str):
+            raise Refused(wire.UNAUTHORIZED, f"caller {grant.name!r}: {checked}")
+        if not self._seen.first_time((key_id, properties["id"]), now):
+            raise Refused(wire.UNAUTHORIZED, f"caller {grant.name!r}: request {properties['id']!r} was already "
+                                        "received (a replay); send each request with a new id")
+        return grant
+
+    def _tools_of(self, service: str, config: Mapping[str, Any]) -> Sequence[str]:
+        """The host's tools over ``service`` whose config values the request carries."""
+        return [name for name, tool in self.tools.items()
+                if tool.service == service and all(config.get(k) == v for k, v in tool.config.items())]
+
+    def _within_rate(self, grant: CallerGrant) -> None:
+        rate = self._rates.get(grant.key_id)
+        if rate is None or self._limiter is None or self._limiter.hit(rate, grant.key_id):
+            return
+        reset = self._limiter.get_window_stats(rate, grant.key_id).reset_time
+        raise Refused(wire.RATE_LIMITED, f"caller {grant.name!r} is over its rate of {grant.rate} on this host; "
+                                    f"retry in {max(reset - time.time(), 0):.1f}s")

@@ -1,0 +1,281 @@
+"""access: a host's ``[access]`` policy on the embedded broker (README "Who may call what"):
+anonymous callers and signed ones allowed and refused, a tampered body, a replay and a stale
+signature refused, a rate exceeded, and the verified caller reaching the tool and the call
+records. Nothing refused reaches ``invoke``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import generate_latest
+
+import tghost
+from tests.conftest import live_tools, tghost_cli
+from tests.test_docs import block
+from tghost.agent.client import ToolCallError, ToolServiceClient
+from tghost.agent.directory import ToolDirectory
+from tghost.conformance import RawWire
+from tghost.discovery.discover import catalog_of
+from tghost.operate.audit import audit_entry
+from tghost.operate.metrics import HostMetrics
+from tghost.protocol import wire
+from tghost.protocol.access import AccessPolicy
+from tghost.protocol.callers import sign_request
+from tghost.protocol.trust import Signer, write_key_pair
+from tghost.pulsar.clients import PulsarSettings
+from tghost.pulsar.embedded import EmbeddedBroker
+from tghost.serving.request import CallRecord
+from tghost.testing import LocalHost
+
+INVOKED: list[str] = []
+
+
+@tghost.tool
+def tell_joke(topic: str) -> str:
+    """Tell a joke on a topic."""
+    INVOKED.append("tell-joke")
+    return f"a joke about {topic}"
+
+
+@tghost.tool
+def calculate(expression: str, ctx: tghost.Context) -> str:
+    """Calculate, saying for whom."""
+    INVOKED.append("calculate")
+    return f"{expression} for {ctx.caller.name if ctx.caller else 'anonymous'}"
+
+
+@pytest.fixture
+def keys(tmp_path: Path) -> dict[str, Signer]:
+    """Caller keys: alice and bob are in the policy (bob without tools), mallory is not."""
+    found = {}
+    for name in ("alice", "bob", "mallory"):
+        pair = write_key_pair(tmp_path / "keys" / name)
+        found[name] = Signer.from_file(pair.private)
+    return found
+
+
+@pytest.fixture
+async def host(pulsar_broker: EmbeddedBroker, tmp_path: Path, keys: dict[str, Signer]) -> AsyncIterator[LocalHost]:
+    catalog = catalog_of([tell_joke, calculate])
+    catalog.access = AccessPolicy.from_table({
+        "anonymous": ["tell-joke"],
+        "callers": {"alice": {"public-key": "keys/alice.pub", "tools": ["calculate"], "rate": "5/minute"},
+                    "bob": {"public-key": "keys/bob.pub"}},
+    }, tmp_path)
+    records: list[CallRecord] = []
+    async with LocalHost(pulsar_broker.url, catalog, listeners=[records.append]) as started:
+        started.records = records  # type: ignore[attr-defined]
+        INVOKED.clear()
+        yield started
+
+
+async def call(host: LocalHost, tool: str, arguments: dict[str, Any], identity: Signer | None = None) -> str:
+    """The observation, or the error type of the reply."""
+    descriptor = host.descriptors[tool]
+    assert host.client is not None
+    async with ToolServiceClient(host.client, descriptor.request_queue, descriptor.response_queue,
+                                 identity=identity) as caller:
+        try:
+            return await caller.call({}, arguments, timeout=10)
+        except ToolCallError as exc:
+            return exc.error_type
+
+
+async def test_anonymous_callers_get_the_anonymous_tools_only(host: LocalHost) -> None:
+    assert await call(host, "tell-joke", {"topic": "cats"}) == "a joke about cats"
+    assert await call(host, "calculate", {"expression": "1+1"}) == wire.UNAUTHORIZED
+    assert INVOKED == ["tell-joke"]
+
+
+async def test_a_signed_caller_gets_its_tools_and_the_anonymous_ones_and_the_tool_learns_who(
+    host: LocalHost, keys: dict[str, Signer]
+) -> None:
+    assert await call(host, "calculate", {"expression": "1+1"}, keys["alice"]) == "1+1 for alice"
+    assert await call(host, "tell-joke", {"topic": "dogs"}, keys["alice"]) == "a joke about dogs"
+    assert await call(host, "calculate", {"expression": "2"}, keys["bob"]) == wire.UNAUTHORIZED
+    assert await call(host, "calculate", {"expression": "3"}, keys["mallory"]) == wire.UNAUTHORIZED
+    assert INVOKED == ["calculate", "tell-joke"]
+    callers = [(r.status, r.caller.name if r.caller else None) for r in host.records]  # type: ignore[attr-defined]
+    assert callers == [("ok", "alice"), ("ok", "alice"), (wire.UNAUTHORIZED, None), (wire.UNAUTHORIZED, None)]
+
+
+async def test_a_tampered_body_a_replay_and_a_stale_signature_are_refused_and_summarised_in_the_log(
+    host: LocalHost, keys: dict[str, Signer], caplog: pytest.LogCaptureFixture
+) -> None:
+    descriptor = host.descriptors["calculate"]
+    body = wire.encode_request("u", {}, {"expression": "6*7"})
+    async with RawWire(host.pulsar.url, descriptor) as raw:
+        def signed(data: bytes, request_id: str, when: float) -> dict[str, str]:
+            return {"id": request_id, **sign_request(keys["alice"], data, request_id, descriptor.request_queue, when)}
+
+        good = signed(body, "good", time.time())
+        await raw.send(body, good)
+        await raw.send(body, good)  # the same request again: a replay
+        tampered = signed(body, "tampered", time.time())
+        await raw.send(wire.encode_request("u", {}, {"expression": "666"}), tampered)
+        await raw.send(body, signed(body, "stale", time.time() - 120))
+        outcomes = {rid: (await raw.replies(rid))[0][1]["error"] for rid in ("tampered", "stale")}
+        replies = [reply.json() for reply in await raw.raw_replies("good", settle=0.5)]
+    [replayed] = [reply["error"] for reply in replies if reply["error"]]
+    assert [reply["response"] for reply in replies if not reply["error"]] == ["6*7 for alice"]
+    assert replayed["type"] == wire.UNAUTHORIZED and "already received (a replay)" in replayed["message"]
+    assert outcomes["tampered"]["type"] == wire.UNAUTHORIZED and "does not verify" in outcomes["tampered"]["message"]
+    assert outcomes["stale"]["type"] == wire.UNAUTHORIZED and "more than 60s" in outcomes["stale"]["message"]
+    assert INVOKED == ["calculate"]
+    summaries = [r.getMessage() for r in caplog.records if "under this host's [access] policy" in r.getMessage()]
+    assert len(summaries) <= 1 and not [r for r in caplog.records if r.exc_info]  # no traceback, no line per refusal
+
+
+async def test_a_caller_over_its_rate_is_answered_rate_limited_saying_when_to_retry(
+    host: LocalHost, keys: dict[str, Signer]
+) -> None:
+    outcomes = [await call(host, "calculate", {"expression": str(i)}, keys["alice"]) for i in range(6)]
+    assert outcomes[:5] == [f"{i} for alice" for i in range(5)] and outcomes[5] == wire.RATE_LIMITED
+    descriptor = host.descriptors["calculate"]
+    assert host.client is not None
+    async with ToolServiceClient(host.client, descriptor.request_queue, descriptor.response_queue,
+                                 identity=keys["alice"]) as caller:
+        with pytest.raises(ToolCallError, match=r"over its rate of 5/minute on this host; retry in \d+\.\ds"):
+            await caller.call({}, {"expression": "7"})
+    assert len(INVOKED) == 5
+
+
+def test_an_access_table_naming_a_missing_key_or_a_bad_rate_says_where(tmp_path: Path) -> None:
+    from tghost.protocol.access import AccessError
+
+    with pytest.raises(AccessError, match=r"\[access\] callers.x.public-key: cannot read the trusted key"):
+        AccessPolicy.from_table({"callers": {"x": {"public-key": "nope.pub"}}}, tmp_path)
+    write_key_pair(tmp_path / "k")
+    with pytest.raises(AccessError, match=r"\[access\]: callers.x.rate: .*'often' is not a rate"):
+        AccessPolicy.from_table({"callers": {"x": {"public-key": "k.pub", "rate": "often"}}}, tmp_path)
+    with pytest.raises(AccessError, match=r"\[access\]: anonymus: Extra inputs are not permitted"):
+        AccessPolicy.from_table({"anonymus": ["x"]}, tmp_path)
+
+
+# -- what the directory shows each caller, and who else calls ---------------------------------
+
+
+@pytest.fixture
+async def announced(pulsar_broker: EmbeddedBroker, tmp_path: Path,
+                    keys: dict[str, Signer]) -> AsyncIterator[tuple[LocalHost, str]]:
+    """A host with the policy above announcing on a fresh topic; gives it and the topic."""
+    topic = f"persistent://tg/config/access-{uuid.uuid4().hex[:8]}"
+    catalog = catalog_of([tell_joke, calculate])
+    catalog.access = AccessPolicy.from_table({
+        "anonymous": ["tell-joke"],
+        "callers": {"alice": {"public-key": "keys/alice.pub", "tools": ["calculate"]},
+                    "bob": {"public-key": "keys/bob.pub"}},
+    }, tmp_path)
+    records: list[CallRecord] = []
+    metrics = HostMetrics()
+    async with LocalHost(pulsar_broker.url, catalog, announce_as="guarded", topic=topic,
+                         listeners=[records.append, metrics.calls]) as started:
+        started.records = records  # type: ignore[attr-defined]
+        started.metrics = metrics  # type: ignore[attr-defined]
+        yield started, topic
+
+
+async def test_the_directory_lists_each_caller_the_tools_its_hosts_admit_it_to(
+    pulsar_broker: EmbeddedBroker, announced: tuple[LocalHost, str], keys: dict[str, Signer]
+) -> None:
+    host, topic = announced
+    listed = {}
+    for name in (None, "alice", "bob"):
+        identity = keys[name] if name else None
+        async with ToolDirectory(PulsarSettings(pulsar_broker.url), topic, identity=identity) as found:
+            await found.wait_for("calculate")
+            listed[name] = [tool.name for tool in found.available(["*"])]
+            if name == "alice":
+                assert await found.invoke("calculate", {"expression": "2+2"}) == "2+2 for alice"
+            else:
+                with pytest.raises(ToolCallError) as refused:
+                    await found.invoke("calculate", {"expression": "2+2"})
+                assert refused.value.error_type == wire.UNAUTHORIZED and "its hosts admit" in refused.value.message
+    assert listed == {None: ["tell-joke"], "alice": ["calculate", "tell-joke"], "bob": ["tell-joke"]}
+    entry = audit_entry(host.records[0])  # type: ignore[attr-defined]
+    assert entry["caller"] == {"name": "alice", "key_id": keys["alice"].key_id} and entry["status"] == "ok"
+    scraped = generate_latest(host.metrics.registry).decode()  # type: ignore[attr-defined]
+    assert 'tghost_caller_invocations_total{caller="alice",service="calculate",status="ok"} 1.0' in scraped
+
+
+async def test_tghost_tools_lists_an_identitys_tools_and_all_of_them_with_who_may_call_them(
+    pulsar_broker: EmbeddedBroker, announced: tuple[LocalHost, str], keys: dict[str, Signer], tmp_path: Path
+) -> None:
+    _, topic = announced
+    env = {**os.environ, "TGHOST_PULSAR_URL": pulsar_broker.url, "TGHOST_DESCRIPTORS_TOPIC": topic}
+    anonymous = await asyncio.to_thread(live_tools, env)
+    alice = await asyncio.to_thread(live_tools, {**env, "TGHOST_IDENTITY": str(tmp_path / "keys" / "alice.key")})
+    everything = await asyncio.to_thread(tghost_cli, "tools", "--all", env=env)
+    assert sorted(anonymous) == ["tell-joke"] and sorted(alice) == ["calculate", "tell-joke"]
+    assert re.search(rf"^calculate\s.*\s{keys['alice'].key_id}$", everything.stdout, re.M), everything.stdout
+    assert re.search(r"^tell-joke\s.*\sanonymous,", everything.stdout, re.M), everything.stdout
+    called = await asyncio.to_thread(tghost_cli, "call", "calculate", "expression=1", "--identity",
+                                     str(tmp_path / "keys" / "alice.key"), env=env)
+    assert (called.returncode, called.stdout) == (0, "1 for alice\n"), called.stderr
+
+
+async def test_trustgraphs_own_client_calls_an_anonymous_tool(pulsar_broker: EmbeddedBroker, host: LocalHost) -> None:
+    base = pytest.importorskip("trustgraph.base.request_response_client", reason="trustgraph-base is not installed")
+    backend_module = pytest.importorskip("trustgraph.base.async_pulsar_backend")
+    schema = pytest.importorskip("trustgraph.schema")
+    descriptor = host.descriptors["tell-joke"]
+    backend = backend_module.AsyncPulsarBackend(pulsar_broker.url)
+    client = await base.RequestResponseClient.create(
+        backend=backend, request_topic=descriptor.request_queue, response_topic=descriptor.response_queue,
+        request_schema=schema.ToolServiceRequest, response_schema=schema.ToolServiceResponse)
+    try:
+        joke = await client.request(schema.ToolServiceRequest(config="{}", arguments=json.dumps({"topic": "tg"})),
+                                    timeout=10)
+    finally:
+        await client.close()
+    assert joke.error is None and joke.response == "a joke about tg"
+    assert INVOKED == ["tell-joke"]
+
+
+@pytest.mark.parametrize(("table", "says"), [
+    ('anonymous = ["nope"]\n', "[access] names tool(s) ['nope'] that this host does not serve"),
+    ('[callers.x]\npublic-key = "missing.pub"\n', "[access] callers.x.public-key: cannot read the trusted key"),
+    ('[callers.x]\npublic-key = "k.pub"\nrate = "often"\n', "[access]: callers.x.rate: Value error, 'often' is not"),
+])
+def test_tghost_run_with_a_bad_access_table_exits_1_naming_the_file_table_and_field(
+    tmp_path: Path, table: str, says: str
+) -> None:
+    write_key_pair(tmp_path / "k")
+    config = tmp_path / "tools.toml"
+    config.write_text("[access]\n" + table.replace("[callers", "[access.callers"))
+    result = tghost_cli("run", "--config", str(config), "--pulsar-url", "pulsar://127.0.0.1:1",
+                        env={**os.environ, "TGHOST_LOAD_PLUGINS": "joke"})
+    assert result.returncode == 1, result.stderr
+    [line] = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+    assert str(config) in line and says in line, line
+
+
+async def test_the_readme_access_table_is_what_tghost_run_serves_under(
+    pulsar_broker: EmbeddedBroker, tmp_path: Path, host_process: Any
+) -> None:
+    config = tmp_path / "access.toml"
+    config.write_text(block("README.md", "# access.toml"))
+    keygen = tghost_cli("keygen", "--out", str(tmp_path / "keys" / "alice"))
+    assert keygen.returncode == 0, keygen.stderr
+    env = {**os.environ, "TGHOST_PULSAR_URL": pulsar_broker.url, "TGHOST_LOAD_PLUGINS": "joke,calculator",
+           "TGHOST_DESCRIPTORS_TOPIC": f"persistent://tg/config/readme-{uuid.uuid4().hex[:8]}"}
+    host = host_process("--config", str(config), env=env)
+    await asyncio.to_thread(host.wait_for, "announced")
+    alice = {**env, "TGHOST_IDENTITY": str(tmp_path / "keys" / "alice.key")}
+    outcomes = [await asyncio.to_thread(tghost_cli, "call", *args, env=who) for who, args in [
+        (env, ("tell-joke", "topic=cats")), (env, ("calculate", "expression=6*7")),
+        (alice, ("calculate", "expression=6*7"))]]
+    assert [o.returncode for o in outcomes] == [0, 1, 0], [o.stderr for o in outcomes]
+    assert "unauthorized" in outcomes[1].stderr and outcomes[2].stdout.strip() == "42"
+    host.process.send_signal(signal.SIGINT)
+    assert host.finish() == 0
