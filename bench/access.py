@@ -13,18 +13,25 @@ import asyncio
 import statistics
 import sys
 import tempfile
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from tghost.agent.client import ToolServiceClient
-from tghost.protocol.descriptors import request_queue, response_queue
 from tghost.protocol.trust import Signer, write_key_pair
-from tghost.pulsar.clients import PulsarSettings
 
-from .common import ECHO, ECHO_ARGS, broker, host_env, ready, report, serial_ms, summary, tghost_run, throughput
+from .common import (
+    ECHO,
+    ECHO_ARGS,
+    broker,
+    host_env,
+    ready,
+    report,
+    serial_ms,
+    service_client,
+    summary,
+    tghost_run,
+    throughput,
+)
 
 CONCURRENCY = 64
 POLICY = """
@@ -50,20 +57,10 @@ FULL = Sizes(serial=2000, warmup=200, total=20000, reps=3)
 QUICK = Sizes(serial=50, warmup=10, total=200, reps=1)
 
 
-@asynccontextmanager
-async def caller(url: str, identity: Signer | None) -> AsyncIterator[ToolServiceClient]:
-    client = await PulsarSettings(url).connect()
-    try:
-        async with ToolServiceClient(client, request_queue("echo"), response_queue("echo"), identity) as svc:
-            yield svc
-    finally:
-        await client.close()
-
-
 async def measure(url: str, env: dict[str, str], identity: Signer | None, sizes: Sizes) -> tuple[float, float]:
     """(serial median ms, calls/s at CONCURRENCY) of one host in ``env``."""
     with tghost_run(env):
-        async with caller(url, identity) as svc:
+        async with service_client(url, "echo", identity) as svc:
             def call() -> Any:
                 return svc.call({}, ECHO_ARGS, timeout=30)
             await ready(call)

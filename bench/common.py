@@ -30,6 +30,7 @@ from tghost.agent.client import ToolCallError, ToolServiceClient
 from tghost.agent.directory import Change, ToolDirectory
 from tghost.discovery.discover import ENTRY_POINT_GROUP
 from tghost.protocol.descriptors import request_queue, response_queue
+from tghost.protocol.trust import Signer
 from tghost.pulsar.clients import PulsarSettings, free_port
 from tghost.pulsar.embedded import EmbeddedBroker
 
@@ -216,11 +217,12 @@ def rss_mib(pid: int) -> float:
 
 
 @asynccontextmanager
-async def service_client(url: str, topic: str) -> AsyncIterator[ToolServiceClient]:
-    """A started ToolServiceClient for the service on short ``topic`` (own Pulsar client)."""
+async def service_client(url: str, topic: str, identity: Signer | None = None) -> AsyncIterator[ToolServiceClient]:
+    """A started ToolServiceClient for the service on short ``topic`` (own Pulsar client),
+    signing its requests with ``identity`` if given."""
     client = await PulsarSettings(url).connect()
     try:
-        async with ToolServiceClient(client, request_queue(topic), response_queue(topic)) as svc:
+        async with ToolServiceClient(client, request_queue(topic), response_queue(topic), identity) as svc:
             yield svc
     finally:
         await client.close()

@@ -27,8 +27,7 @@ def select_tools(
     Without trusted keys a contested tool is left out (docs/protocol.md §4.8): whoever loads
     the export would call its queues directly, with nothing to tell which claim is real."""
     if groups is None and state is None:
-        me = directory.identity.key_id if directory.identity else None
-        tools = [directory.tools[name] for name in sorted(directory.tools) if directory.tools[name].admits(me)]
+        tools = [tool for _, tool in sorted(directory.tools.items()) if directory.calls.admits(tool)]
     else:
         tools = [directory.tools[d.name] for d in directory.available(["*"] if groups is None else groups, state)]
     return [t for t in tools if not (t.contested and directory.calls.refuse_conflicts)]

@@ -143,7 +143,7 @@ class ToolCalls:
                 f"tool {name!r} is in groups {list(d.group)} and available in states "
                 f"{list(d.available_in_states or ['*'])}; the request has groups {requested} "
                 f"and state {state or DEFAULT_STATE!r}"))
-        if not tool.admits(self.identity.key_id if self.identity else None):
+        if not self.admits(tool):
             who = f"caller key {self.identity.key_id}" if self.identity else "an anonymous caller"
             raise self._refuse(UNAUTHORIZED, wire.UNAUTHORIZED, (
                 f"tool {name!r} does not admit {who}: its hosts admit {tool.access()} (their [access] policy)"
@@ -151,6 +151,10 @@ class ToolCalls:
         if self.refuse_conflicts and tool.contested:
             raise self._refuse(CONFLICT, CONFLICT, _contest(tool))
         return tool
+
+    def admits(self, tool: DirectoryTool) -> bool:
+        """Whether the tool's hosts admit this caller (its :attr:`identity`; anonymous without one)."""
+        return tool.admits(self.identity.key_id if self.identity else None)
 
     def _refuse(self, reason: str, error_type: str, message: str) -> ToolCallError:
         self.refusals[reason] += 1

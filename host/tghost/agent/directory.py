@@ -421,8 +421,8 @@ class ToolDirectory:
         """
         key = (None if groups is None else tuple(groups), state)
         if key not in self._filtered:
-            me = self.identity.key_id if self.identity else None
-            descriptors = (self.tools[name].descriptor for name in sorted(self.tools) if self.tools[name].admits(me))
+            descriptors = (self.tools[name].descriptor for name in sorted(self.tools)
+                           if self.calls.admits(self.tools[name]))
             self._filtered[key] = select(descriptors, groups, state)
         return self._filtered[key]
 

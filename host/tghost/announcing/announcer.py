@@ -278,7 +278,7 @@ class Announcer:
             sending.cancel()  # the client may still deliver it; nobody waits for its receipt
             raise
         self.sent += 1
-        if self.problem is not None and self.problem.startswith(UNPUBLISHED):
+        if self.problem is not None:
             self._set_problem(None)
 
     def _patience(self) -> float:

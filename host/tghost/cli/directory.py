@@ -23,6 +23,7 @@ from tghost.cli.options import (
     identity_options,
     open_directory,
     pulsar_options,
+    read_token_file,
     setup_logging,
     trust_options,
 )
@@ -69,15 +70,13 @@ def tools(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...
     unless --all. A tool whose name or service another host
     announces differently is marked CONFLICT, and the conflicts are listed on stderr.
     """
-    me = identity.key_id if identity else None
-
     async def fetch() -> list[dict[str, Any]]:
         async with open_directory(pulsar, descriptors_topic, trusted, identity=identity) as directory:
             names = [t.name for t in directory.available(groups or ["*"], state)]
             if not groups and state is None:
                 names = sorted(directory.tools)
             return [_tool_json(directory.tools[name]) for name in names
-                    if show_all or directory.tools[name].admits(me)]
+                    if show_all or directory.calls.admits(directory.tools[name])]
 
     rows = asyncio.run(fetch())
     if as_json:
@@ -234,11 +233,4 @@ def _mcp_token(path: Path | None, transport: str, host: str) -> str | None:
                 "TGHOST_MCP_TOKEN_FILE) holding a secret its clients send as 'Authorization: Bearer <token>', e.g. "
                 "python3 -c 'import secrets; print(secrets.token_urlsafe(32))' > FILE")
         return None
-    try:
-        token = path.read_text().strip()
-    except OSError as exc:
-        raise click.BadParameter(f"cannot read {path}: {exc.strerror or exc}",
-                                 param_hint="--token-file / TGHOST_MCP_TOKEN_FILE") from None
-    if not token:
-        raise click.BadParameter(f"{path} is empty", param_hint="--token-file / TGHOST_MCP_TOKEN_FILE")
-    return token
+    return read_token_file(path, "--token-file / TGHOST_MCP_TOKEN_FILE")

@@ -51,14 +51,23 @@ def pulsar_token(token: str | None, token_file: Path | None) -> str | None:
     if token:
         raise click.UsageError("give the token once: --pulsar-token (env TGHOST_PULSAR_TOKEN) or "
                                "--pulsar-token-file (env TGHOST_PULSAR_TOKEN_FILE), not both")
-    hint = "--pulsar-token-file / TGHOST_PULSAR_TOKEN_FILE"
+    return read_token_file(token_file, "--pulsar-token-file / TGHOST_PULSAR_TOKEN_FILE")
+
+
+def read_token_file(path: Path, hint: str) -> str:
+    """The secret in the token file ``path``, without surrounding whitespace; ``hint`` names the
+    option that gave it, in errors.
+
+    Raises:
+        click.BadParameter: the file cannot be read, or holds nothing but whitespace.
+    """
     try:
-        text = token_file.read_text(encoding="utf-8").strip()
+        text = path.read_text(encoding="utf-8").strip()
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
-        raise click.BadParameter(f"cannot read the token file {str(token_file)!r}: {reason}", param_hint=hint) from None
+        raise click.BadParameter(f"cannot read the token file {str(path)!r}: {reason}", param_hint=hint) from None
     if not text:
-        raise click.BadParameter(f"the token file {str(token_file)!r} is empty (or only whitespace)", param_hint=hint)
+        raise click.BadParameter(f"the token file {str(path)!r} is empty (or only whitespace)", param_hint=hint)
     return text
 
 
