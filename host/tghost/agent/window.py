@@ -189,14 +189,29 @@ async def _catch_up(reader: pulsar.asyncio.Reader, handler: Handler, stall: floa
             handler(message)
             read += 1
         return read
-    batch = await asyncio.to_thread(_read_batch, blocking, stall)
-    while batch:
-        following = asyncio.ensure_future(asyncio.to_thread(_read_batch, blocking, stall))
-        for message in batch:
-            handler(message)
-        read += len(batch)
-        batch = await following
+    reading = asyncio.ensure_future(asyncio.to_thread(_read_batch, blocking, stall))
+    try:
+        batch = await asyncio.shield(reading)
+        while batch:
+            reading = asyncio.ensure_future(asyncio.to_thread(_read_batch, blocking, stall))
+            for message in batch:
+                handler(message)
+            read += len(batch)
+            batch = await asyncio.shield(reading)
+    finally:
+        await _settled(reading)
     return read
+
+
+async def _settled(reading: asyncio.Future[list[Any]]) -> None:
+    """Wait until a batch read in a worker thread is over (it is, within one batch or the
+    stall bound). A catch-up cancelled or failed meanwhile must not let the reader be closed
+    under the thread: its blocking ``has_message_available`` would then wait for ever, and
+    so would the event loop's shutdown, which joins that thread."""
+    if not reading.done():
+        await asyncio.wait({reading})
+    if not reading.cancelled():
+        reading.exception()  # retrieved: it was raised, or superseded by what ended the catch-up
 
 
 async def _follow(reader: pulsar.asyncio.Reader, handler: Handler) -> None:
