@@ -1,9 +1,11 @@
 """Access: what a host's ``[access]`` policy costs per call (README "Who may call what").
 
-One ``tghost run`` serving the echo tool, in two set-ups, in turn, ``REPS`` times: no policy
-and an anonymous caller (today's path), and a policy with the caller's key, the caller signing
-every request (the host verifies the Ed25519 signature, checks the replay window, the tool and
-a rate too high to bite). Serial latency (median of ``SERIAL`` calls) and throughput at
+One ``tghost run`` serving the echo tool, in three set-ups, in turn, ``REPS`` times: no policy
+and an anonymous caller (today's path); a policy with the caller's key, the caller signing
+every request (the host verifies an Ed25519 signature per call, docs/protocol.md §2.8); and the
+same policy with the caller in a session with the host, as a directory's calls are (one
+signature per session, an HMAC per call, §2.9). The host also checks the replay window, the
+tool and a rate too high to bite. Serial latency (median of ``SERIAL`` calls) and throughput at
 concurrency ``CONCURRENCY``. Nothing here asserts anything about time.
 """
 
@@ -17,7 +19,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from tghost.agent.directory import ToolDirectory
 from tghost.protocol.trust import Signer, write_key_pair
+from tghost.pulsar.clients import PulsarSettings
 
 from .common import (
     ECHO,
@@ -57,10 +61,19 @@ FULL = Sizes(serial=2000, warmup=200, total=20000, reps=3)
 QUICK = Sizes(serial=50, warmup=10, total=200, reps=1)
 
 
-async def measure(url: str, env: dict[str, str], identity: Signer | None, sizes: Sizes) -> tuple[float, float]:
+async def session_keys(url: str, topic: str, identity: Signer) -> list[str]:
+    """The session keys the echo service's hosts announce on ``topic``."""
+    async with ToolDirectory(PulsarSettings(url), topic, identity=identity) as directory:
+        await directory.wait_for("echo", timeout=30)
+        return directory.calls.session_keys(directory.tools["echo"].service.descriptor.id)
+
+
+async def measure(url: str, env: dict[str, str], identity: Signer | None, sizes: Sizes,
+                  in_session: bool = False) -> tuple[float, float]:
     """(serial median ms, calls/s at CONCURRENCY) of one host in ``env``."""
     with tghost_run(env):
-        async with service_client(url, "echo", identity) as svc:
+        keys = await session_keys(url, env["TGHOST_DESCRIPTORS_TOPIC"], identity) if in_session and identity else []
+        async with service_client(url, "echo", identity, keys) as svc:
             def call() -> Any:
                 return svc.call({}, ECHO_ARGS, timeout=30)
             await ready(call)
@@ -71,7 +84,8 @@ async def measure(url: str, env: dict[str, str], identity: Signer | None, sizes:
 
 
 async def run(url: str, sizes: Sizes) -> list[dict[str, Any]]:
-    results: dict[str, list[tuple[float, float]]] = {"no policy, anonymous": [], "policy, signed caller": []}
+    results: dict[str, list[tuple[float, float]]] = {
+        "no policy, anonymous": [], "policy, caller signing each request": [], "policy, caller in a session": []}
     with tempfile.TemporaryDirectory(prefix="tghost-bench-access-") as tmp:
         pair = write_key_pair(Path(tmp) / "bench")
         config = Path(tmp) / "access.toml"
@@ -80,9 +94,11 @@ async def run(url: str, sizes: Sizes) -> list[dict[str, Any]]:
         for _ in range(sizes.reps):
             with host_env(url, {"echo": ECHO}) as env:
                 results["no policy, anonymous"].append(await measure(url, env, None, sizes))
-            with host_env(url, {"echo": ECHO}) as env:
-                results["policy, signed caller"].append(await measure(url, {**env, "TGHOST_CONFIG": str(config)},
-                                                                      identity, sizes))
+            for name, in_session in (("policy, caller signing each request", False),
+                                     ("policy, caller in a session", True)):
+                with host_env(url, {"echo": ECHO}) as env:
+                    guarded = {**env, "TGHOST_CONFIG": str(config)}
+                    results[name].append(await measure(url, guarded, identity, sizes, in_session))
     base_ms = statistics.median(m for m, _ in results["no policy, anonymous"])
     base_rate = statistics.median(r for _, r in results["no policy, anonymous"])
     rows = []

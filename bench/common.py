@@ -217,12 +217,15 @@ def rss_mib(pid: int) -> float:
 
 
 @asynccontextmanager
-async def service_client(url: str, topic: str, identity: Signer | None = None) -> AsyncIterator[ToolServiceClient]:
+async def service_client(url: str, topic: str, identity: Signer | None = None,
+                         host_keys: Sequence[str] = ()) -> AsyncIterator[ToolServiceClient]:
     """A started ToolServiceClient for the service on short ``topic`` (own Pulsar client),
-    signing its requests with ``identity`` if given."""
+    signing its requests with ``identity`` if given, in a session with the hosts whose session
+    ``host_keys`` are given (docs/protocol.md §2.9)."""
     client = await PulsarSettings(url).connect()
     try:
-        async with ToolServiceClient(client, request_queue(topic), response_queue(topic), identity) as svc:
+        async with ToolServiceClient(client, request_queue(topic), response_queue(topic), identity,
+                                     (lambda: host_keys) if host_keys else None) as svc:
             yield svc
     finally:
         await client.close()

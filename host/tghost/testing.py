@@ -27,6 +27,7 @@ from tghost.author.service import ToolService
 from tghost.conformance import Conformance, Finding, RawWire, check_conformance
 from tghost.discovery.discover import Catalog, catalog_of, catalog_of_plugin
 from tghost.protocol.announcement import DEFAULT_TOPIC, EPOCH_SECONDS, epoch_of, epoch_topic
+from tghost.protocol.sessions import HostSessionKey
 from tghost.protocol.trust import Signer
 from tghost.pulsar.clients import PulsarSettings, free_port
 from tghost.pulsar.embedded import EmbeddedBroker
@@ -107,10 +108,11 @@ class LocalHost:
             self.catalog = catalog_of(services, tools, authorize=authorize)
         self.services, self.descriptors = self.catalog.services, self.catalog.descriptors
         self.pulsar = PulsarSettings(url)
+        session = HostSessionKey() if self.catalog.access is not None else None
         self.server = Server(self.services, self.descriptors, settings, listeners, authorize=self.catalog.authorize,
-                             gate=Gate.of(self.catalog))
+                             gate=Gate.of(self.catalog, session))
         self.announcer = None if announce_as is None else Announcer(
-            self.catalog, HostIdentity(announce_as, "localhost", os.getpid()), topic, lease, signer,
+            self.catalog, HostIdentity(announce_as, "localhost", os.getpid(), session=session), topic, lease, signer,
             epoch_seconds=epoch_seconds)
         self._clients: dict[str, ToolServiceClient] = {}
         self._lock = asyncio.Lock()

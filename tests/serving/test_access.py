@@ -30,7 +30,8 @@ from tghost.operate.audit import audit_entry
 from tghost.operate.metrics import HostMetrics
 from tghost.protocol import wire
 from tghost.protocol.access import AccessPolicy
-from tghost.protocol.callers import sign_request
+from tghost.protocol.callers import CALLER, sign_request
+from tghost.protocol.sessions import CallerSession, HostSessionKey
 from tghost.protocol.trust import Signer, write_key_pair
 from tghost.pulsar.clients import PulsarSettings
 from tghost.pulsar.embedded import EmbeddedBroker
@@ -279,3 +280,75 @@ async def test_the_readme_access_table_is_what_tghost_run_serves_under(
     assert "unauthorized" in outcomes[1].stderr and outcomes[2].stdout.strip() == "42"
     host.process.send_signal(signal.SIGINT)
     assert host.finish() == 0
+
+
+# -- caller sessions: one Ed25519 check per session, an HMAC per request (docs/protocol.md §2.9) ----
+
+
+def session_properties(session: CallerSession, body: bytes, request_id: str, topic: str, host_keys: list[str],
+                       when: float | None = None) -> dict[str, str]:
+    return {"id": request_id, **session.properties(body, request_id, topic, when or time.time(), host_keys)}
+
+
+async def test_a_session_request_is_checked_by_its_mac_and_a_tamper_replay_stale_or_forged_binding_is_refused(
+    host: LocalHost, keys: dict[str, Signer]
+) -> None:
+    descriptor, gate = host.descriptors["calculate"], host.server.gate
+    assert gate is not None
+    topic, mine = descriptor.request_queue, [gate.session.public]
+    body = wire.encode_request("u", {}, {"expression": "6*7"})
+    alice = CallerSession(keys["alice"], time.time())
+    forged = CallerSession(keys["mallory"], time.time())  # mallory's binding, claiming to be alice
+    forged._binding = {**forged._binding, CALLER: keys["alice"].key_id}
+    async with RawWire(host.pulsar.url, descriptor) as raw:
+        good = session_properties(alice, body, "good", topic, mine)
+        sent = {"good": (body, good), "replay": (body, good),
+                "tampered": (wire.encode_request("u", {}, {"expression": "666"}),
+                             session_properties(alice, body, "tampered", topic, mine)),
+                "stale": (body, session_properties(alice, body, "stale", topic, mine, time.time() - 120)),
+                "forged": (body, session_properties(forged, body, "forged", topic, mine)),
+                "expired": (body, session_properties(CallerSession(keys["alice"], time.time() - 7200), body,
+                                                     "expired", topic, mine))}
+        for name, (payload, properties) in sent.items():
+            if name != "replay":
+                await raw.send(payload, properties)
+        await raw.send(body, good)  # the same request again: a replay
+        outcomes = {rid: (await raw.replies(rid))[0][1] for rid in ("tampered", "stale", "forged", "expired")}
+        replies = [reply.json() for reply in await raw.raw_replies("good", settle=0.5)]
+    assert [r["response"] for r in replies if not r["error"]] == ["6*7 for alice"]
+    assert ["already received (a replay)" in r["error"]["message"] for r in replies if r["error"]] == [True]
+    says = {"tampered": "MAC does not verify", "stale": "more than 60s", "forged": "binding does not verify",
+            "expired": "session expired"}
+    for name, text in says.items():
+        error = outcomes[name]["error"]
+        assert error["type"] == wire.UNAUTHORIZED and text in error["message"], (name, error)
+    assert INVOKED == ["calculate"] and gate.open_sessions == 1
+
+
+async def test_a_session_request_without_a_mac_for_the_host_is_resent_signed_and_answered(
+    host: LocalHost, keys: dict[str, Signer]
+) -> None:
+    """A host the caller did not know yet (its key is not among those it MACs for) answers
+    ``unknown-session`` before anything runs; the client resends the request signed."""
+    descriptor = host.descriptors["calculate"]
+    elsewhere = [HostSessionKey().public]  # another host's key: the request has no MAC for this one
+    assert host.client is not None
+    async with ToolServiceClient(host.client, descriptor.request_queue, descriptor.response_queue,
+                                 identity=keys["alice"], host_keys=lambda: elsewhere) as caller:
+        assert await caller.call({}, {"expression": "1+2"}, timeout=10) == "1+2 for alice"
+    statuses = [r.status for r in host.records]  # type: ignore[attr-defined]
+    assert INVOKED == ["calculate"] and statuses == [wire.UNKNOWN_SESSION, "ok"]
+
+
+async def test_a_directory_calls_in_sessions_with_the_hosts_that_announce_a_session_key(
+    pulsar_broker: EmbeddedBroker, announced: tuple[LocalHost, str], keys: dict[str, Signer]
+) -> None:
+    host, topic = announced
+    assert host.server.gate is not None
+    async with ToolDirectory(PulsarSettings(pulsar_broker.url), topic, identity=keys["alice"]) as found:
+        await found.wait_for("calculate")
+        service = found.tools["calculate"].service.descriptor.id
+        assert found.calls.session_keys(service) == [host.server.gate.session.public]
+        for i in range(3):
+            assert await found.invoke("calculate", {"expression": str(i)}) == f"{i} for alice"
+    assert host.server.gate.open_sessions == 1  # one binding verified for three calls

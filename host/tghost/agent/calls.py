@@ -17,10 +17,11 @@ from typing import Any
 import pulsar.asyncio
 
 from tghost.agent.client import ToolCallError, ToolServiceClient
-from tghost.agent.entries import DirectoryTool
+from tghost.agent.entries import DirectoryTool, ServiceEntry
 from tghost.protocol import wire
 from tghost.protocol.descriptors import ToolServiceDescriptor
 from tghost.protocol.groups import DEFAULT_GROUPS, DEFAULT_STATE, WILDCARD, is_available, next_state
+from tghost.protocol.sessions import SESSION_KEY
 from tghost.protocol.trust import Signer
 
 __all__ = [
@@ -89,11 +90,15 @@ class ToolCalls:
     :data:`NOT_AVAILABLE` (seed 001 group/state filtering), :data:`GROUPS_EXCEED_ALLOWED` or,
     with ``refuse_conflicts``, :data:`CONFLICT` (a contested tool, :attr:`DirectoryTool.contested`).
     ``client`` is the Pulsar client calls are made with, set by the directory once connected.
+    ``services`` (id -> entry, kept current by the directory) name the hosts of each service, so
+    a caller with an ``identity`` calls in sessions with them (docs/protocol.md §2.9).
     """
 
     def __init__(self, tools: Mapping[str, DirectoryTool], listeners: Sequence[ToolCallListener] = (),
-                 refuse_conflicts: bool = True, identity: Signer | None = None) -> None:
+                 refuse_conflicts: bool = True, identity: Signer | None = None,
+                 services: Mapping[str, ServiceEntry] | None = None) -> None:
         self.tools = tools
+        self.services = {} if services is None else services
         self.listeners = tuple(listeners)
         self.refuse_conflicts = refuse_conflicts
         self.identity = identity
@@ -167,10 +172,17 @@ class ToolCalls:
             if caller is None or (caller.request_queue, caller.response_queue) != (
                     descriptor.request_queue, descriptor.response_queue):
                 assert self.client is not None, "start the directory first"
-                caller = await ToolServiceClient(self.client, descriptor.request_queue,
-                                                 descriptor.response_queue, self.identity).start()
+                caller = await ToolServiceClient(self.client, descriptor.request_queue, descriptor.response_queue,
+                                                 self.identity, lambda: self.session_keys(descriptor.id)).start()
                 self._callers[descriptor.id] = caller
             return caller
+
+    def session_keys(self, service_id: str) -> list[str]:
+        """The session keys that the live hosts of a service announce (docs/protocol.md §4.3)."""
+        entry = self.services.get(service_id)
+        if entry is None:
+            return []
+        return [key for p in entry.providers if isinstance(key := p.host.get(SESSION_KEY), str)]
 
     async def stream(
         self,

@@ -13,7 +13,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import pulsar
@@ -21,6 +21,7 @@ import pulsar.asyncio
 
 from tghost.protocol import wire
 from tghost.protocol.callers import sign_request
+from tghost.protocol.sessions import CallerSession
 from tghost.protocol.trust import Signer
 from tghost.pulsar import hop
 
@@ -45,6 +46,8 @@ class ToolCallError(Exception):
 #: broker drops what a consumer has no room for (no flow control reaches the host), so a long
 #: stream must fit here while the caller reads it (docs/protocol.md §2.5).
 RESPONSE_QUEUE = 10_000
+#: Seconds before its session expires that a caller starts a new one (docs/protocol.md §2.9).
+SESSION_RENEWAL = 300.0
 
 
 class ToolServiceClient:
@@ -53,13 +56,17 @@ class ToolServiceClient:
     Use ``async with ToolServiceClient(client, request_queue, response_queue) as svc:`` then
     ``await svc.call(...)`` or ``async for chunk in svc.stream(...)``. With an ``identity`` (a
     caller key, ``tghost keygen``) every request is signed (docs/protocol.md §2.8); without, the
-    caller is anonymous.
+    caller is anonymous. ``host_keys`` gives the session keys the service's hosts announce now
+    (a directory knows them): with an identity and any such key, requests go in a caller session
+    instead, MACed for those hosts (§2.9), and one a host cannot check is resent signed.
     """
 
     def __init__(self, client: pulsar.asyncio.Client, request_queue: str, response_queue: str,
-                 identity: Signer | None = None) -> None:
+                 identity: Signer | None = None, host_keys: Callable[[], Sequence[str]] | None = None) -> None:
         self._client = client
         self.identity = identity
+        self._host_keys = host_keys
+        self._session: CallerSession | None = None
         self.request_queue = request_queue
         self.response_queue = response_queue
         self._pending: dict[str, asyncio.Queue[wire.Response | Exception]] = {}
@@ -117,12 +124,14 @@ class ToolServiceClient:
         try:
             async with asyncio.timeout(timeout):
                 body = wire.encode_request(user, config, arguments)
-                hop.send(self._producer, body, self._properties(request_id, body),
-                         lambda result, _: self._on_sent(queue, result))
+                in_session = self._send(queue, request_id, body, self._host_keys() if self._host_keys else ())
                 while True:
                     response = await queue.get()
                     if isinstance(response, Exception):
                         raise response
+                    if response.error and in_session and response.error["type"] == wire.UNKNOWN_SESSION:
+                        in_session = self._send(queue, request_id, body, ())  # a host we did not know yet
+                        continue
                     if response.error:
                         raise ToolCallError(response.error["type"], response.error["message"])
                     if response.response:
@@ -135,11 +144,20 @@ class ToolServiceClient:
         finally:
             del self._pending[request_id]
 
-    def _properties(self, request_id: str, body: bytes) -> dict[str, str]:
-        """The request's properties: its ``id``, and with an identity its signature."""
-        if self.identity is None:
-            return {"id": request_id}
-        return {"id": request_id, **sign_request(self.identity, body, request_id, self.request_queue, time.time())}
+    def _send(self, queue: asyncio.Queue[wire.Response | Exception], request_id: str, body: bytes,
+              host_keys: Sequence[str]) -> bool:
+        """Send the request with its ``id`` and, with an identity, its proof: a session's MACs
+        for ``host_keys`` if there are any, else a signature. Whether it went in a session."""
+        properties = {"id": request_id}
+        now = time.time()
+        if self.identity is not None and host_keys:
+            if self._session is None or self._session.expires - now < SESSION_RENEWAL:
+                self._session = CallerSession(self.identity, now)
+            properties.update(self._session.properties(body, request_id, self.request_queue, now, host_keys))
+        elif self.identity is not None:
+            properties.update(sign_request(self.identity, body, request_id, self.request_queue, now))
+        hop.send(self._producer, body, properties, lambda result, _: self._on_sent(queue, result))
+        return self.identity is not None and bool(host_keys)
 
     async def call(
         self,

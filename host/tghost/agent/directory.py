@@ -175,7 +175,8 @@ class ToolDirectory:
         self.identity = identity
         """The caller key this directory calls with (``None``: anonymous): it signs every request,
         and :meth:`available` lists only the tools their hosts admit it to."""
-        self.calls = ToolCalls(self.tools, listeners, refuse_conflicts=trusted is None, identity=identity)
+        self.calls = ToolCalls(self.tools, listeners, refuse_conflicts=trusted is None, identity=identity,
+                               services=self.services)
         """Calls by tool name over :attr:`tools` (:mod:`tghost.agent.calls`)."""
         self._tasks: list[asyncio.Task[None]] = []
         self._client: pulsar.asyncio.Client | None = None

@@ -35,6 +35,7 @@ from tghost.protocol.announcement import (
     epoch_topic,
 )
 from tghost.protocol.descriptors import ToolDescriptor, ToolServiceDescriptor
+from tghost.protocol.sessions import SESSION_KEY, HostSessionKey
 from tghost.protocol.trust import Signer
 from tghost.pulsar.clients import is_reachable
 from tghost.pulsar.embedded import local_disk_trouble
@@ -64,36 +65,41 @@ def _new_instance() -> str:
 class HostIdentity:
     """Who serves: ``id`` is stable across restarts of the same host slot on this machine;
     ``instance`` is new for every process (docs/protocol.md §4.3), so a directory can tell a
-    restart, and two processes wrongly sharing one id, from one host."""
+    restart, and two processes wrongly sharing one id, from one host. ``session``: the key
+    callers open sessions with (a host with an ``[access]`` policy; docs/protocol.md §2.9)."""
 
     id: str
     hostname: str
     pid: int
     version: str = __version__
     instance: str = field(default_factory=_new_instance)
+    session: HostSessionKey | None = field(default=None, compare=False, repr=False)
 
     def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, "hostname": self.hostname, "pid": self.pid, "version": self.version,
+        info = {"id": self.id, "hostname": self.hostname, "pid": self.pid, "version": self.version,
                 "instance": self.instance}
+        return info if self.session is None else {**info, SESSION_KEY: self.session.public}
 
     @classmethod
     @contextlib.contextmanager
-    def claim(cls, state_dir: Path, explicit_id: str | None = None) -> Iterator[HostIdentity]:
+    def claim(cls, state_dir: Path, explicit_id: str | None = None,
+              session: HostSessionKey | None = None) -> Iterator[HostIdentity]:
         """Hold a host identity for the lifetime of the ``with`` block.
 
         With ``explicit_id`` that id is used. Otherwise the first free slot
         ``state_dir/hosts/<n>`` is locked (flock) and its stored uuid reused, so a restarted
-        host gets its old id back while two hosts running at once never share one.
+        host gets its old id back while two hosts running at once never share one. ``session``
+        is announced as the host's session key.
         """
         hostname = socket.gethostname()
         if explicit_id:
-            yield cls(explicit_id, hostname, os.getpid())
+            yield cls(explicit_id, hostname, os.getpid(), session=session)
             return
         slots = state_dir / "hosts"
         slots.mkdir(parents=True, exist_ok=True)
         handle, slot_id = _host_slot(slots)
         try:
-            yield cls(f"{hostname}-{slot_id}", hostname, os.getpid())
+            yield cls(f"{hostname}-{slot_id}", hostname, os.getpid(), session=session)
         finally:
             handle.close()
 

@@ -28,6 +28,7 @@ from tghost.discovery.discover import Catalog, PluginLoadError, PluginSelection,
 from tghost.operate.plugin_watch import WatchSettings
 from tghost.operate.run import run_host
 from tghost.protocol.announcement import MAX_LEASE
+from tghost.protocol.sessions import HostSessionKey
 from tghost.protocol.trust import KeyFileError, Signer
 from tghost.pulsar import hop
 from tghost.pulsar.clients import BrokerError, PulsarSettings
@@ -130,7 +131,8 @@ def run(pulsar: PulsarSettings, descriptors_topic: str, data_dir: Path | None, t
                              worker_limits=WorkerLimits(max_calls_per_worker, max_worker_memory))
     try:
         _start_broker_if_needed(pulsar.url, data_dir)
-        with HostIdentity.claim(app_dir(), host_id) as identity:
+        session = HostSessionKey() if catalog.access is not None else None
+        with HostIdentity.claim(app_dir(), host_id, session) as identity:
             announcer = Announcer(catalog, identity, descriptors_topic, lease, signer)
             with operations.open() as (listeners, monitor):
                 sys.setswitchinterval(hop.SWITCH_INTERVAL)  # the Pulsar client's threads get the GIL sooner

@@ -112,7 +112,7 @@ async def run_host(
     """
     stop = stop or asyncio.Event()
     server = Server(catalog.services, catalog.descriptors, serve_settings, listeners, authorize=catalog.authorize,
-                    gate=Gate.of(catalog))
+                    gate=Gate.of(catalog, announcer.identity.session if announcer else None))
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, _on_signal, stop, server)

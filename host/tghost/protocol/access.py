@@ -145,8 +145,7 @@ class AccessPolicy:
 
     def allows(self, caller: CallerGrant | None, tool: str) -> bool:
         """Whether ``caller`` (``None``: anonymous) may call ``tool``."""
-        tools = self.anonymous if caller is None else caller.tools | self.anonymous
-        return ALL in tools or tool in tools
+        return _grants(self.anonymous, tool) or (caller is not None and _grants(caller.tools, tool))
 
     def access_of(self, tool: str) -> ToolAccess:
         """What the host announces about ``tool``: who may call it."""
@@ -171,3 +170,7 @@ def _public_key(value: str, base: Path, where: str) -> Ed25519PublicKey:
         raise AccessError(f"{where}: {exc}") from None
     except ValueError as exc:
         raise AccessError(f"{where}: not a PEM public key ({exc})") from None
+
+
+def _grants(tools: frozenset[str], tool: str) -> bool:
+    return ALL in tools or tool in tools

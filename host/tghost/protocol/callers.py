@@ -38,6 +38,7 @@ __all__ = [
     "caller_key_id",
     "sign_request",
     "signed_request_bytes",
+    "signed_within",
     "verify_request",
 ]
 
@@ -86,12 +87,21 @@ def verify_request(key: Ed25519PublicKey, properties: Mapping[str, str], body: b
     if request_id is None or signed_at is None or signature is None:
         return f"a signed request needs the properties 'id', {SIGNED_AT!r} and {SIGNATURE!r}"
     try:
-        when = float(signed_at)
         key.verify(base64.b64decode(signature, validate=True),
                    signed_request_bytes(body, request_id, topic, signed_at))
     except (ValueError, binascii.Error, InvalidSignature):
         return "the request's signature does not verify (tampered, or signed for another topic)"
+    return signed_within(signed_at, now, window)
+
+
+def signed_within(signed_at: str, now: float, window: float) -> float | str:
+    """The unix time in a ``tghost-signed-at`` text, or why it is refused: not a number, or more
+    than ``window`` seconds from ``now``. Never raises."""
+    try:
+        when = float(signed_at)
+    except ValueError:
+        when = math.nan
     if not math.isfinite(when) or abs(now - when) > window:
-        return (f"the request was signed at {signed_at}, more than {window:g}s from the host's clock "
+        return (f"the request was signed at {signed_at!r}, more than {window:g}s from the host's clock "
                 f"({now:.3f}): keep the caller's clock in sync (NTP)")
     return when

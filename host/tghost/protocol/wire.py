@@ -24,6 +24,7 @@ __all__ = [
     "TOOL_SERVICE_ERROR",
     "UNAUTHORIZED",
     "UNAVAILABLE",
+    "UNKNOWN_SESSION",
     "BadRequest",
     "Request",
     "Response",
@@ -52,6 +53,9 @@ REDELIVERY_LIMIT = "redelivery-limit"
 UNAUTHORIZED = "unauthorized"
 #: The verified caller is over its rate on this host; the text says when to retry.
 RATE_LIMITED = "rate-limited"
+#: A request in a caller session carries no MAC for the host that received it (the caller did
+#: not yet know the host): nothing ran, and the caller resends it signed (docs/protocol.md §2.9).
+UNKNOWN_SESSION = "unknown-session"
 #: The status of a call answered without error, on both sides' call records (any other
 #: status is an error type).
 OK = "ok"

@@ -1,7 +1,8 @@
 """access: a host's gate between a decoded request and ``invoke`` when it has an ``[access]``
-policy (docs/protocol.md §2.8): who sent the request (a caller's signature, checked against
-the policy's keys, within a time window, never twice), whether that caller may call the tool
-the request's config values name, and whether it is within its rate.
+policy (docs/protocol.md §2.8, §2.9): who sent the request (a caller's signature, or its
+session's MAC for this host, checked against the policy's keys, within a time window, never
+twice), whether that caller may call the tool the request's config values name, and whether it
+is within its rate.
 
 Never runs plugin code and never answers a request: it says why one is refused.
 """
@@ -21,10 +22,11 @@ from limits.strategies import MovingWindowRateLimiter
 
 from tghost.discovery.discover import Catalog
 from tghost.protocol import callers as signed
-from tghost.protocol import wire
+from tghost.protocol import sessions, wire
 from tghost.protocol.access import ANONYMOUS, AccessPolicy, CallerGrant
 from tghost.protocol.callers import Caller
 from tghost.protocol.descriptors import ToolDescriptor
+from tghost.protocol.sessions import HostSessionKey, OpenSession
 from tghost.system.logs import LogSummary
 
 __all__ = ["WINDOW", "Gate", "Refused"]
@@ -33,6 +35,8 @@ log = logging.getLogger(__name__)
 
 #: Seconds a signed request may be from the host's clock; a signature is accepted once within it.
 WINDOW = 60.0
+#: Caller sessions a gate keeps open at most; the oldest is dropped (and opened again if used).
+MAX_SESSIONS = 10_000
 
 
 class Refused(Exception):
@@ -63,26 +67,57 @@ class _Seen:
             return True
 
 
+class _Sessions:
+    """Caller sessions this host has opened, by their (binding, signature) properties: a
+    binding's Ed25519 signature is verified once. Thread-safe; at most :data:`MAX_SESSIONS`."""
+
+    def __init__(self) -> None:
+        self._open: OrderedDict[tuple[str, str], OpenSession] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[str, str]) -> OpenSession | None:
+        return self._open.get(key)
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def add(self, key: tuple[str, str], session: OpenSession) -> None:
+        with self._lock:
+            self._open[key] = session
+            while len(self._open) > MAX_SESSIONS:
+                self._open.popitem(last=False)
+
+
 class Gate:
     """The access checks of one host's services under ``policy``. ``tools`` are the host's
     tools (name -> descriptor): a request's tool is the one over its service whose config values
-    it carries. ``window``: seconds (see :data:`WINDOW`)."""
+    it carries. ``session`` is the host's key for caller sessions (announced as its
+    ``session-key``; a new one if not given). ``window``: seconds (see :data:`WINDOW`)."""
 
-    def __init__(self, policy: AccessPolicy, tools: Mapping[str, ToolDescriptor], window: float = WINDOW) -> None:
+    def __init__(self, policy: AccessPolicy, tools: Mapping[str, ToolDescriptor],
+                 session: HostSessionKey | None = None, window: float = WINDOW) -> None:
         self.policy = policy
         self.tools = tools
+        self.session = session or HostSessionKey()
         self.window = window
         self._seen = _Seen(window)
+        self._sessions = _Sessions()
         self._rates = {key: parse(grant.rate) for key, grant in policy.callers.items() if grant.rate}
         # the in-memory storage runs a timer thread: only a policy with rates needs one
         self._limiter = MovingWindowRateLimiter(MemoryStorage()) if self._rates else None
         self._refused = LogSummary(log, "refused %(count)d request(s) under this host's [access] policy: "
                                         "%(reason)s (e.g. %(example)s)")
 
+    @property
+    def open_sessions(self) -> int:
+        """Caller sessions this gate has verified and keeps (docs/protocol.md §2.9)."""
+        return len(self._sessions)
+
     @classmethod
-    def of(cls, catalog: Catalog) -> Gate | None:
-        """The gate of a catalog's ``[access]`` policy over its tools; ``None`` without a policy."""
-        return None if catalog.access is None else cls(catalog.access, catalog.tools)
+    def of(cls, catalog: Catalog, session: HostSessionKey | None = None) -> Gate | None:
+        """The gate of a catalog's ``[access]`` policy over its tools, with the host's
+        ``session`` key; ``None`` without a policy."""
+        return None if catalog.access is None else cls(catalog.access, catalog.tools, session)
 
     def admit(self, service: str, config: Mapping[str, Any], properties: Mapping[str, str], body: bytes,
               topic: str) -> Caller | None:
@@ -90,15 +125,18 @@ class Gate:
         lets it call the tool its ``config`` names now.
 
         Raises:
-            Refused: a bad or replayed signature, a caller the policy does not know or allow for
-                the tool, or a caller over its rate (the text says which, and what to do). Each
-                is summarised in the log, one line per reason at most once a minute.
+            Refused: a bad or replayed signature or MAC, a caller the policy does not know or
+                allow for the tool, or a caller over its rate (the text says which, and what to
+                do); ``unknown-session`` for a session request without a MAC for this host (the
+                caller resends it signed). Each other refusal is summarised in the log, one
+                line per reason at most once a minute.
         """
         try:
             return self._admit(service, config, properties, body, topic)
         except Refused as refused:
-            self._refused.add(refused.error_type, str(refused))
-            self._refused.flush()
+            if refused.error_type != wire.UNKNOWN_SESSION:  # not a fault: the caller resends it signed
+                self._refused.add(refused.error_type, str(refused))
+                self._refused.flush()
             raise
 
     def _admit(self, service: str, config: Mapping[str, Any], properties: Mapping[str, str], body: bytes,
@@ -123,13 +161,37 @@ class Gate:
         if grant is None:
             raise Refused(wire.UNAUTHORIZED, f"caller key {key_id!r} is not in this host's [access] policy")
         now = time.time()
-        checked = signed.verify_request(grant.key, properties, body, topic, now, self.window)
+        if sessions.SESSION in properties:
+            checked = self._verify_session(grant, properties, body, topic, now)
+        else:
+            checked = signed.verify_request(grant.key, properties, body, topic, now, self.window)
         if isinstance(checked, str):
             raise Refused(wire.UNAUTHORIZED, f"caller {grant.name!r}: {checked}")
         if not self._seen.first_time((key_id, properties["id"]), now):
             raise Refused(wire.UNAUTHORIZED, f"caller {grant.name!r}: request {properties['id']!r} was already "
                                         "received (a replay); send each request with a new id")
         return grant
+
+    def _verify_session(self, grant: CallerGrant, properties: Mapping[str, str], body: bytes, topic: str,
+                        now: float) -> float | str:
+        """A session request's MAC for this host (docs/protocol.md §2.9): the unix time it was
+        sent, or why it is refused."""
+        key = (properties[sessions.SESSION], properties.get(sessions.SESSION_SIGNATURE, ""))
+        session = self._sessions.get(key)
+        if session is None:
+            opened = sessions.open_session(self.session, grant.key, grant.key_id, properties, now)
+            if isinstance(opened, str):
+                return opened
+            self._sessions.add(key, session := opened)
+        if session.expires < now:
+            return "the request's session has expired: start a new one"
+        verified = sessions.verify_mac(session, self.session.fingerprint, properties, body, topic)
+        if verified is None:
+            raise Refused(wire.UNKNOWN_SESSION, f"caller {grant.name!r}: the request's session has no MAC for this "
+                                               f"host (key {self.session.fingerprint}); resend it with a signature")
+        if not verified:
+            return "the request's MAC does not verify (tampered, or sent for another topic)"
+        return signed.signed_within(properties.get(signed.SIGNED_AT, ""), now, self.window)
 
     def _tools_of(self, service: str, config: Mapping[str, Any]) -> Sequence[str]:
         """The host's tools over ``service`` whose config values the request carries."""

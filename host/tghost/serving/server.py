@@ -46,7 +46,7 @@ class Server:
         :data:`tghost.author.hookspecs.Authorize`); ``None`` allows every call. ``gate`` applies
         the host's ``[access]`` policy first (:class:`tghost.serving.access.Gate`).
         """
-        self._gate = gate
+        self.gate = gate
         self.settings = settings or ServeSettings()
         self._listeners = tuple(listeners)
         self._authorize = authorize
@@ -58,7 +58,7 @@ class Server:
     def _endpoints(self, services: dict[str, ToolService],
                    descriptors: dict[str, ToolServiceDescriptor]) -> list[ServiceEndpoint]:
         return [ServiceEndpoint(services[sid], descriptors[sid], self.settings, self._listeners, self._authorize,
-                                self._gate) for sid in descriptors]
+                                self.gate) for sid in descriptors]
 
     async def start(self, client: pulsar.asyncio.Client) -> None:
         """Start the stall detector (unless ``stall_threshold`` is 0) and every service endpoint.
