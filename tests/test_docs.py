@@ -126,6 +126,7 @@ RUN_BY = {
     ("README.md", ".venv/bin/tghost run --config examples/tools.toml &"): "test_examples",
     ("README.md", "# tools.toml"): "test_examples",
     ("README.md", "# access.toml"): "test_access",
+    ("README.md", "tghost inspect "): "test_inspector",
     ("README.md", "[external-services.tgpeer] "): "test_external_services",
     ("docs/plugin-hooks.md", "# tghost_textkit.py"): "test_docs",
     ("docs/plugin-hooks.md", "# tghost_search.py"): "test_docs",

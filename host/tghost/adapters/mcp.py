@@ -1,7 +1,8 @@
 """mcp: the live tool directory as a Model Context Protocol server (``tghost mcp``), over
 stdio or streamable HTTP, with the official ``mcp`` SDK's low-level server. Agent side: never
 writes anything but MCP messages to stdout. Over HTTP, the Host and Origin headers are checked
-on every bind (DNS-rebinding protection), not only on loopback as the SDK does by itself.
+on every bind (DNS-rebinding protection, :mod:`tghost.adapters.web`), not only on loopback as
+the SDK does by itself.
 """
 
 from __future__ import annotations
@@ -21,22 +22,17 @@ from mcp.server.auth.settings import AuthSettings
 from mcp.server.session import ServerSession
 from mcp.server.stdio import stdio_server
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
-from mcp.server.transport_security import TransportSecuritySettings
 from pydantic import AnyHttpUrl
 
 from tghost._version import __version__
 from tghost.adapters.export import mcp_tool
+from tghost.adapters.web import transport_security, warn_if_unreachable_by_name
 from tghost.agent.client import ToolCallError
 from tghost.agent.directory import ToolDirectory
-from tghost.pulsar.clients import is_loopback
 
-__all__ = ["LOOPBACK_HOSTS", "BearerToken", "Bridge", "serve", "transport_security"]
+__all__ = ["BearerToken", "Bridge", "serve"]
 
 log = logging.getLogger(__name__)
-
-LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
-"""The ``Host`` names always accepted over HTTP, bare or with any port (the SDK's loopback list)."""
-
 
 class _Server(Server[Any]):
     """The low-level server, advertising ``tools.listChanged`` on every transport (the HTTP
@@ -156,32 +152,6 @@ async def _serve_stdio(server: Server[Any]) -> None:
         await server.run(read, write, server.create_initialization_options())
 
 
-def transport_security(allowed_hosts: Sequence[str] = ()) -> TransportSecuritySettings:
-    """The SDK's DNS-rebinding protection, on whatever address the server binds.
-
-    ``allowed_hosts`` are ``Host`` header values (``name``, ``name:port``, or ``name:*`` for
-    ``name`` with any port) accepted besides :data:`LOOPBACK_HOSTS`. The ``Origin`` headers
-    accepted (a request without one is too) are ``http://`` of the loopback names, as the
-    SDK's own loopback settings, and ``http://`` and ``https://`` of each allowed host. The
-    SDK answers any other ``Host`` with 421 and any other ``Origin`` with 403.
-    """
-    loopback = [f"{name}{port}" for name in LOOPBACK_HOSTS for port in ("", ":*")]
-    origins = [f"http://{name}" for name in loopback]
-    origins += [f"{scheme}://{name}" for name in allowed_hosts for scheme in ("http", "https")]
-    return TransportSecuritySettings(enable_dns_rebinding_protection=True,
-                                     allowed_hosts=[*loopback, *allowed_hosts], allowed_origins=origins)
-
-
-def _warn_if_unreachable_by_name(host: str, port: int, allowed_hosts: Sequence[str]) -> None:
-    """Bound off loopback with no allowed host: clients elsewhere reach the port, but every
-    name they could use is refused; say so once."""
-    if allowed_hosts or is_loopback(host):
-        return
-    log.warning("serving MCP on %s:%d, but only loopback Host names (%s) are accepted: requests with any other "
-                "Host header are refused (421 Invalid Host header). Pass --allowed-host for each name clients use, "
-                "e.g. --allowed-host mcp.example.com:%d", host, port, ", ".join(LOOPBACK_HOSTS), port)
-
-
 class BearerToken:
     """The SDK's :class:`~mcp.server.auth.provider.TokenVerifier` for one shared secret: a
     request's bearer token is accepted when it equals ``token`` (compared in constant time)."""
@@ -197,7 +167,7 @@ class BearerToken:
 
 async def _serve_http(server: Server[Any], host: str, port: int, allowed_hosts: Sequence[str],
                       token: str | None) -> None:
-    _warn_if_unreachable_by_name(host, port, allowed_hosts)
+    warn_if_unreachable_by_name("MCP", host, port, allowed_hosts)
     auth: dict[str, Any] = {} if token is None else {
         "auth": AuthSettings(issuer_url=AnyHttpUrl(f"http://{host}:{port}"), resource_server_url=None),
         "token_verifier": BearerToken(token)}

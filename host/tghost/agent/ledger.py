@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from tghost.protocol.access import ToolAccess
 from tghost.protocol.announcement import MAX_LEASE, Announcement, announcement_key, parse_descriptor
 from tghost.protocol.descriptors import ToolDescriptor, ToolServiceDescriptor
-from tghost.protocol.trust import TrustedKeys
+from tghost.protocol.trust import SIGNATURE_FIELD, TrustedKeys
 from tghost.system.logs import LogSummary
 
 __all__ = [
@@ -37,6 +37,7 @@ __all__ = [
     "STALE",
     "Claim",
     "HostLease",
+    "InstanceView",
     "Key",
     "Ledger",
     "Provider",
@@ -146,10 +147,45 @@ class _Instance:
     expired: bool = False
     fresh: bool = False
     """Whether it sent a message whose lease had not ended when applied (it was alive lately)."""
+    signer: str | None = None
+    """The key id the signature of its last applied message names (``None``: unsigned)."""
 
     @property
     def active(self) -> bool:
         return not (self.withdrawn or self.superseded or self.expired)
+
+
+@dataclass(frozen=True)
+class InstanceView:
+    """One host instance as a ledger knows it, for people (``tghost inspect``).
+
+    ``host`` is its announced ``host`` object (``id``, ``instance``, ``hostname``, ...);
+    ``lease_end`` when its lease ends (unix seconds) and ``seconds`` its length; ``state`` one of
+    ``active``, ``withdrawn`` (it said it stopped), ``superseded`` (a newer instance of its host id
+    took over) or ``expired`` (its lease ran out); ``signed_by`` the key id its last message's
+    signature names (``None``: unsigned), which ``verified`` says was checked against trusted
+    keys; ``entries`` (kind, name, available) of everything it announced, withdrawn included.
+    """
+
+    host: dict[str, Any]
+    lease_end: float
+    seconds: float
+    state: str
+    signed_by: str | None
+    verified: bool
+    entries: tuple[tuple[str, str, bool], ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"host": self.host, "lease_end": self.lease_end, "seconds": self.seconds, "state": self.state,
+                "signed_by": self.signed_by, "verified": self.verified,
+                "entries": [{"kind": k, "name": n, "available": a} for k, n, a in self.entries]}
+
+
+def _state_of(state: _Instance) -> str:
+    for name in ("withdrawn", "superseded", "expired"):
+        if getattr(state, name):
+            return name
+    return "active"
 
 
 @dataclass(frozen=True)
@@ -220,6 +256,13 @@ class Ledger:
                                           state.seconds, (*(known.instances if known else ()), instance))
         return live
 
+    def instances(self) -> list[InstanceView]:
+        """Every host instance this ledger remembers, live or not, by host id then instance."""
+        return [InstanceView(dict(state.host), state.lease_end, state.seconds, _state_of(state), state.signer,
+                             self.trusted is not None,
+                             tuple(sorted((kind, name, e.available) for (kind, name), e in state.entries.items())))
+                for _, state in sorted(self._instances.items())]
+
     @property
     def clashes(self) -> dict[str, tuple[str, ...]]:
         """Host id -> its live instances, for every host id two live processes announce under."""
@@ -273,17 +316,18 @@ class Ledger:
         applied is counted in :attr:`rejections` and summarised in the log.
         """
         try:
-            announcement, descriptor, digest = self._accept(data, publish_time, key)
+            announcement, descriptor, digest, signer = self._accept(data, publish_time, key)
         except _Rejected as rejected:
             self._rejected.add(rejected.reason, f"key {key!r}: {rejected.detail}")
             return set()
-        return self._record(announcement, descriptor, publish_time, digest)
+        return self._record(announcement, descriptor, publish_time, digest, signer)
 
     def _accept(
         self, data: bytes, publish_time: float, key: str
-    ) -> tuple[Announcement, ToolDescriptor | ToolServiceDescriptor | None, bytes]:
+    ) -> tuple[Announcement, ToolDescriptor | ToolServiceDescriptor | None, bytes, str | None]:
         """Decode, check the signature, validate, check the key, the clock and the order; the
-        announcement, its parsed descriptor and the message's digest.
+        announcement, its parsed descriptor, the message's digest and the key id its signature
+        names (checked only with trusted keys; ``None``: unsigned).
 
         Raises:
             _Rejected: the message must not be applied (the reason says why).
@@ -319,7 +363,8 @@ class Ledger:
             if order(sent_at, publish_time) <= latest[0]:
                 raise _Rejected(STALE, f"sent at {sent_at}, not after {latest[0][1]} (a replay?)")
         self._check_room({k for k, e in state.entries.items() if e.available} if state else set(), announcement)
-        return announcement, descriptor, digest
+        signature = value.get(SIGNATURE_FIELD)
+        return announcement, descriptor, digest, signature.get("key") if isinstance(signature, dict) else None
 
     def _check_room(self, known: AbstractSet[Key], announcement: Announcement) -> None:
         """Raises :class:`_Rejected` (:data:`OVER_LIMIT`) if applying the message would give the
@@ -368,7 +413,7 @@ class Ledger:
 
     def _record(
         self, announcement: Announcement, descriptor: ToolDescriptor | ToolServiceDescriptor | None,
-        publish_time: float, digest: bytes,
+        publish_time: float, digest: bytes, signer: str | None = None,
     ) -> set[Key]:
         """Apply an accepted announcement to its host instance; returns what changed."""
         now = time.time()
@@ -381,6 +426,7 @@ class Ledger:
             self._host_instances[ref[0]].append(ref[1])
         state.lease_end = max(state.lease_end, lease_end)
         state.seconds = self._seconds(announcement)
+        state.signer = signer
         state.latest[(announcement.kind, announcement.name)] = (order(announcement.lease.sent_at, publish_time),
                                                                 digest)
         was_active = state.active

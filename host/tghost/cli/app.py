@@ -47,7 +47,7 @@ def main() -> None:
 #: Each command's module (``tghost.cli.<module>``), imported only when that command runs (or
 #: ``--help`` lists them all): ``tghost tools`` never imports what ``tghost run`` needs.
 COMMANDS = {"broker": "broker", "call": "call", "tools": "directory", "watch": "directory",
-            "export": "directory", "mcp": "directory", "keygen": "keys", "new": "plugins",
+            "export": "directory", "mcp": "directory", "inspect": "directory", "keygen": "keys", "new": "plugins",
             "install": "plugins", "uninstall": "plugins", "plugins": "plugins", "run": "run",
             "status": "status", "trustgraph": "trustgraph"}
 
@@ -77,6 +77,7 @@ def cli() -> None:
       tghost call tell-joke topic=cats
       tghost new NAME                 write a plugin to start from
       tghost mcp                      serve the live tools to MCP clients
+      tghost inspect                  see and try the live tools in a web browser
       tghost trustgraph sync          keep a TrustGraph deployment's tool config in step
       tghost plugins                  what loaded, what failed and why
     """

@@ -1,5 +1,5 @@
 """cli.directory: the agent-side views of the live directory: ``tghost tools``, ``watch``,
-``export`` and ``mcp``.
+``export``, ``mcp`` and ``inspect``.
 """
 
 from __future__ import annotations
@@ -8,14 +8,15 @@ import asyncio
 import contextlib
 import json
 import sys
+import webbrowser
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
-from tghost.adapters.export import FORMATS, select_tools
-from tghost.agent.directory import Change, DirectoryTool
+from tghost.adapters.export import FORMATS, select_tools, tool_row
+from tghost.agent.directory import Change
 from tghost.agent.entries import Side
 from tghost.cli.app import cli
 from tghost.cli.options import (
@@ -31,24 +32,6 @@ from tghost.protocol.trust import Signer, TrustedKeys
 from tghost.pulsar.clients import PulsarSettings, is_loopback
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-def _tool_json(tool: DirectoryTool) -> dict[str, Any]:
-    """A row of ``tghost tools --json``: the whole announced tool descriptor (seed 000/001 JSON:
-    ``arguments``, ``input-schema``, config values at the top level ...), plus ``config`` (the
-    config values alone), ``available_in_states`` and ``state`` (``null`` when unset),
-    ``providers`` (host ids), ``external``, ``conflicts`` (the other side of each conflict
-    over its name or service: :class:`tghost.agent.entries.Side` as JSON) and ``access`` (who
-    its hosts admit: ``everyone``, ``anonymous`` and/or caller key ids)."""
-    d = tool.descriptor
-    return {**d.to_json_dict(), "name": d.name, "service": d.service, "description": d.description,
-            "group": list(d.group), "state": d.state,
-            "available_in_states": list(d.available_in_states) if d.available_in_states else None,
-            "config": d.config, "arguments": [a.model_dump() for a in d.arguments],
-            "providers": [p.host["id"] for p in tool.providers],
-            "external": any(p.external for p in tool.service.providers),
-            "conflicts": [side.to_json() for side in tool.sides()[1:]] if tool.contested else [],
-            "access": tool.access()}
 
 
 @cli.command()
@@ -75,7 +58,7 @@ def tools(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...
             names = [t.name for t in directory.available(groups or ["*"], state)]
             if not groups and state is None:
                 names = sorted(directory.tools)
-            return [_tool_json(directory.tools[name]) for name in names
+            return [tool_row(directory.tools[name]) for name in names
                     if show_all or directory.calls.admits(directory.tools[name])]
 
     rows = asyncio.run(fetch())
@@ -209,7 +192,7 @@ def mcp_bridge(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str
     isError true). Clients get notifications/tools/list_changed when that list changes. Over
     HTTP bound off loopback it asks every request for the bearer token in --token-file.
     """
-    token = _mcp_token(token_file, transport, http_host)
+    token = _web_token(token_file, transport == "http", http_host, "the MCP bridge", "TGHOST_MCP_TOKEN_FILE")
     setup_logging(log_level)
     from tghost.adapters.mcp import serve  # the mcp SDK is imported only by this command
 
@@ -219,18 +202,66 @@ def mcp_bridge(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str
                           token))
 
 
-def _mcp_token(path: Path | None, transport: str, host: str) -> str | None:
-    """The bearer token in ``path`` (whitespace stripped).
+@cli.command("inspect")
+@pulsar_options
+@trust_options
+@identity_options
+@click.option("--host", "http_host", default="127.0.0.1", show_default=True,
+              help="The address to bind; 0.0.0.0 for every interface (then --token-file is required).")
+@click.option("--port", "http_port", type=click.IntRange(0, 65535), default=8765, show_default=True,
+              help="The port to bind.")
+@click.option("--open", "open_browser", is_flag=True, help="Open the page in the default web browser.")
+@click.option("--allowed-host", "allowed_hosts", multiple=True, metavar="NAME", envvar="TGHOST_INSPECT_ALLOWED_HOSTS",
+              callback=_host_names,
+              help="A Host header browsers may send besides the loopback names (127.0.0.1, localhost, [::1], any "
+                   "port), e.g. tools.example.com:8765, or tools.example.com:* for any port. Repeatable (env "
+                   "TGHOST_INSPECT_ALLOWED_HOSTS). Other Host headers get 421, other Origins 403.")
+@click.option("--token-file", type=click.Path(path_type=Path, dir_okay=False), envvar="TGHOST_INSPECT_TOKEN_FILE",
+              help="A file holding the secret every request must carry: open /?token=SECRET once (it is kept in "
+                   "a cookie), or send 'Authorization: Bearer SECRET' (env TGHOST_INSPECT_TOKEN_FILE). Required "
+                   "when --host is not a loopback address.")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="warning",
+              show_default=True, help="Log level; the log always goes to stderr.")
+def inspect(pulsar: PulsarSettings, descriptors_topic: str, trusted: TrustedKeys | None, identity: Signer | None,
+            http_host: str, http_port: int, open_browser: bool, allowed_hosts: tuple[str, ...],
+            token_file: Path | None, log_level: str) -> None:
+    """See and try the live directory in a web browser, until Ctrl-C.
+
+    One page shows every live tool, its hosts and providers, leases counting down, conflicts
+    and rejected announcements, and updates as announcements arrive. Each tool has a call form
+    drawn from its input schema; calls go through the directory as an agent's do (signed with
+    --identity), and their output streams in as it arrives.
+    """
+    token = _web_token(token_file, True, http_host, "the inspector", "TGHOST_INSPECT_TOKEN_FILE")
+    setup_logging(log_level)
+    from tghost.adapters.inspector import serve  # Starlette and uvicorn are imported only by this command
+
+    def ready(url: str) -> None:
+        click.echo(f"tghost inspect: the live directory on {descriptors_topic} at {url} (Ctrl-C to stop)", err=True)
+        if open_browser:
+            webbrowser.open(url)
+
+    directory = open_directory(pulsar, descriptors_topic, trusted, wait=True, identity=identity)
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(serve(directory, http_host, http_port, allowed_hosts, token, ready))
+    except OSError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _web_token(path: Path | None, needed: bool, host: str, what: str, env: str) -> str | None:
+    """The bearer token in ``path`` (whitespace stripped) of ``--token-file`` (or ``env``), for
+    ``what`` (``the MCP bridge``, ...) served over HTTP on ``host`` (``needed``: over HTTP at all).
 
     Raises:
         click.UsageError: HTTP bound off loopback without a token file.
         click.BadParameter: the file is unreadable or empty.
     """
     if path is None:
-        if transport == "http" and not is_loopback(host):
+        if needed and not is_loopback(host):
             raise click.UsageError(
-                f"--host {host} makes the MCP bridge reachable from other machines: give --token-file FILE (env "
-                "TGHOST_MCP_TOKEN_FILE) holding a secret its clients send as 'Authorization: Bearer <token>', e.g. "
+                f"--host {host} makes {what} reachable from other machines: give --token-file FILE (env {env}) "
+                "holding a secret its clients send as 'Authorization: Bearer <token>', e.g. "
                 "python3 -c 'import secrets; print(secrets.token_urlsafe(32))' > FILE")
         return None
-    return read_token_file(path, "--token-file / TGHOST_MCP_TOKEN_FILE")
+    return read_token_file(path, f"--token-file / {env}")

@@ -1,0 +1,191 @@
+"""app: the inspector's web app (Starlette) over a started directory.
+
+Routes:
+
+- ``GET /``: the page (``static/index.html``; its script and style under ``/static/``, shipped in
+  the wheel, nothing fetched from elsewhere);
+- ``GET /api/directory``: the directory now (:func:`tghost.adapters.inspector.views.snapshot`);
+- ``GET /api/events``: server-sent events: a ``directory`` event with the snapshot at once and
+  after each change to the live tools (bursts merged over :data:`SETTLE` seconds), and between
+  them a ``hosts`` event every :data:`REFRESH` seconds
+  (:func:`tghost.adapters.inspector.views.hosts_view`: leases, expired hosts, counters);
+- ``POST /api/call`` (JSON ``{"tool", "arguments", "groups"?, "state"?, "user"?}``): calls the tool
+  through the directory, exactly as an agent would, and streams newline-delimited JSON: a
+  ``{"chunk": str, "ms": float}`` per observation chunk, then ``{"done": {"first_chunk_ms",
+  "total_ms"}}`` or ``{"error": {"type", "message"}, "total_ms"}``. Closing the request cancels
+  the call.
+
+Every request has its ``Host`` (and a POST its ``Origin`` and JSON content type) checked
+(:func:`tghost.adapters.web.transport_security`). With a token, every request must carry it:
+``Authorization: Bearer <token>``, or the cookie that ``GET /?token=<token>`` sets; else 401.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Sequence
+from importlib.resources import files
+from typing import Any
+
+from sse_starlette.sse import EventSourceResponse
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import (
+    FileResponse,
+    JSONResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    Response,
+    StreamingResponse,
+)
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from tghost.adapters.inspector.views import hosts_view, snapshot
+from tghost.adapters.web import TransportSecurityMiddleware, transport_security
+from tghost.agent.client import ToolCallError
+from tghost.agent.directory import ToolDirectory
+
+__all__ = ["COOKIE", "REFRESH", "SETTLE", "Inspector"]
+
+log = logging.getLogger(__name__)
+
+#: Seconds a burst of directory changes is merged over before the page is sent a new snapshot.
+SETTLE = 0.1
+#: Seconds between snapshots when nothing changes (leases count down; hosts expire).
+REFRESH = 2.0
+#: The cookie that carries the token after ``GET /?token=...``.
+COOKIE = "tghost-inspect-token"
+#: Seconds a call waits when its service announces no timeout (a host's default).
+CALL_TIMEOUT = 30.0
+
+_STATIC = ("tghost.adapters.inspector", "static")
+
+
+class Inspector:
+    """The inspector over ``directory`` (started by the caller, and followed here).
+
+    ``token``: the secret every request must carry (``None``: none asked, for loopback).
+    ``allowed_hosts``: ``Host`` names accepted besides loopback (:func:`tghost.adapters.web.transport_security`).
+    """
+
+    def __init__(self, directory: ToolDirectory, token: str | None = None, allowed_hosts: Sequence[str] = ()) -> None:
+        self.directory = directory
+        self.token = token
+        self._security = TransportSecurityMiddleware(transport_security(allowed_hosts))
+        self._version = 0
+        self._changed = asyncio.Condition()
+        self.app = Starlette(routes=[
+            Route("/", self._index),
+            Route("/api/directory", self._directory),
+            Route("/api/events", self._events),
+            Route("/api/call", self._call, methods=["POST"]),
+            Mount("/static", app=StaticFiles(packages=[_STATIC]), name="static"),
+        ])
+
+    async def follow(self) -> None:
+        """Count the directory's changes and wake every event stream. Runs until cancelled."""
+        async for _ in self.directory.changes():
+            async with self._changed:
+                self._version += 1
+                self._changed.notify_all()
+
+    async def _refusal(self, request: Request) -> Response | None:
+        """Why ``request`` is not answered (421, 403, 400 or 401), or ``None``."""
+        refused = await self._security.validate_request(request, is_post=request.method == "POST")
+        if refused is not None or self.token is None or self._has_token(request):
+            return refused
+        return PlainTextResponse("tghost inspect asks for its token: open /?token=<the secret in its --token-file>, "
+                                 "or send 'Authorization: Bearer <token>'", status_code=401)
+
+    async def _index(self, request: Request) -> Response:
+        """The page; ``?token=`` with the right token sets the cookie and drops it from the URL."""
+        if self.token is not None and not self._has_token(request) and self._matches(request.query_params.get("token")):
+            response = RedirectResponse("/", status_code=303)
+            response.set_cookie(COOKIE, self.token, httponly=True, samesite="strict")
+            return response
+        return await self._refusal(request) or FileResponse(_static_file("index.html"))
+
+    def _has_token(self, request: Request) -> bool:
+        bearer = request.headers.get("authorization", "")
+        given = bearer[7:] if bearer.lower().startswith("bearer ") else request.cookies.get(COOKIE)
+        return self._matches(given)
+
+    def _matches(self, given: str | None) -> bool:
+        return given is not None and self.token is not None and hmac.compare_digest(given.encode(), self.token.encode())
+
+    async def _directory(self, request: Request) -> Response:
+        return await self._refusal(request) or JSONResponse(snapshot(self.directory, time.time()))
+
+    async def _events(self, request: Request) -> Response:
+        refused = await self._refusal(request)
+        if refused is not None:
+            return refused
+
+        async def events() -> AsyncIterator[dict[str, str]]:
+            seen = self._version
+            yield {"event": "directory", "data": json.dumps(snapshot(self.directory, time.time()))}
+            while not await request.is_disconnected():
+                if seen == self._version:
+                    async with self._changed:
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(self._changed.wait(), REFRESH)
+                if seen == self._version:  # no tool changed: the hosts' leases and the counters did
+                    yield {"event": "hosts", "data": json.dumps(hosts_view(self.directory, time.time()))}
+                    continue
+                await asyncio.sleep(SETTLE)  # merge a burst (a host starting announces many entries)
+                seen = self._version
+                yield {"event": "directory", "data": json.dumps(snapshot(self.directory, time.time()))}
+        return EventSourceResponse(events(), ping=15)
+
+    async def _call(self, request: Request) -> Response:
+        refused = await self._refusal(request)
+        if refused is not None:
+            return refused
+        try:
+            body = await request.json()
+            tool, arguments = body["tool"], body.get("arguments") or {}
+            if not isinstance(tool, str) or not isinstance(arguments, dict):
+                raise TypeError("'tool' must be a string and 'arguments' an object")
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            return JSONResponse({"error": {"type": "bad-request", "message": f"not a call: {exc}"}}, status_code=400)
+        options = {"groups": body.get("groups") or None, "state": body.get("state") or None,
+                   "user": body.get("user") or None}
+        return _ndjson(self._stream(tool, arguments, options))
+
+    async def _stream(self, tool: str, arguments: dict[str, Any],
+                      options: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        started = time.perf_counter()
+        first: float | None = None
+
+        def ms(since: float = started) -> float:
+            return round((time.perf_counter() - since) * 1000, 1)
+
+        known = self.directory.tools.get(tool)
+        timeout = (known.service.descriptor.timeout if known else None) or CALL_TIMEOUT
+        try:
+            async for chunk in self.directory.stream(tool, arguments, timeout=timeout, **options):
+                first = first if first is not None else ms()
+                yield {"chunk": chunk, "ms": ms()}
+            yield {"done": {"first_chunk_ms": first, "total_ms": ms()}}
+        except ToolCallError as exc:
+            yield {"error": {"type": exc.error_type, "message": exc.message}, "total_ms": ms()}
+        except Exception as exc:  # the broker gone, say: the page shows it, the log keeps the trace
+            log.exception("inspector: calling %r failed", tool)
+            yield {"error": {"type": type(exc).__name__, "message": str(exc)}, "total_ms": ms()}
+
+
+def _ndjson(lines: AsyncIterator[dict[str, Any]]) -> Response:
+    async def encoded() -> AsyncIterator[bytes]:
+        async for line in lines:
+            yield (json.dumps(line) + "\n").encode()
+    return StreamingResponse(encoded(), media_type="application/x-ndjson", headers={"Cache-Control": "no-store"})
+
+
+def _static_file(name: str) -> str:
+    return str(files(_STATIC[0]).joinpath(_STATIC[1], name))

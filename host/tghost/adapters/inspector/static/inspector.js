@@ -1,0 +1,317 @@
+// inspector: draws the live directory from /api/events (server-sent events) and calls tools
+// through /api/call, streaming each chunk into the output log as it arrives.
+"use strict";
+
+(function () {
+  const $ = (id) => document.getElementById(id);
+  const MARK_MS = 2500;   // how long a change stays marked
+  const HISTORY = 12;     // calls kept in the history
+
+  const view = {
+    snap: null,
+    offset: 0,            // server clock minus ours, seconds
+    tools: new Map(),     // name -> the tool's JSON, as last drawn
+    marks: new Map(),     // name -> "added" | "changed" | "removed", until MARK_MS passes
+    gone: new Map(),      // name -> a removed tool still shown, marked
+    selected: null,
+    form: null,
+    running: null,        // AbortController of the call in flight
+    history: JSON.parse(sessionStorage.getItem("tghost-history") || "[]"),
+  };
+
+  function el(tag, attrs = {}, ...children) {
+    const node = document.createElement(tag);
+    for (const [key, value] of Object.entries(attrs)) {
+      if (value === undefined || value === null || value === false) continue;
+      if (key === "text") node.textContent = value;
+      else if (key === "className") node.className = value;
+      else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+      else node.setAttribute(key, value === true ? "" : value);
+    }
+    for (const child of children) if (child !== null && child !== undefined) node.append(child);
+    return node;
+  }
+
+  const chip = (text, className = "") => el("span", { className: `chip ${className}`, text });
+  const now = () => Date.now() / 1000 + view.offset;
+
+  function remaining(leaseEnd) {
+    const left = Math.round(leaseEnd - now());
+    return left >= 0 ? `${left}s left` : `ended ${-left}s ago`;
+  }
+
+  // -- the live directory ---------------------------------------------------------------------
+
+  function apply(snap) {
+    view.snap = snap;
+    view.offset = snap.now - Date.now() / 1000;
+    const next = new Map(snap.tools.map((t) => [t.name, t]));
+    if (view.tools.size || view.seeded) {
+      for (const [name, tool] of next) {
+        const before = view.tools.get(name);
+        if (!before) mark(name, "added");
+        else if (JSON.stringify(before) !== JSON.stringify(tool)) mark(name, "changed");
+      }
+      for (const [name, tool] of view.tools) if (!next.has(name)) { view.gone.set(name, tool); mark(name, "removed"); }
+    }
+    view.seeded = true;
+    for (const name of next.keys()) view.gone.delete(name);
+    view.tools = next;
+    drawHeader(snap);
+    drawTools();
+    drawHosts(snap);
+    if (view.selected) drawGone();
+  }
+
+  function applyHosts(hosts) {
+    if (!view.snap) return;
+    view.snap = { ...view.snap, ...hosts };
+    view.offset = hosts.now - Date.now() / 1000;
+    drawHeader(view.snap);
+    drawHosts(view.snap);
+  }
+
+  function mark(name, kind) {
+    view.marks.set(name, kind);
+    setTimeout(() => {
+      if (view.marks.get(name) !== kind) return;
+      view.marks.delete(name);
+      if (kind === "removed") view.gone.delete(name);
+      drawTools();
+    }, MARK_MS);
+  }
+
+  function drawHeader(snap) {
+    $("topic").textContent = snap.topic;
+    const live = snap.hosts.filter((h) => h.state === "active").length;
+    const rejected = Object.values(snap.rejections).reduce((a, b) => a + b, 0);
+    const conflicts = Object.keys(snap.conflicts).length;
+    $("counters").textContent = [
+      `${snap.tools.length} tool${snap.tools.length === 1 ? "" : "s"}`,
+      `${live} live host${live === 1 ? "" : "s"}`,
+      conflicts ? `${conflicts} conflict${conflicts === 1 ? "" : "s"}` : null,
+      rejected ? `${rejected} rejected` : null,
+      snap.identity ? `calling as ${snap.identity}` : "calling anonymously",
+    ].filter(Boolean).join(" · ");
+  }
+
+  function drawTools() {
+    const filter = $("filter").value.trim().toLowerCase();
+    const shown = [...view.tools.values(), ...view.gone.values()]
+      .filter((t) => !filter || t.name.toLowerCase().includes(filter) || (t.description || "").toLowerCase().includes(filter))
+      .sort((a, b) => a.name.localeCompare(b.name));
+    const list = $("tool-list");
+    list.replaceChildren(...shown.map(toolItem));
+    $("no-tools").hidden = view.tools.size > 0 || view.gone.size > 0;
+  }
+
+  function toolItem(tool) {
+    const markKind = view.marks.get(tool.name);
+    const descId = `desc-${tool.name}`;
+    const chips = el("div", { className: "chips" },
+      ...tool.group.map((g) => chip(g, "group")),
+      ...(tool.available_in_states || []).map((s) => chip(`in ${s}`, "state")),
+      tool.state ? chip(`→ ${tool.state}`, "state") : null,
+      tool.conflicts.length ? chip("conflict", "warn") : null,
+      tool.admitted ? null : chip("not for you", "warn"));
+    return el("li", { className: ["tool", markKind, view.selected === tool.name ? "selected" : ""].join(" ") },
+      el("button", { type: "button", className: "tool-name", "aria-describedby": descId,
+                     "aria-current": view.selected === tool.name ? "true" : undefined,
+                     onclick: () => select(tool.name), text: tool.name }),
+      el("p", { id: descId, className: "tool-desc", text: tool.description || "" }),
+      chips,
+      el("p", { className: "providers", text: `${tool.providers.length ? tool.providers.join(", ") : "no provider"}` +
+                                              (markKind ? ` · ${markKind}` : "") }));
+  }
+
+  function drawHosts(snap) {
+    const list = $("host-list");
+    list.replaceChildren(...snap.hosts.map((h) => {
+      const services = h.entries.filter((e) => e.kind === "tool-service");
+      const withdrawn = h.entries.filter((e) => !e.available);
+      const signed = h.signed_by ? (h.verified ? `signed by ${h.signed_by}, verified` : `signed by ${h.signed_by}, not checked`) : "unsigned";
+      return el("li", { className: `host ${h.state}` },
+        el("div", { className: "host-head" },
+          el("strong", { className: "host-id", text: h.host.id }),
+          chip(h.state, h.state === "active" ? "ok" : "warn")),
+        el("p", { className: "host-meta", text: `instance ${h.host.instance || "?"} · ${h.host.hostname || ""} pid ${h.host.pid ?? "?"}` }),
+        el("p", { className: "host-meta" },
+          el("span", { className: "lease", "data-lease-end": h.lease_end, "data-state": h.state, text: `lease ${h.seconds}s · ${remaining(h.lease_end)}` }),
+          document.createTextNode(` · ${signed}`)),
+        el("p", { className: "host-meta", text: `services: ${services.filter((e) => e.available).map((e) => e.name).join(", ") || "none"}` }),
+        withdrawn.length ? el("p", { className: "host-meta withdrawn", text: `withdrawn: ${withdrawn.map((e) => e.name).join(", ")}` }) : null);
+    }));
+    const notes = [];
+    for (const [name, losers] of Object.entries(snap.conflicts)) notes.push(`conflict over ${name}: ${losers.join(", ")} lost`);
+    for (const [host, instances] of Object.entries(snap.clashes)) notes.push(`host id ${host} is announced by ${instances.length} live processes`);
+    for (const [reason, count] of Object.entries(snap.rejections)) notes.push(`${count} announcement(s) rejected: ${reason}`);
+    for (const [reason, count] of Object.entries(snap.refusals)) notes.push(`${count} call(s) refused here: ${reason}`);
+    $("directory-notes").replaceChildren(...notes.map((text) => el("p", { text })));
+  }
+
+  function tick() {
+    for (const node of document.querySelectorAll("[data-lease-end]")) {
+      const text = node.textContent.split(" · ")[0];
+      node.textContent = `${text} · ${remaining(Number(node.dataset.leaseEnd))}`;
+    }
+  }
+
+  // -- one tool, its form and its calls -------------------------------------------------------
+
+  function select(name) {
+    view.selected = name;
+    const tool = view.tools.get(name) || view.gone.get(name);
+    $("pick").hidden = true;
+    $("tool").hidden = false;
+    $("tool-name").textContent = tool.name;
+    $("tool-description").textContent = tool.description || "";
+    const facts = $("tool-facts");
+    const fact = (term, value) => value ? [el("dt", { text: term }), el("dd", { text: value })] : [];
+    facts.replaceChildren(
+      ...fact("service", tool.service),
+      ...fact("groups", tool.group.join(", ")),
+      ...fact("available in states", (tool.available_in_states || ["any"]).join(", ")),
+      ...fact("moves to state", tool.state),
+      ...fact("config", Object.keys(tool.config || {}).length ? JSON.stringify(tool.config) : null),
+      ...fact("providers", tool.plugins.map((p) => `${p.host}${p.plugin ? ` (${p.plugin}${p.version ? " " + p.version : ""})` : ""}`).join(", ")),
+      ...fact("access", tool.access),
+      ...fact("conflicts", tool.conflicts.length ? tool.conflicts.map((c) => c.host || JSON.stringify(c)).join("; ") : null));
+    view.form = window.SchemaForm.build(tool.input_schema);
+    $("fields").replaceChildren(view.form.node);
+    $("raw-toggle").checked = false;
+    $("raw-wrap").hidden = true;
+    $("fields").hidden = false;
+    drawGone();
+    drawTools();
+    const first = $("fields").querySelector("input, select, textarea");
+    if (first) first.focus();
+  }
+
+  function drawGone() {
+    $("tool-gone").hidden = view.tools.has(view.selected);
+  }
+
+  function argumentsNow() {
+    if (!$("raw-toggle").checked) return view.form.get();
+    return JSON.parse($("raw").value || "{}");
+  }
+
+  function toggleRaw() {
+    const raw = $("raw-toggle").checked;
+    if (raw) $("raw").value = JSON.stringify(view.form.get(), null, 2);
+    else {
+      try { view.form.set(JSON.parse($("raw").value || "{}")); } catch { /* keep the form as it was */ }
+    }
+    $("raw-wrap").hidden = !raw;
+    $("fields").hidden = raw;
+  }
+
+  async function call(event) {
+    event.preventDefault();
+    if (view.running) return;
+    const log = $("log");
+    let args;
+    try { args = argumentsNow(); } catch (err) {
+      log.replaceChildren(el("p", { className: "error", text: `The JSON does not parse: ${err.message}` }));
+      return;
+    }
+    const groups = $("groups").value.split(",").map((g) => g.trim()).filter(Boolean);
+    const body = { tool: view.selected, arguments: args, groups: groups.length ? groups : null, state: $("state").value.trim() || null };
+    const out = el("pre", { className: "observation" });
+    log.replaceChildren(el("p", { className: "call-head", text: `${view.selected} ${JSON.stringify(args)}` }), out);
+    $("timing").textContent = "calling…";
+    const entry = { tool: view.selected, arguments: args, status: "…", at: new Date().toLocaleTimeString() };
+    view.running = new AbortController();
+    $("call").disabled = true;
+    $("stop").disabled = false;
+    let chunks = 0;
+    try {
+      const response = await fetch("/api/call", { method: "POST", headers: { "Content-Type": "application/json" },
+                                                  body: JSON.stringify(body), signal: view.running.signal });
+      if (!response.ok && response.headers.get("content-type") !== "application/x-ndjson") {
+        throw new Error(`${response.status} ${await response.text()}`);
+      }
+      const reader = response.body.getReader();
+      const decoder = new TextDecoder();
+      let buffer = "";
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        buffer += decoder.decode(value, { stream: true });
+        let newline;
+        while ((newline = buffer.indexOf("\n")) >= 0) {
+          const line = JSON.parse(buffer.slice(0, newline));
+          buffer = buffer.slice(newline + 1);
+          if ("chunk" in line) {
+            chunks += 1;
+            out.append(el("span", { className: "chunk", text: line.chunk }));
+            $("timing").textContent = `${chunks} chunk${chunks === 1 ? "" : "s"} · ${line.ms} ms`;
+          } else if (line.done) {
+            entry.status = "ok";
+            entry.first = line.done.first_chunk_ms;
+            entry.total = line.done.total_ms;
+            $("timing").textContent = `first chunk ${line.done.first_chunk_ms ?? "—"} ms · total ${line.done.total_ms} ms · ${chunks} chunk${chunks === 1 ? "" : "s"}`;
+          } else if (line.error) {
+            entry.status = line.error.type;
+            entry.total = line.total_ms;
+            log.append(el("p", { className: "error" }, el("strong", { text: line.error.type }), document.createTextNode(`: ${line.error.message}`)));
+            $("timing").textContent = `failed after ${line.total_ms} ms`;
+          }
+        }
+      }
+    } catch (err) {
+      if (err.name === "AbortError") {
+        entry.status = "stopped";
+        log.append(el("p", { className: "error", text: "Stopped." }));
+        $("timing").textContent = "stopped";
+      } else {
+        entry.status = "error";
+        log.append(el("p", { className: "error", text: `The call could not be made: ${err.message}` }));
+        $("timing").textContent = "";
+      }
+    } finally {
+      view.running = null;
+      $("call").disabled = false;
+      $("stop").disabled = true;
+      remember(entry);
+    }
+  }
+
+  function remember(entry) {
+    view.history.unshift(entry);
+    view.history.length = Math.min(view.history.length, HISTORY);
+    sessionStorage.setItem("tghost-history", JSON.stringify(view.history));
+    drawHistory();
+  }
+
+  function drawHistory() {
+    $("history").replaceChildren(...view.history.map((h) => el("li", { className: h.status === "ok" ? "ok" : "failed" },
+      el("button", { type: "button", className: "link", onclick: () => replay(h),
+                     text: `${h.tool} ${JSON.stringify(h.arguments)}` }),
+      el("span", { className: "meta", text: ` ${h.status}${h.total !== undefined ? ` · ${h.total} ms` : ""} · ${h.at}` }))));
+  }
+
+  function replay(entry) {
+    if (!view.tools.has(entry.tool) && !view.gone.has(entry.tool)) return;
+    select(entry.tool);
+    view.form.set(entry.arguments);
+  }
+
+  // -- start ----------------------------------------------------------------------------------
+
+  function connect() {
+    const events = new EventSource("/api/events");
+    events.addEventListener("directory", (e) => apply(JSON.parse(e.data)));
+    events.addEventListener("hosts", (e) => applyHosts(JSON.parse(e.data)));
+    events.addEventListener("open", () => { document.body.dataset.live = "true"; $("status-text").textContent = "live"; });
+    events.addEventListener("error", () => { document.body.dataset.live = "false"; $("status-text").textContent = "reconnecting…"; });
+  }
+
+  $("filter").addEventListener("input", drawTools);
+  $("raw-toggle").addEventListener("change", toggleRaw);
+  $("call-form").addEventListener("submit", call);
+  $("stop").addEventListener("click", () => view.running && view.running.abort());
+  setInterval(tick, 1000);
+  drawHistory();
+  connect();
+})();

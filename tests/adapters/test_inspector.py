@@ -1,0 +1,124 @@
+"""inspector: ``tghost inspect``'s HTTP side over a live host on the embedded broker: the
+directory as JSON, a call streamed as NDJSON, the token, and the Host/Origin checks. The page
+itself is tested in a real browser (tests/browser)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx2
+
+import tghost
+from tests.conftest import tghost_cli
+from tghost.adapters.inspector import serve
+from tghost.adapters.inspector.app import COOKIE
+from tghost.agent.directory import ToolDirectory
+from tghost.pulsar.clients import PulsarSettings, free_port
+from tghost.pulsar.embedded import EmbeddedBroker
+from tghost.testing import LocalHost
+
+TOKEN = "s3cret-" + uuid.uuid4().hex
+
+
+@tghost.tool
+def shout(text: str) -> str:
+    """Shout the text back."""
+    return text.upper()
+
+
+@tghost.tool(name="count")
+def count(up_to: int) -> Any:
+    """Count from 1, one line per number."""
+    for number in range(1, up_to + 1):
+        yield f"{number}\n"
+
+
+@asynccontextmanager
+async def inspector(url: str, token: str | None = None) -> AsyncIterator[str]:
+    """A host announcing shout and count on a fresh topic, and the inspector over it; gives its base URL."""
+    topic = f"persistent://tg/config/inspect-{uuid.uuid4().hex[:8]}"
+    port, ready = free_port(), asyncio.Event()
+    async with LocalHost(url, [shout, count], announce_as="inspected", topic=topic):
+        directory = ToolDirectory(PulsarSettings(url), topic)
+        server = asyncio.create_task(serve(directory, "127.0.0.1", port, token=token,
+                                           on_ready=lambda _: ready.set()))
+        await asyncio.wait_for(ready.wait(), 30)
+        await directory.wait_for("count")
+        try:
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            server.cancel()
+            await asyncio.gather(server, return_exceptions=True)
+
+
+async def test_the_directory_json_has_each_tool_with_its_schema_and_each_host_with_its_lease(
+    pulsar_broker: EmbeddedBroker
+) -> None:
+    async with inspector(pulsar_broker.url) as base, httpx2.AsyncClient() as http:
+        snap = (await http.get(f"{base}/api/directory")).json()
+    tools = {tool["name"]: tool for tool in snap["tools"]}
+    assert sorted(tools) == ["count", "shout"]
+    assert tools["shout"]["input_schema"]["required"] == ["text"] and tools["shout"]["providers"] == ["inspected"]
+    [host] = snap["hosts"]
+    assert host["host"]["id"] == "inspected" and host["state"] == "active" and host["signed_by"] is None
+    assert host["lease_end"] > snap["now"] and host["seconds"] == 30.0
+    assert {"kind": "tool-service", "name": "shout", "available": True} in host["entries"]
+    assert snap["rejections"] == {} and snap["conflicts"] == {} and snap["identity"] is None
+
+
+async def test_a_call_streams_its_chunks_as_ndjson_then_done_and_an_error_with_its_type(
+    pulsar_broker: EmbeddedBroker
+) -> None:
+    async with inspector(pulsar_broker.url) as base, httpx2.AsyncClient() as http:
+        counted = await http.post(f"{base}/api/call", json={"tool": "count", "arguments": {"up_to": 3}})
+        wrong = await http.post(f"{base}/api/call", json={"tool": "shout", "arguments": {}})
+        unknown = await http.post(f"{base}/api/call", json={"tool": "shot", "arguments": {}})
+        not_a_call = await http.post(f"{base}/api/call", json=["shout"])
+    lines = [json.loads(line) for line in counted.text.splitlines()]
+    assert [line["chunk"] for line in lines[:-1]] == ["1\n", "2\n", "3\n"]
+    assert lines[-1]["done"]["total_ms"] >= lines[-1]["done"]["first_chunk_ms"] >= 0
+    [error] = [json.loads(line) for line in wrong.text.splitlines()]
+    assert error["error"]["type"] == "invalid-arguments" and "text" in error["error"]["message"]
+    assert json.loads(unknown.text)["error"]["type"] == "unknown-tool"
+    assert not_a_call.status_code == 400 and not_a_call.json()["error"]["type"] == "bad-request"
+
+
+async def test_with_a_token_every_request_needs_it_and_the_page_link_sets_a_cookie(
+    pulsar_broker: EmbeddedBroker
+) -> None:
+    async with inspector(pulsar_broker.url, TOKEN) as base, httpx2.AsyncClient() as http:
+        assert (await http.get(f"{base}/")).status_code == 401
+        assert (await http.get(f"{base}/?token=wrong")).status_code == 401
+        assert (await http.get(f"{base}/api/directory")).status_code == 401
+        assert (await http.get(f"{base}/api/directory", headers={"Authorization": "Bearer wrong"})).status_code == 401
+        entered = await http.get(f"{base}/?token={TOKEN}")
+        assert entered.status_code == 303 and entered.headers["location"] == "/"
+        assert entered.cookies[COOKIE] == TOKEN and "httponly" in entered.headers["set-cookie"].lower()
+        with_bearer = await http.get(f"{base}/api/directory", headers={"Authorization": f"Bearer {TOKEN}"})
+        async with httpx2.AsyncClient(cookies={COOKIE: TOKEN}) as browser:
+            with_cookie = await browser.get(f"{base}/api/directory")
+    assert with_cookie.status_code == with_bearer.status_code == 200
+
+
+async def test_a_foreign_host_or_origin_or_a_form_post_is_refused(pulsar_broker: EmbeddedBroker) -> None:
+    async with inspector(pulsar_broker.url) as base, httpx2.AsyncClient() as http:
+        rebound = await http.get(f"{base}/api/directory", headers={"Host": "evil.example.com"})
+        cross_site = await http.post(f"{base}/api/call", json={"tool": "shout", "arguments": {"text": "x"}},
+                                     headers={"Origin": "http://evil.example.com"})
+        form = await http.post(f"{base}/api/call", content="tool=shout", headers={
+            "Content-Type": "application/x-www-form-urlencoded"})
+        same_site = await http.post(f"{base}/api/call", json={"tool": "shout", "arguments": {"text": "x"}},
+                                    headers={"Origin": base.replace("127.0.0.1", "localhost")})
+    assert (rebound.status_code, cross_site.status_code, form.status_code) == (421, 403, 400)
+    assert json.loads(same_site.text.splitlines()[0])["chunk"] == "X"
+
+
+def test_tghost_inspect_off_loopback_asks_for_a_token_file(pulsar_broker: EmbeddedBroker) -> None:
+    result = tghost_cli("inspect", "--host", "0.0.0.0", "--pulsar-url", pulsar_broker.url)
+    assert result.returncode == 2
+    assert "--token-file FILE (env TGHOST_INSPECT_TOKEN_FILE)" in result.stderr and "Traceback" not in result.stderr

@@ -1,0 +1,243 @@
+"""``tghost inspect`` in a real browser: Debian's Chromium driven by Playwright, against
+``tghost run`` hosts on the embedded broker. Each test does what a person does on the page.
+
+Run with ``tox -e browser`` (``.ci/run`` installs Chromium); without Playwright or Chromium
+these tests skip. With ``TGHOST_SCREENSHOTS=DIR`` the stream and two-host tests also save the
+screenshots the README shows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import READY, HostProcess, PluginDir
+from tests.test_docs import commands
+from tghost.pulsar.clients import free_port
+from tghost.pulsar.embedded import EmbeddedBroker
+
+sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright is not installed (tox -e browser)")
+CHROMIUM = shutil.which("chromium")
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (apt-get install chromium)")
+
+Page = Any  # playwright.sync_api.Page
+TIMEOUT_MS = 20_000
+
+SHAPES = '''
+import json
+import time
+from collections.abc import Iterator
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+import tghost
+
+
+class Traveller(BaseModel):
+    name: str = Field(description="Who travels")
+    age: int | None = Field(None, description="Years")
+
+
+class Stop(BaseModel):
+    city: str = Field(description="Where to stop")
+    nights: int = Field(1, description="Nights there")
+
+
+@tghost.tool(name="plan-trip")
+def plan_trip(traveller: Traveller, stops: list[Stop], mode: Literal["train", "car"] = "train",
+              tags: list[str] = [], direct: bool = False) -> str:
+    """Plan a trip: answers with the arguments the host received, as JSON."""
+    return json.dumps({"traveller": traveller.model_dump(), "stops": [s.model_dump() for s in stops],
+                       "mode": mode, "tags": tags, "direct": direct}, sort_keys=True)
+
+
+@tghost.tool(name="count-down")
+def count_down(start: int) -> Iterator[str]:
+    """Count down from start, one line every 0.4 s, then lift off."""
+    for number in range(start, 0, -1):
+        yield f"{number}\\n"
+        time.sleep(0.4)
+    yield "liftoff\\n"
+
+
+@tghost.hookimpl
+def tghost_register_services(register):
+    register(plan_trip)
+    register(count_down)
+'''
+
+
+@pytest.fixture
+def env(plugin_dir: PluginDir, pulsar_broker: EmbeddedBroker, tmp_path: Path) -> dict[str, str]:
+    """A user's environment: the calculator, the joke plugin and a test plugin on a fresh topic."""
+    plugin_dir.add("shapes", SHAPES)
+    return plugin_dir.env(TGHOST_PULSAR_URL=pulsar_broker.url, XDG_CONFIG_HOME=str(tmp_path / "config"),
+                          TGHOST_DESCRIPTORS_TOPIC=f"persistent://tg/config/inspect-{uuid.uuid4().hex[:8]}",
+                          TGHOST_LOAD_PLUGINS="calculator,shapes")
+
+
+#: The README's command (section "Inspector"), run here on a free port.
+README_COMMAND = "tghost inspect                # then open http://localhost:8765/, or pass --open"
+
+
+@pytest.fixture
+def inspector(env: dict[str, str], host_process: Callable[..., HostProcess]) -> str:
+    """A ``tghost run`` host and the README's ``tghost inspect`` on a free port; gives the page's URL."""
+    host = host_process(env=env)
+    host.wait_for(READY)
+    [(argv, _)] = commands("README.md", README_COMMAND)
+    assert argv[:4] == [sys.executable, "-m", "tghost", "inspect"], argv
+    inspect = host_process(*argv[4:], "--port", str(free_port()), env=env, command=("inspect",))
+    line = inspect.wait_for(r"tghost inspect: the live directory")
+    return re.search(r"(http://\S+/)", line).group(1)  # type: ignore[union-attr]
+
+
+@pytest.fixture
+def page() -> Iterator[Page]:
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+            "--disable-sync", "--no-first-run"])
+        page = browser.new_page(viewport={"width": 1440, "height": 900})
+        page.set_default_timeout(TIMEOUT_MS)
+        errors: list[str] = []
+        page.on("pageerror", lambda error: errors.append(str(error)))
+        yield page
+        browser.close()
+        assert not errors, f"the page raised: {errors}"
+
+
+def screenshot(page: Page, name: str) -> None:
+    folder = os.environ.get("TGHOST_SCREENSHOTS")
+    if folder:
+        page.screenshot(path=str(Path(folder) / name))
+
+
+def pick(page: Page, tool: str) -> None:
+    page.get_by_role("button", name=tool, exact=True).click()
+    sync_api.expect(page.get_by_role("heading", name=tool, exact=True)).to_be_visible()
+
+
+def log_of(page: Page) -> Any:
+    return page.get_by_role("log")
+
+
+def test_calculate_answers_14_in_the_log(page: Page, inspector: str) -> None:
+    page.goto(inspector)
+    pick(page, "calculate")
+    page.get_by_label("expression").fill("2*7")
+    page.get_by_role("button", name="Call", exact=True).click()
+    sync_api.expect(log_of(page).locator(".observation")).to_have_text("14")
+    sync_api.expect(page.locator("#timing")).to_contain_text("first chunk")
+    sync_api.expect(page.get_by_role("list", name="History")).to_contain_text('calculate {"expression":"2*7"}')
+
+
+def test_solve_steps_streams_one_step_per_chunk(page: Page, inspector: str) -> None:
+    page.goto(inspector)
+    pick(page, "solve-steps")
+    page.get_by_label("expression").fill("(1+2)*(3+4)")
+    page.get_by_role("button", name="Call", exact=True).click()
+    sync_api.expect(log_of(page).locator(".chunk")).to_have_text(["(1 + 2) * (3 + 4)\n", "= 3 * 7\n", "= 21\n"])
+    sync_api.expect(page.locator("#timing")).to_contain_text("3 chunks")
+
+
+def test_a_slow_stream_arrives_chunk_by_chunk(page: Page, inspector: str) -> None:
+    page.goto(inspector)
+    pick(page, "count-down")
+    page.evaluate("""() => {
+        window.arrivals = [];
+        new MutationObserver(() => window.arrivals.push([document.querySelectorAll('.chunk').length,
+                                                         performance.now()]))
+            .observe(document.getElementById('log'), {childList: true, subtree: true});
+    }""")
+    page.get_by_label("start").fill("4")
+    page.get_by_role("button", name="Call", exact=True).click()
+    sync_api.expect(log_of(page).locator(".chunk")).to_have_count(2)
+    screenshot(page, "inspector-stream.png")
+    sync_api.expect(log_of(page).locator(".observation")).to_have_text("4\n3\n2\n1\nliftoff\n")
+    arrivals = page.evaluate("window.arrivals")
+    seen = {count: at for count, at in reversed(arrivals)}  # when each count of chunks was first on the page
+    assert [count for count in range(1, 6) if count in seen] == [1, 2, 3, 4, 5]
+    assert seen[5] - seen[1] > 1000  # the 4 lines came 0.4 s apart, not all at the end
+    sync_api.expect(page.locator("#timing")).to_contain_text("5 chunks")
+
+
+def test_errors_show_their_type_and_message(page: Page, inspector: str) -> None:
+    page.goto(inspector)
+    pick(page, "calculate")
+    page.get_by_label("expression").fill("1/0")
+    page.get_by_role("button", name="Call", exact=True).click()
+    sync_api.expect(log_of(page).locator(".error")).to_have_text("invalid-arguments: division by zero")
+    page.get_by_label("expression").fill("")
+    page.get_by_role("button", name="Call", exact=True).click()  # the required field left out
+    sync_api.expect(log_of(page).locator(".error")).to_contain_text("invalid-arguments")
+    sync_api.expect(log_of(page).locator(".error")).to_contain_text("expression")
+
+
+def test_a_second_hosts_tools_appear_and_disappear_without_a_reload(
+    page: Page, inspector: str, env: dict[str, str], host_process: Callable[..., HostProcess]
+) -> None:
+    page.goto(inspector)
+    sync_api.expect(page.get_by_role("button", name="calculate", exact=True)).to_be_visible()
+    sync_api.expect(page.get_by_role("button", name="tell-joke", exact=True)).to_have_count(0)
+    second = host_process(env={**env, "TGHOST_LOAD_PLUGINS": "joke"})
+    second.wait_for(READY)
+    joke = page.get_by_role("button", name="tell-joke", exact=True)
+    sync_api.expect(joke).to_be_visible()
+    sync_api.expect(page.locator("li.tool.added")).to_contain_text("tell-joke")  # marked as new
+    sync_api.expect(page.locator("#counters")).to_contain_text("2 live hosts")
+    pick(page, "tell-joke")
+    screenshot(page, "inspector-two-hosts.png")
+    second.process.send_signal(signal.SIGINT)
+    assert second.finish() == 0
+    sync_api.expect(joke).to_have_count(0)
+    sync_api.expect(page.locator("#tool-gone")).to_be_visible()
+    sync_api.expect(page.locator("#counters")).to_contain_text("1 live host")
+
+
+def test_a_form_for_a_nested_object_and_arrays_sends_what_it_shows(page: Page, inspector: str) -> None:
+    page.goto(inspector)
+    pick(page, "plan-trip")
+    page.get_by_label("name").fill("Ada")
+    page.get_by_label("age").fill("36")
+    add_stop = page.get_by_role("button", name="Add stops item")
+    add_stop.click()
+    add_stop.click()
+    page.get_by_label("city").nth(0).fill("Lyon")
+    page.get_by_label("city").nth(1).fill("Turin")
+    page.get_by_label("nights").nth(1).fill("3")
+    page.get_by_label("mode").select_option(label="car")
+    page.get_by_role("button", name="Add tags item").click()
+    page.get_by_label("tags[0]").fill("food")
+    page.get_by_label("direct").check()
+    page.get_by_role("button", name="Call", exact=True).click()
+    observation = log_of(page).locator(".observation")
+    sync_api.expect(observation).not_to_be_empty()
+    assert json.loads(observation.inner_text()) == {
+        "traveller": {"name": "Ada", "age": 36}, "mode": "car", "tags": ["food"], "direct": True,
+        "stops": [{"city": "Lyon", "nights": 1}, {"city": "Turin", "nights": 3}]}
+    page.get_by_label("Edit as JSON").check()  # the raw-JSON view shows the same arguments
+    raw = json.loads(page.get_by_label("arguments (JSON)").input_value())
+    assert raw["stops"][1] == {"city": "Turin", "nights": 3} and raw["mode"] == "car"
+
+
+def test_the_page_has_no_serious_or_critical_accessibility_violations(page: Page, inspector: str) -> None:
+    axe = pytest.importorskip("axe_playwright_python.sync_playwright", reason="axe-playwright-python is not installed")
+    page.goto(inspector)
+    pick(page, "plan-trip")
+    page.get_by_role("button", name="Add stops item").click()
+    results = axe.Axe().run(page)
+    serious = [v for v in results.response["violations"] if v["impact"] in ("serious", "critical")]
+    assert not serious, json.dumps([{"id": v["id"], "help": v["help"],
+                                     "nodes": [n["target"] for n in v["nodes"]][:5]} for v in serious], indent=1)
