@@ -90,20 +90,30 @@ async def start_to_visible(url: str, runs: int) -> list[float]:
 # -- 3 and 4: catch-up and filtering ---------------------------------------------------------
 
 
-def tools_catalog(count: int) -> Catalog:
-    """The ``ping`` service and ``count`` tools over it (``ping`` itself and ``count - 1`` more),
-    in varied seed 001 groups and states."""
+#: Tools one simulated host announces at most: a directory takes at most ``max_entries`` (1000)
+#: tools and services from one host instance (docs/protocol.md §4.7), so more are spread over hosts.
+PER_HOST = 900
+
+
+def tools_catalog(count: int, first: int = 0) -> Catalog:
+    """The ``ping`` service and tools over it: ``ping`` itself and ``tool-<i>`` for ``i`` from
+    ``first`` up to ``count - 1``, in varied seed 001 groups and states."""
     groups = ["default", "research", "knowledge", "admin", "compute"]
     return catalog_of([ping], [ping.tool(f"tool-{i}", group=[groups[i % 5], groups[i % 3]],
                                          available_in_states=None if i % 4 else ["undefined", "analysis"])
-                               for i in range(count - 1)])
+                               for i in range(first, count - 1)])
 
 
-def announced(catalog: Catalog, topic: str) -> list[Sent]:
-    """What one host serving ``catalog`` sends on start (host message first), as a real Announcer builds it."""
-    announcer = Announcer(catalog, HostIdentity("bench-catch-up", "bench", os.getpid()), topic, lease=3600.0)
-    where, now = current_topic(topic), time.time()
-    return [(now, where, key, json.dumps(value).encode()) for key, value in announcer._messages("available")]
+def announced(count: int, topic: str) -> list[Sent]:
+    """What hosts serving ``count`` tools send on start (each host message first), as real
+    Announcers build them: ``PER_HOST`` tools a host, every host also announcing ``ping``."""
+    sent: list[Sent] = []
+    for n, first in enumerate(range(0, max(count - 1, 1), PER_HOST)):
+        catalog = tools_catalog(min(first + PER_HOST, count - 1) + 1, first)
+        announcer = Announcer(catalog, HostIdentity(f"bench-catch-up-{n}", "bench", os.getpid()), topic, lease=600.0)
+        where, now = current_topic(topic), time.time()
+        sent += [(now, where, key, json.dumps(value).encode()) for key, value in announcer._messages("available")]
+    return sent
 
 
 async def publish(url: str, messages: Iterable[Sent]) -> None:
@@ -113,7 +123,7 @@ async def publish(url: str, messages: Iterable[Sent]) -> None:
 async def catch_up(url: str, count: int, runs: int) -> dict[str, Any]:
     """Median ms from directory start until caught up with ``count`` announced tools."""
     topic = unique_topic()
-    await publish(url, announced(tools_catalog(count), topic))
+    await publish(url, announced(count, topic))
     samples, seen = [], 0
     for _ in range(runs):
         started = time.perf_counter()
@@ -136,7 +146,7 @@ async def filtering(url: str, repeat: int) -> list[dict[str, Any]]:
     """µs per request to filter 100 tools by seed 001 groups and state, cached and uncached."""
     groups, state = REQUEST
     topic = unique_topic()
-    await publish(url, announced(tools_catalog(100), topic))
+    await publish(url, announced(100, topic))
     async with ToolDirectory(PulsarSettings(url), topic) as directory:
         tools = [tool.descriptor for tool in directory.tools.values()]
         offered = len(directory.available(groups, state))

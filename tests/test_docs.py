@@ -127,6 +127,8 @@ RUN_BY = {
     ("README.md", "# tools.toml"): "test_examples",
     ("README.md", "# access.toml"): "test_access",
     ("README.md", "tghost inspect "): "test_inspector",
+    ("README.md", "tghost tools --search "): "test_mcp",
+    ("README.md", '{"mcpServers": {"tghost-search": '): "test_mcp",
     ("README.md", "[external-services.tgpeer] "): "test_external_services",
     ("docs/plugin-hooks.md", "# tghost_textkit.py"): "test_docs",
     ("docs/plugin-hooks.md", "# tghost_search.py"): "test_docs",

@@ -4,6 +4,7 @@ and the embedded broker."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -26,6 +27,7 @@ from mcp.shared.memory import create_client_server_memory_streams
 
 from tests.cli.test_cli import ECHO, SHOUT
 from tests.conftest import HostProcess, PluginDir, tghost_cli
+from tests.test_docs import block, commands
 from tghost.adapters.mcp import Bridge
 from tghost.agent.directory import ToolDirectory
 from tghost.pulsar.clients import PulsarSettings, free_port
@@ -331,3 +333,29 @@ def test_mcp_without_a_broker_says_how_to_start_one() -> None:
     result = tghost_cli("mcp", "--pulsar-url", "pulsar://127.0.0.1:1")
     assert result.returncode == 1 and result.stdout == ""
     assert "no Pulsar broker answers at pulsar://127.0.0.1:1" in result.stderr
+
+
+async def test_the_readme_search_command_and_tool_search_client_config_find_and_call_a_tool(
+        env: dict[str, str], host_process: Callable[..., HostProcess]) -> None:
+    """README "Finding the right tool": its 'tghost tools --search' command, and its MCP client
+    config run as a client runs it (the command and args from the JSON, over stdio)."""
+    host = host_process(env=env)
+    host.wait_for("announced")
+    jokes = host_process(env={**env, "TGHOST_DISABLE_PLUGINS": "", "TGHOST_LOAD_PLUGINS": "joke"})
+    jokes.wait_for("announced")
+    [(argv, _)] = commands("README.md", 'tghost tools --search "joke about cats" --limit 3      '
+                                        "# add --json for the same rows as 'tghost tools --json', with a score")
+    searched = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    assert searched.returncode == 0, searched.stderr
+    assert searched.stdout.splitlines()[1].startswith("tell-joke"), searched.stdout
+    config = json.loads(block("README.md", '{"mcpServers": {"tghost-search": {"command": "tghost", "args": '
+                                           '["mcp", "--tool-search", "--group", "*"],'))
+    server = config["mcpServers"]["tghost-search"]
+    assert server["command"] == "tghost"
+    async with mcp_client(env, *server["args"][1:]) as session:
+        listed = [tool.name for tool in (await session.list_tools()).tools]
+        found = json.loads(text(await session.call_tool("search_tools", {"query": "echo the text back"})))
+        called = await session.call_tool("call_tool", {"name": found[0]["name"], "arguments": {"text": "hi"}})
+    assert listed == ["search_tools", "call_tool"] and found[0]["name"] == "echo" and text(called) == "hi"
+    host.process.send_signal(signal.SIGINT)
+    assert host.finish() == 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import json
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -28,9 +29,11 @@ from tghost._version import __version__
 from tghost.adapters.export import mcp_tool
 from tghost.adapters.web import transport_security, warn_if_unreachable_by_name
 from tghost.agent.client import ToolCallError
-from tghost.agent.directory import ToolDirectory
+from tghost.agent.directory import DirectoryTool, ToolDirectory
+from tghost.agent.search import MAX_LIMIT, SearchError
+from tghost.protocol import wire
 
-__all__ = ["BearerToken", "Bridge", "serve"]
+__all__ = ["CALL_TOOL", "META_TOOLS", "SEARCH_TOOLS", "BearerToken", "Bridge", "serve"]
 
 log = logging.getLogger(__name__)
 
@@ -54,12 +57,20 @@ class Bridge:
     Pulsar, and :meth:`follow` sends ``notifications/tools/list_changed`` when that list changes:
     to every initialized handshake-era session, and to every 2026-07-28 ``subscriptions/listen``
     stream that asked for tool changes.
+
+    With ``tool_search``, ``tools/list`` gives :data:`META_TOOLS` instead: ``search_tools``, which
+    ranks the same tools for a request (:meth:`tghost.agent.directory.ToolDirectory.search`), and
+    ``call_tool``, which calls one of them by name, so a client with a limit on tools reaches
+    any number of them.
     """
 
-    def __init__(self, directory: ToolDirectory, groups: Sequence[str] | None, state: str | None) -> None:
+    def __init__(self, directory: ToolDirectory, groups: Sequence[str] | None, state: str | None,
+                 tool_search: bool = False) -> None:
         self.directory = directory
         self.groups = None if groups is None else list(groups)
         self.state = state
+        self.tool_search = tool_search
+
         self.sessions: set[ServerSession] = set()
         """One per initialized handshake-era connection, until it closes."""
         self.bus = InMemorySubscriptionBus()
@@ -78,7 +89,10 @@ class Bridge:
         session._connection.exit_stack.callback(self.sessions.discard, session)
 
     def tools(self) -> list[types.Tool]:
-        """The MCP ``Tool`` objects of the tools this bridge's clients may use, sorted by name."""
+        """The MCP ``Tool`` objects of the tools this bridge's clients may use, sorted by name
+        (with ``tool_search``: :data:`META_TOOLS`)."""
+        if self.tool_search:
+            return [types.Tool.model_validate(tool) for tool in META_TOOLS]
         return [types.Tool.model_validate(mcp_tool(d)) for d in self.directory.available(self.groups, self.state)]
 
     async def list_tools(self, ctx: ServerRequestContext[Any], params: Any) -> types.ListToolsResult:
@@ -90,13 +104,21 @@ class Bridge:
         ``not-allowed``, ``timeout``, ...) is a result with ``isError`` and ``type: message``
         text; so is any other failure (e.g. the broker is unreachable), typed by its class name
         and logged."""
+        name, arguments = params.name, dict(params.arguments or {})
+        if self.tool_search and name == SEARCH_TOOLS:
+            return self._search(arguments)
+        if self.tool_search and name == CALL_TOOL:
+            called, arguments = arguments.get("name"), arguments.get("arguments") or {}
+            if not isinstance(called, str) or not isinstance(arguments, dict):
+                return _error(f"{wire.INVALID_ARGUMENTS}: {CALL_TOOL} needs 'name' (a string, from "
+                              f"{SEARCH_TOOLS}) and 'arguments' (an object)")
+            name = called
         try:
-            observation = await self.directory.invoke(params.name, dict(params.arguments or {}),
-                                                      groups=self.groups, state=self.state)
+            observation = await self.directory.invoke(name, arguments, groups=self.groups, state=self.state)
         except ToolCallError as exc:
             return _error(str(exc))
         except Exception as exc:
-            log.exception("calling %r failed", params.name)
+            log.exception("calling %r failed", name)
             return _error(f"{type(exc).__name__}: {exc}")
         return types.CallToolResult(content=[types.TextContent(text=observation)])
 
@@ -116,25 +138,75 @@ class Bridge:
                 await session.send_tool_list_changed()  # never raises: a closed channel drops it
 
 
+    def _search(self, arguments: dict[str, Any]) -> types.CallToolResult:
+        """``search_tools``: the best matches as JSON, ``[{"name", "description", "inputSchema",
+        "score"}, ...]``; a contested tool (the one the directory would call) also has ``conflict``."""
+        try:
+            found = self.directory.search(str(arguments.get("query", "")), _limit(arguments.get("limit", 10)),
+                                          self.groups, self.state)
+        except SearchError as exc:
+            return _error(f"{wire.INVALID_ARGUMENTS}: {exc}")
+        matches = [{**mcp_tool(f.tool.descriptor), "score": round(f.score, 3),
+                    **({"conflict": _contested(f.tool)} if f.tool.contested else {})} for f in found]
+        return types.CallToolResult(content=[types.TextContent(text=json.dumps(matches))])
+
+
+SEARCH_TOOLS = "search_tools"
+CALL_TOOL = "call_tool"
+#: The two tools of ``tghost mcp --tool-search`` (MCP ``Tool`` JSON).
+META_TOOLS: list[dict[str, Any]] = [
+    {"name": SEARCH_TOOLS,
+     "description": "Find the tools that can do something: describe the task in plain words. Returns the best "
+                    "matching tools, best first, each with its name, description and input schema; then call one "
+                    f"with {CALL_TOOL}.",
+     "inputSchema": {"type": "object", "required": ["query"], "properties": {
+         "query": {"type": "string", "description": "What the tool should do, e.g. 'weather forecast for a city'"},
+         "limit": {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT, "default": 10,
+                   "description": "How many tools to return"}}},
+     "annotations": {"title": "Search tools", "readOnlyHint": True}},
+    {"name": CALL_TOOL,
+     "description": f"Call a tool that {SEARCH_TOOLS} found, by its name, with arguments that match its input schema.",
+     "inputSchema": {"type": "object", "required": ["name", "arguments"], "properties": {
+         "name": {"type": "string", "description": f"The tool's name, as {SEARCH_TOOLS} gave it"},
+         "arguments": {"type": "object", "description": "The tool's arguments"}}},
+     "annotations": {"title": "Call a tool"}},
+]
+
+
+def _limit(value: Any) -> int:
+    """A ``limit`` argument as an int (a JSON number or numeric string); otherwise one that
+    :func:`tghost.agent.search.check_limit` refuses with a clear message."""
+    try:
+        return int(value) if float(value) == int(value) else -1
+    except (TypeError, ValueError, OverflowError):
+        return -1
+
+
+def _contested(tool: DirectoryTool) -> str:
+    sides = [side.describe() for side in tool.sides()]
+    return f"other hosts announce this name differently ({'; '.join(sides[1:])}); this is the one called"
+
+
 def _error(text: str) -> types.CallToolResult:
     return types.CallToolResult(content=[types.TextContent(text=text)], is_error=True)
 
 
 async def serve(directory: ToolDirectory, groups: Sequence[str] | None, state: str | None,
                 transport: str, host: str, port: int, allowed_hosts: Sequence[str] = (),
-                token: str | None = None) -> None:
+                token: str | None = None, tool_search: bool = False) -> None:
     """Follow ``directory`` and serve it until the stdio client leaves or the task is cancelled.
 
     ``transport`` is ``stdio`` (MCP on stdin/stdout) or ``http`` (streamable HTTP at
     ``http://host:port/mcp``, accepting the ``Host`` headers of :func:`transport_security`
     with ``allowed_hosts``; with a ``token``, every request must carry ``Authorization: Bearer
-    <token>``, else it is answered 401, through the SDK's bearer auth).
+    <token>``, else it is answered 401, through the SDK's bearer auth). ``tool_search``: list
+    the two tools of :data:`META_TOOLS` instead of every tool (:class:`Bridge`).
 
     Raises:
         tghost.pulsar.clients.BrokerError: no broker answered within the directory's ``connect_timeout``.
     """
     async with directory:
-        bridge = Bridge(directory, groups, state)
+        bridge = Bridge(directory, groups, state, tool_search)
         follower = asyncio.create_task(bridge.follow(), name="mcp list_changed")
         try:
             if transport == "stdio":

@@ -49,6 +49,7 @@ from tghost.agent.ledger import (
     Provider,
     Ref,
 )
+from tghost.agent.search import Found, ToolIndex
 from tghost.agent.window import TopicWindow
 from tghost.protocol.announcement import DEFAULT_TOPIC, EPOCH_SECONDS
 from tghost.protocol.descriptors import ToolDescriptor, ToolServiceDescriptor
@@ -175,6 +176,8 @@ class ToolDirectory:
         self.identity = identity
         """The caller key this directory calls with (``None``: anonymous): it signs every request,
         and :meth:`available` lists only the tools their hosts admit it to."""
+        self.index = ToolIndex()
+        """The live tools for :meth:`search` (:mod:`tghost.agent.search`), kept in step with :attr:`tools`."""
         self.calls = ToolCalls(self.tools, listeners, refuse_conflicts=trusted is None, identity=identity,
                                services=self.services)
         """Calls by tool name over :attr:`tools` (:mod:`tghost.agent.calls`)."""
@@ -357,6 +360,7 @@ class ToolDirectory:
             self.tools[name] = after
         if _shape(before) == _shape(after):
             return  # e.g. only a service's provider list moved: not a change to this tool
+        self.index.put(name, after.descriptor if after else None)
         change: Literal["added", "updated", "removed", "expired"] = (
             "added" if before is None else gone if after is None else "updated")
         self._filtered.clear()
@@ -446,6 +450,21 @@ class ToolDirectory:
                 yield await queue.get()
         finally:
             self._watchers.remove(queue)
+
+    def search(self, query: str, limit: int = 10, groups: Sequence[str] | None = None,
+               state: str | None = None) -> list[Found]:
+        """The live tools that best match ``query`` (plain language), best first, at most
+        ``limit`` (1..1000): only those :meth:`available` gives for ``groups`` and ``state`` (seed
+        001; ``groups=None`` is the ``default`` group, ``["*"]`` every group), each with its
+        score (:mod:`tghost.agent.search`: BM25 over name, description and arguments). A tool
+        whose name is contested is the one the directory would call (:attr:`DirectoryTool.contested`).
+        Never talks to Pulsar; a change the directory has seen is searched.
+
+        Raises:
+            tghost.agent.search.SearchError: the query has no words, or ``limit`` is out of range.
+        """
+        allowed = {d.name for d in self.available(groups, state)}
+        return [Found(self.tools[name], score) for name, score in self.index.ranked(query, allowed.__contains__, limit)]
 
     async def wait_for(self, name: str, timeout: float = 10.0, present: bool = True) -> None:
         """Wait (seconds) until tool ``name`` is live (or, with ``present=False``, gone).

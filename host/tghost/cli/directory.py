@@ -18,6 +18,7 @@ import click
 from tghost.adapters.export import FORMATS, select_tools, tool_row
 from tghost.agent.directory import Change
 from tghost.agent.entries import Side
+from tghost.agent.search import SearchError, check_limit, words_of
 from tghost.cli.app import cli
 from tghost.cli.options import (
     filter_options,
@@ -42,36 +43,56 @@ F = TypeVar("F", bound=Callable[..., Any])
 @click.option("--all", "show_all", is_flag=True,
               help="List every live tool, whoever may call it, with an ACCESS column [default: those the "
                    "--identity, or an anonymous caller, may call].")
+@click.option("--search", "query", metavar="QUERY",
+              help="Rank the tools for a plain-language request, best first (BM25 over name, description and "
+                   "arguments), e.g. --search 'weather forecast for a city'.")
+@click.option("--limit", type=int, default=10, show_default=True, help="With --search: how many tools (1-1000).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for programs.")
 def tools(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...], state: str | None,
-          trusted: TrustedKeys | None, identity: Signer | None, show_all: bool, as_json: bool) -> None:
+          trusted: TrustedKeys | None, identity: Signer | None, show_all: bool, query: str | None, limit: int,
+          as_json: bool) -> None:
     """List the live tools every agent can see, as announced by running hosts.
 
     Without --group/--state, every live tool is listed; with them, only those a seed 001
     request with those groups and state may use. Hosts with an [access] policy announce who may
     call each tool: only those the --identity (or an anonymous caller) may call are listed,
     unless --all. A tool whose name or service another host
-    announces differently is marked CONFLICT, and the conflicts are listed on stderr.
+    announces differently is marked CONFLICT, and the conflicts are listed on stderr. With
+    --search, the same tools are ranked for the request and the best --limit listed, with a
+    SCORE column (--json: each row has a "score").
     """
+    if query is not None:
+        try:
+            words_of(query), check_limit(limit)
+        except SearchError as exc:
+            raise click.BadParameter(str(exc), param_hint="--search / --limit") from None
+
     async def fetch() -> list[dict[str, Any]]:
         async with open_directory(pulsar, descriptors_topic, trusted, identity=identity) as directory:
             names = [t.name for t in directory.available(groups or ["*"], state)]
             if not groups and state is None:
                 names = sorted(directory.tools)
-            return [tool_row(directory.tools[name]) for name in names
-                    if show_all or directory.calls.admits(directory.tools[name])]
+            listed = [n for n in names if show_all or directory.calls.admits(directory.tools[n])]
+            if query is None:
+                return [tool_row(directory.tools[name]) for name in listed]
+            return [{**tool_row(directory.tools[name]), "score": round(score, 4)}
+                    for name, score in directory.index.ranked(query, set(listed).__contains__, limit)]
 
     rows = asyncio.run(fetch())
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
     if not rows:
-        click.echo("no live tools (is a 'tghost run' up on this broker?)")
+        click.echo("no live tool matches the search" if query is not None
+                   else "no live tools (is a 'tghost run' up on this broker?)")
         return
-    table = [("TOOL", "SERVICE", "PROVIDERS", "GROUPS", "STATES", "-> STATE", *(("ACCESS",) if show_all else ()))] + [
+    scored = query is not None
+    table = [("TOOL", "SERVICE", "PROVIDERS", "GROUPS", "STATES", "-> STATE", *(("ACCESS",) if show_all else ()),
+              *(("SCORE",) if scored else ()))] + [
         (r["name"] + (" CONFLICT" if r["conflicts"] else ""), r["service"] + (" (external)" if r["external"] else ""),
          ",".join(r["providers"]), ",".join(r["group"]), ",".join(r["available_in_states"] or ["*"]),
-         r["state"] or "-", *((r["access"],) if show_all else ())) for r in rows]
+         r["state"] or "-", *((r["access"],) if show_all else ()), *((f"{r['score']:.2f}",) if scored else ()))
+        for r in rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     for row in table:
         click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
@@ -179,11 +200,15 @@ def _host_names(ctx: click.Context, param: click.Parameter, values: tuple[str, .
               help="With --transport http: a file holding the bearer token every request must carry "
                    "('Authorization: Bearer <token>'; others get 401) (env TGHOST_MCP_TOKEN_FILE). Required when "
                    "--host is not a loopback address; loopback works without one.")
+@click.option("--tool-search", is_flag=True,
+              help="List two tools instead of every tool: search_tools(query, limit), which ranks the live tools "
+                   "for a request, and call_tool(name, arguments), which calls one; for clients with a limit on "
+                   "tools.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="warning",
               show_default=True, help="Log level; the log always goes to stderr.")
 def mcp_bridge(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...], state: str | None,
                trusted: TrustedKeys | None, identity: Signer | None, transport: str, http_host: str, http_port: int,
-               allowed_hosts: tuple[str, ...], token_file: Path | None, log_level: str) -> None:
+               allowed_hosts: tuple[str, ...], token_file: Path | None, tool_search: bool, log_level: str) -> None:
     """Serve the live tools to MCP clients (Model Context Protocol), until Ctrl-C or the client leaves.
 
     tools/list gives the tools a seed 001 request with --group (default: the 'default' group)
@@ -199,7 +224,7 @@ def mcp_bridge(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str
     directory = open_directory(pulsar, descriptors_topic, trusted, wait=True, identity=identity)
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve(directory, list(groups) or None, state, transport, http_host, http_port, allowed_hosts,
-                          token))
+                          token, tool_search))
 
 
 @cli.command("inspect")
