@@ -65,7 +65,7 @@ def error_type(t: Terms, body: dict[str, Any] | bytes) -> str:
 
 def test_check_passes_a_good_request_and_records_its_user_and_arguments() -> None:
     record, call = checked(terms(), {"user": "ada", "config": "{}", "arguments": json.dumps({"text": "hi"})})
-    assert call == ("ada", {}, {"text": "hi"}, None)  # user, config, arguments, no verified caller
+    assert call == ("ada", {}, {"text": "hi"}, None, None)  # user, config, arguments; no verified caller or cancel
     assert (record.user, record.arguments) == ("ada", {"text": "hi"})
 
 

@@ -209,7 +209,8 @@ class ToolCalls:
         try:
             tool = self.check(name, groups, state, allowed_groups)
             caller = await self.caller(tool.service.descriptor)
-            async for chunk in caller.stream(tool.descriptor.config, arguments, user=user, timeout=timeout):
+            async for chunk in caller.stream(tool.descriptor.config, arguments, user=user, timeout=timeout,
+                                             tool=name):
                 yield chunk
         except ToolCallError as exc:
             status = exc.error_type

@@ -18,12 +18,14 @@ from typing import Any
 
 import pulsar
 import pulsar.asyncio
+from opentelemetry.trace import Span
 
 from tghost.protocol import wire
 from tghost.protocol.callers import sign_request
 from tghost.protocol.sessions import CallerSession
 from tghost.protocol.trust import Signer
 from tghost.pulsar import hop
+from tghost.system import tracing
 
 __all__ = ["ToolCallError", "ToolServiceClient"]
 
@@ -71,6 +73,7 @@ class ToolServiceClient:
         self.response_queue = response_queue
         self._pending: dict[str, asyncio.Queue[wire.Response | Exception]] = {}
         self._producer: pulsar.asyncio.Producer | None = None
+        self._control: pulsar.asyncio.Producer | None = None
         self._consumer: pulsar.asyncio.Consumer | None = None
         self._mailbox: hop.Mailbox | None = None
 
@@ -87,6 +90,8 @@ class ToolServiceClient:
             pulsar.ConsumerType.Exclusive, self._on_response, receiver_queue_size=RESPONSE_QUEUE,
         )
         self._producer = await self._client.create_producer(self.request_queue, batching_enabled=False)
+        self._control = await self._client.create_producer(wire.control_topic(self.request_queue),
+                                                           batching_enabled=False)
         return self
 
     def _on_response(self, consumer: Any, message: Any) -> None:
@@ -108,10 +113,12 @@ class ToolServiceClient:
         *,
         user: str | None = None,
         timeout: float = 60.0,
+        tool: str | None = None,
     ) -> AsyncIterator[str]:
         """Send one request and yield each non-empty observation chunk until end of stream.
 
-        ``timeout`` is seconds for the whole call.
+        ``timeout`` is seconds for the whole call. ``tool`` names the call's span when tracing
+        is on (:mod:`tghost.system.tracing`; its ``traceparent`` goes with the request).
 
         Raises:
             ToolCallError: the service answered with an error, or (type ``timeout``) not in time.
@@ -121,31 +128,54 @@ class ToolServiceClient:
         request_id = uuid.uuid4().hex
         queue: asyncio.Queue[wire.Response | Exception] = asyncio.Queue()
         self._pending[request_id] = queue
+        span = tracing.client_span(self.request_queue.rsplit("/", 1)[-1], self.request_queue, tool)
+        failed: str | None = "cancelled"
         try:
             async with asyncio.timeout(timeout):
                 body = wire.encode_request(user, config, arguments)
-                in_session = self._send(queue, request_id, body, self._host_keys() if self._host_keys else ())
+                in_session = self._send(queue, request_id, body, self._host_keys() if self._host_keys else (), span)
                 while True:
                     response = await queue.get()
                     if isinstance(response, Exception):
                         raise response
                     if response.error and in_session and response.error["type"] == wire.UNKNOWN_SESSION:
-                        in_session = self._send(queue, request_id, body, ())  # a host we did not know yet
+                        in_session = self._send(queue, request_id, body, (), span)  # a host we did not know yet
                         continue
                     if response.error:
+                        failed = response.error["type"]
                         raise ToolCallError(response.error["type"], response.error["message"])
                     if response.response:
                         yield response.response
                     if response.end_of_stream:
+                        failed = None
                         return
         except TimeoutError:
+            failed = wire.TIMEOUT
             raise ToolCallError(wire.TIMEOUT, f"no complete answer from {self.request_queue} "
                                               f"within {timeout}s") from None
+        except Exception as exc:
+            failed = failed if failed != "cancelled" else type(exc).__name__
+            raise
         finally:
             del self._pending[request_id]
+            tracing.end(span, failed)
+            if failed in ("cancelled", wire.TIMEOUT):
+                self._cancel(request_id)
+
+    def _cancel(self, request_id: str) -> None:
+        """Tell the service's hosts that this caller gave up on ``request_id`` (docs/protocol.md
+        §2.11): the one running it stops it and frees its slot. Sent and forgotten; signed with
+        the identity, as hosts with an access policy ask of a verified caller's cancel."""
+        if self._control is None:
+            return
+        properties = {"id": request_id, wire.CANCEL: "1"}
+        if self.identity is not None:
+            properties.update(sign_request(self.identity, b"", request_id, wire.control_topic(self.request_queue),
+                                             time.time()))
+        hop.send(self._control, b"", properties, lambda result, _: None)
 
     def _send(self, queue: asyncio.Queue[wire.Response | Exception], request_id: str, body: bytes,
-              host_keys: Sequence[str]) -> bool:
+              host_keys: Sequence[str], span: Span | None = None) -> bool:
         """Send the request with its ``id`` and, with an identity, its proof: a session's MACs
         for ``host_keys`` if there are any, else a signature. Whether it went in a session."""
         properties = {"id": request_id}
@@ -156,6 +186,7 @@ class ToolServiceClient:
             properties.update(self._session.properties(body, request_id, self.request_queue, now, host_keys))
         elif self.identity is not None:
             properties.update(sign_request(self.identity, body, request_id, self.request_queue, now))
+        tracing.inject(properties, span)
         hop.send(self._producer, body, properties, lambda result, _: self._on_sent(queue, result))
         return self.identity is not None and bool(host_keys)
 
@@ -166,6 +197,7 @@ class ToolServiceClient:
         *,
         user: str | None = None,
         timeout: float = 60.0,
+        tool: str | None = None,
     ) -> str:
         """Send one request and return the observation (streamed chunks joined).
 
@@ -173,11 +205,11 @@ class ToolServiceClient:
             ToolCallError: as for :meth:`stream`.
         """
         return "".join([chunk async for chunk in self.stream(config, arguments, user=user,
-                                                             timeout=timeout)])
+                                                             timeout=timeout, tool=tool)])
 
     async def close(self) -> None:
         """Close the producer and the consumer (responses still arriving are dropped)."""
-        for closable in (self._producer, self._consumer):
+        for closable in (self._producer, self._control, self._consumer):
             if closable is not None:
                 with contextlib.suppress(Exception):
                     await closable.close()

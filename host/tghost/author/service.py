@@ -11,6 +11,7 @@ import importlib
 import inspect
 import json
 import re
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -78,19 +79,27 @@ class Context:
     user: str
     config: dict[str, Any] = field(default_factory=dict)
     caller: Caller | None = None
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    """Set once the caller cancels the call (docs/protocol.md §2.11). An ``async def`` tool is
+    cancelled as an asyncio task; a plain ``def`` one runs on in its thread, so a long one
+    should check ``ctx.cancelled.is_set()`` between steps and stop. Its caller is answered
+    ``cancelled`` at once either way."""
 
 
 class Call(NamedTuple):
     """One call to make: the request's asserted ``user``, its ``config`` values, the checked
-    ``arguments`` (seed 000 envelope) and the verified ``caller`` (``None``: anonymous)."""
+    ``arguments`` (seed 000 envelope), the verified ``caller`` (``None``: anonymous) and the
+    event set when the caller cancels it (``None`` in a worker process, which is killed instead)."""
 
     user: str
     config: dict[str, Any]
     arguments: dict[str, Any]
     caller: Caller | None = None
+    cancelled: threading.Event | None = None
 
 
 _CALLER: ContextVar[Caller | None] = ContextVar("tghost_caller", default=None)
+_CANCELLED: ContextVar[threading.Event | None] = ContextVar("tghost_cancelled", default=None)
 
 
 def current_caller() -> Caller | None:
@@ -102,11 +111,12 @@ def current_caller() -> Caller | None:
 def invoke(service: ToolService, call: Call) -> Any:
     """``service.invoke(user, config, arguments)`` with :func:`current_caller` set to the call's
     caller while it runs (an ``async`` invoke's coroutine is built, not awaited, here)."""
-    token = _CALLER.set(call.caller)
+    token, cancelled = _CALLER.set(call.caller), _CANCELLED.set(call.cancelled)
     try:
         return service.invoke(call.user, call.config, call.arguments)
     finally:
         _CALLER.reset(token)
+        _CANCELLED.reset(cancelled)
 
 
 class ToolService:
@@ -374,7 +384,8 @@ class FunctionService(ToolService):
             if param.name in config:
                 values[param.name] = config[param.name]
         if self._context_param:
-            values[self._context_param] = Context(user=user, config=config, caller=current_caller())
+            values[self._context_param] = Context(user=user, config=config, caller=current_caller(),
+                                                  cancelled=_CANCELLED.get() or threading.Event())
         return self.fn(**values)
 
     def default_tools(self) -> list[ToolDescriptor]:

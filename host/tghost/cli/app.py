@@ -14,6 +14,7 @@ import click
 
 from tghost._version import __version__
 from tghost.pulsar.clients import BrokerError
+from tghost.system import tracing
 
 
 def main() -> None:
@@ -38,6 +39,7 @@ def main() -> None:
         if isinstance(exc.code, str):
             click.echo(exc.code, err=True)
         code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+    tracing.flush()  # spans still buffered: os._exit runs no atexit hook
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -18,6 +18,7 @@ from tghost.cli.options import (
     identity_options,
     json_value,
     open_directory,
+    otel_option,
     parse_pairs,
     pulsar_options,
     trust_options,
@@ -35,6 +36,7 @@ from tghost.serving.settings import ServeSettings
 @filter_options
 @trust_options
 @identity_options
+@otel_option
 @click.option("--service", "service_id", default=None,
               help="Call a tool service by id instead of a tool by name.")
 @click.option("--topic", default=None,

@@ -24,6 +24,7 @@ from tghost.cli.options import (
     filter_options,
     identity_options,
     open_directory,
+    otel_option,
     pulsar_options,
     read_token_file,
     setup_logging,
@@ -183,6 +184,7 @@ def _host_names(ctx: click.Context, param: click.Parameter, values: tuple[str, .
 @filter_options
 @trust_options
 @identity_options
+@otel_option
 @click.option("--transport", type=click.Choice(["stdio", "http"]), default="stdio", show_default=True,
               help="stdio for a client that starts this command; http for streamable HTTP at /mcp.")
 @click.option("--host", "http_host", default="127.0.0.1", show_default=True,
@@ -231,6 +233,7 @@ def mcp_bridge(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str
 @pulsar_options
 @trust_options
 @identity_options
+@otel_option
 @click.option("--host", "http_host", default="127.0.0.1", show_default=True,
               help="The address to bind; 0.0.0.0 for every interface (then --token-file is required).")
 @click.option("--port", "http_port", type=click.IntRange(0, 65535), default=8765, show_default=True,

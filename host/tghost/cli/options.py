@@ -24,6 +24,7 @@ from tghost.discovery.discover import PluginSelection
 from tghost.operate.audit import AuditLog
 from tghost.protocol.trust import KeyFileError, Signer, TrustedKeys
 from tghost.pulsar.clients import DEFAULT_URL, PulsarSettings, is_reachable
+from tghost.system import tracing
 
 if TYPE_CHECKING:  # imported when used: only 'tghost run' serves or exposes metrics
     from tghost.operate.metrics import HostMonitor
@@ -183,6 +184,26 @@ def identity_options(fn: F) -> F:
         help="Caller key (.key from 'tghost keygen') to sign requests with (env TGHOST_IDENTITY): hosts with an "
              "[access] policy let it call the tools they grant it, and only those are listed "
              "[default: anonymous].")(with_identity))
+
+
+def otel_option(fn: F) -> F:
+    """--otel (env TGHOST_OTEL=1): trace the command's calls with OpenTelemetry, configured by
+    the standard OTEL_* variables (:func:`tghost.system.tracing.setup`); the service name
+    defaults to ``tghost-<command>``. The command's arguments are unchanged."""
+    @functools.wraps(fn)
+    def with_otel(*args: Any, otel: bool, **kwargs: Any) -> Any:
+        if otel:
+            try:
+                tracing.setup(f"tghost-{click.get_current_context().info_name}")
+            except tracing.TracingError as exc:
+                raise click.BadParameter(str(exc), param_hint="--otel / TGHOST_OTEL") from None
+        return fn(*args, **kwargs)
+
+    return cast(F, click.option(
+        "--otel", is_flag=True, envvar="TGHOST_OTEL",
+        help="Trace calls with OpenTelemetry (env TGHOST_OTEL=1), set up by the OTEL_* variables, e.g. "
+             "OTEL_TRACES_EXPORTER=console or otlp with OTEL_EXPORTER_OTLP_ENDPOINT; needs "
+             "pip install 'tghost[otel]'.")(with_otel))
 
 
 @dataclass(frozen=True)

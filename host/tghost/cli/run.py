@@ -19,6 +19,7 @@ from tghost.cli.options import (
     Operations,
     config_option,
     operations_options,
+    otel_option,
     pulsar_options,
     selection_options,
     setup_logging,
@@ -42,6 +43,7 @@ log = logging.getLogger("tghost")
 
 @cli.command()
 @pulsar_options
+@otel_option
 @click.option("--data-dir", type=click.Path(path_type=Path), default=None,
               help="Data directory of the embedded broker started on a local --pulsar-url [default: "
                    f"{default_data_dir().parent}/PORT].")

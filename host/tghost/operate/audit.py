@@ -32,12 +32,14 @@ def audit_entry(record: Any, arguments: bool = False) -> dict[str, Any]:
 
         {"time": ISO 8601 UTC, "kind": "call" | "invoke", "request_id", "user", "caller", "service",
          ["tool", "groups", "allowed_groups", "state": {"before", "after"}], "status",
-         "duration_ms": float, "argument_names": [sorted names] | "arguments": {...}}
+         "duration_ms": float, ["trace_id"], "argument_names": [sorted names] | "arguments": {...}}
 
     ``kind`` is ``invoke`` for a directory-side record (it has ``tool``). ``user`` is what the
     request asserted, never checked; ``caller`` is the verified caller of a host with an
     ``[access]`` policy, ``{"name", "key_id"}``, or ``null`` (anonymous). Argument values appear
     only with ``arguments=True``; otherwise only their names (none when the request was not decoded).
+    ``trace_id`` (32 hex digits) is there when the host traced the call (``--otel``), so a slow
+    or failed call's line leads to its trace.
     """
     entry: dict[str, Any] = {"time": datetime.now(UTC).isoformat(timespec="milliseconds"),
                              "kind": "invoke" if hasattr(record, "tool") else "call"}
@@ -53,6 +55,8 @@ def audit_entry(record: Any, arguments: bool = False) -> dict[str, Any]:
         entry["state"] = {"before": record.state_before, "after": record.state_after}
     entry["status"] = record.status
     entry["duration_ms"] = round(float(record.duration) * 1000, 3)
+    if getattr(record, "trace_id", None):
+        entry["trace_id"] = record.trace_id
     given = getattr(record, "arguments", None)
     if isinstance(given, dict):
         if arguments:

@@ -12,6 +12,8 @@ from typing import Any
 
 __all__ = [
     "BAD_REQUEST",
+    "CANCEL",
+    "CANCELLED",
     "INVALID_ARGUMENTS",
     "MAX_MESSAGE",
     "MISSING_CONFIG",
@@ -29,6 +31,7 @@ __all__ = [
     "Request",
     "Response",
     "TooLarge",
+    "control_topic",
     "decode_request",
     "decode_response",
     "encode_error",
@@ -53,6 +56,10 @@ REDELIVERY_LIMIT = "redelivery-limit"
 UNAUTHORIZED = "unauthorized"
 #: The verified caller is over its rate on this host; the text says when to retry.
 RATE_LIMITED = "rate-limited"
+#: The caller cancelled the call (docs/protocol.md §2.11): the host stopped it; nothing more comes.
+CANCELLED = "cancelled"
+#: The property that marks a message on a service's control topic as a cancel (docs/protocol.md §2.11).
+CANCEL = "tghost-cancel"
 #: A request in a caller session carries no MAC for the host that received it (the caller did
 #: not yet know the host): nothing ran, and the caller resends it signed (docs/protocol.md §2.9).
 UNKNOWN_SESSION = "unknown-session"
@@ -202,3 +209,10 @@ def decode_response(payload: bytes) -> Response:
     except (ValueError, AttributeError, TypeError) as exc:
         raise BadRequest(f"response is not a valid envelope: {exc}") from None
     return response
+
+
+def control_topic(request_queue: str) -> str:
+    """The topic where callers send cancels for a service's calls: non-persistent, in the
+    request topic's namespace, named ``<request topic name>.control``; e.g.
+    ``non-persistent://tg/request/joke-service.control`` (docs/protocol.md §2.11)."""
+    return "non-persistent://" + request_queue.split("://", 1)[-1] + ".control"

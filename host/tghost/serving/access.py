@@ -193,6 +193,14 @@ class Gate:
             return "the request's MAC does not verify (tampered, or sent for another topic)"
         return signed.signed_within(properties.get(signed.SIGNED_AT, ""), now, self.window)
 
+    def signed_by(self, caller: Caller, properties: Mapping[str, str], body: bytes, topic: str) -> bool:
+        """Whether ``properties`` carry ``caller``'s valid signature (docs/protocol.md §2.8) of
+        ``body`` on ``topic``, made within the window (a cancel of its own call, §2.11)."""
+        grant = self.policy.callers.get(caller.key_id)
+        if grant is None or signed.caller_key_id(properties) != caller.key_id:
+            return False
+        return not isinstance(signed.verify_request(grant.key, properties, body, topic, time.time(), self.window), str)
+
     def _tools_of(self, service: str, config: Mapping[str, Any]) -> Sequence[str]:
         """The host's tools over ``service`` whose config values the request carries."""
         return [name for name, tool in self.tools.items()

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pulsar
@@ -32,6 +32,7 @@ from tghost.protocol.descriptors import ToolServiceDescriptor
 from tghost.pulsar import hop
 from tghost.serving import executors, handoff
 from tghost.serving.access import Gate
+from tghost.serving.cancels import ControlTopic
 from tghost.serving.deadlines import Deadlines
 from tghost.serving.executors.base import Call
 from tghost.serving.executors.thread import ThreadExecutor
@@ -65,6 +66,8 @@ log = logging.getLogger(__name__)
 #: what no host has taken, so its consumer buffers nothing (size 0) and receives only when a
 #: slot is free.
 RECEIVER_QUEUE = 10_000
+#: The text of a ``cancelled`` reply.
+CANCELLED_TEXT = "the caller cancelled the call"
 
 
 class ServiceEndpoint:
@@ -101,6 +104,8 @@ class ServiceEndpoint:
         self._room = asyncio.Semaphore(self.terms.max_concurrency) if self.persistent else None
         self._admitted = 0
         self._tasks: set[asyncio.Task[None]] = set()
+        self._calls: dict[str, tuple[asyncio.Task[None], Request]] = {}  # loop-path calls by request id
+        self._control = ControlTopic(descriptor, self._cancel)
         self._loop_task: asyncio.Task[None] | None = None
         self._consumer: pulsar.asyncio.Consumer | None = None
         self._producer: pulsar.asyncio.Producer | None = None
@@ -153,6 +158,7 @@ class ServiceEndpoint:
         await self.executor.start()
         if isinstance(self.executor, ThreadExecutor) and self.service.runs_in_thread and not self.persistent:
             self._lane = ThreadLane(self.terms, self._port, self.executor, loop)
+        await self._control.start(client, self._mailbox)
         try:
             self._consumer = self._port.consumer = await client.subscribe(
                 self.descriptor.request_queue,
@@ -217,6 +223,8 @@ class ServiceEndpoint:
         task: asyncio.Task[None] = asyncio.current_task()  # type: ignore[assignment]
         request = Request(CallRecord(self.descriptor.id, message.properties().get("id")), message)
         log.debug("service %s: request %s received", self.descriptor.id, request.record.request_id)
+        if request.record.request_id is not None:
+            self._calls[request.record.request_id] = (task, request)
         try:
             if request.record.request_id is None:
                 self.counters["unanswerable"] += 1
@@ -240,8 +248,24 @@ class ServiceEndpoint:
             log.exception("service %s: could not reply to request %s", self.descriptor.id, request.record.request_id)
         finally:
             self._tasks.discard(task)  # answered: no longer in flight
+            if self._calls.get(request.request_id, (None,))[0] is task:
+                del self._calls[request.request_id]
             self._port.settle(request.record, message, request.started,  # type: ignore[union-attr]
                               acknowledge=request.record.status != RETURNED)
+
+    def _cancel(self, request_id: str, properties: Mapping[str, str]) -> None:
+        """A cancel from the control topic (docs/protocol.md §2.11): stop the call if this host
+        runs it and the cancel comes from its caller; answer it ``cancelled`` at once."""
+        running = self._calls.get(request_id)
+        request = running[1] if running else self._lane.running(request_id) if self._lane else None
+        if request is None or not self.terms.may_cancel(request.record, properties, self._control.topic):
+            return  # another host's call, a finished one, or not its caller's cancel
+        request.cancelled.set()
+        if running is None:
+            self._lane.cancel(request)  # type: ignore[union-attr]
+        elif request.claim(wire.CANCELLED):
+            self._port.send(request_id, wire.encode_error(wire.CANCELLED, CANCELLED_TEXT))  # type: ignore[union-attr]
+            running[0].cancel()  # the call's task: an async invoke stops, a worker process is killed
 
     async def _admit(self, request: Request, task: asyncio.Task[None]) -> None:
         self._admitted += 1
@@ -271,7 +295,7 @@ class ServiceEndpoint:
     async def _answer(self, request: Request, task: asyncio.Task[None]) -> None:
         """Check the request, invoke under the timeout, and send the reply (or error)."""
         try:
-            call = self.terms.check(request.record, request.message)
+            call = self.terms.check(request.record, request.message, request.cancelled)
             self._clock.start(task)
             try:
                 await self._invoke(request, call)
@@ -425,6 +449,7 @@ class ServiceEndpoint:
         """Close the consumer (first answering ``unavailable`` what arrived until then) and the
         producer, and :meth:`release` the workers if that was not done; errors are logged, not raised."""
         await self.release()
+        await self._control.close()
         if self._unsubscribing is None:
             self._unsubscribing = asyncio.create_task(self._unsubscribe())
         await self._unsubscribing

@@ -62,6 +62,7 @@ class ThreadLane:
         self._lock = threading.Lock()
         self._waiting: dict[Request, None] = {}  # admitted, not started
         self._running: dict[Request, None] = {}  # started, in deadline order (one timeout for all)
+        self._by_id: dict[str, Request] = {}  # both, by request id (for a cancel)
         self._emptied: asyncio.Future[None] | None = None  # set while the loop waits in idle()
         self._stopping = False
         self._closed = False
@@ -82,6 +83,7 @@ class ThreadLane:
             refusal = self._terms.over_capacity(self.in_flight) or self._executor.starved()
             if refusal is None:
                 self._waiting[request] = None
+                self._by_id[request.request_id] = request
         if refusal is not None:
             self._refuse(request, wire.OVERLOADED, refusal)
             return
@@ -99,7 +101,7 @@ class ThreadLane:
             self._refuse(request, wire.UNAVAILABLE, self._terms.refusal(wire.UNAVAILABLE))
             return
         try:
-            result = invoke(self._terms.service, self._terms.check(request.record, request.message))
+            result = invoke(self._terms.service, self._terms.check(request.record, request.message, request.cancelled))
             if inspect.isawaitable(result):
                 result = self._on_loop(_awaited(result))
             if inspect.isgenerator(result) or inspect.isasyncgen(result):
@@ -159,6 +161,8 @@ class ThreadLane:
                 return False
             self._waiting.pop(request, None)
             self._running.pop(request, None)
+            if self._by_id.get(request.request_id) is request:
+                del self._by_id[request.request_id]
             emptied = self._emptied is not None and not self.in_flight
         try:
             self._port.send(request.request_id, payload)
@@ -187,6 +191,17 @@ class ThreadLane:
             for request in due:
                 self._abandon(request)
                 self._refuse(request, wire.TIMEOUT, self._terms.refusal(wire.TIMEOUT))
+
+    def running(self, request_id: str) -> Request | None:
+        """The call of ``request_id`` in the lane (waiting or running), if any."""
+        return self._by_id.get(request_id)
+
+    def cancel(self, request: Request) -> None:
+        """The caller cancelled ``request``: answer it ``cancelled`` and free its slot at once;
+        a plain ``def`` still in its thread is counted stuck until it returns (it may watch
+        ``tghost.Context.cancelled``)."""
+        self._abandon(request)
+        self._refuse(request, wire.CANCELLED, "the caller cancelled the call")
 
     def _abandon(self, request: Request) -> None:
         if request.job is not None:

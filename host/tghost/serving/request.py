@@ -24,13 +24,14 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent import futures
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pulsar
 import pulsar.asyncio
+from opentelemetry.trace import Span
 
 from tghost.author.hookspecs import Authorize
 from tghost.author.service import ToolError, ToolService
@@ -40,6 +41,7 @@ from tghost.protocol.descriptors import ToolServiceDescriptor
 from tghost.pulsar import hop
 from tghost.serving.access import Gate, Refused
 from tghost.serving.executors.base import Call
+from tghost.system import tracing
 
 __all__ = [
     "NOT_STARTED",
@@ -83,6 +85,37 @@ class CallRecord:
     duration: float = 0.0
     arguments: dict[str, Any] | None = None
     caller: Caller | None = None
+    trace_id: str | None = None
+    """The W3C trace id of the call's host span, 32 hex digits (``None``: tracing is off)."""
+    spans: CallSpans | None = field(default=None, repr=False, compare=False)
+    """The host's open spans of the call while tracing is on (:mod:`tghost.system.tracing`)."""
+
+
+@dataclass
+class CallSpans:
+    """The host's spans of one traced request: ``server``, from receipt to the last reply, and
+    the ``stage`` open under it: ``queue`` until the checks start, then ``invoke``."""
+
+    server: Span
+    stage: Span | None
+
+    @classmethod
+    def start(cls, record: CallRecord, message: Any) -> None:
+        """Start the spans of ``record``'s request (a raw ``_pulsar.Message``) if tracing is on."""
+        if not tracing.ON:
+            return
+        server = tracing.server_span(record.service, message.topic_name(), message.properties())
+        assert server is not None
+        record.spans, record.trace_id = cls(server, tracing.child("queue", server)), tracing.trace_id(server)
+
+    def checked(self, error_type: str | None, check: Span | None) -> None:
+        """The checks ended (``error_type``: how they refused the call): the invoke begins."""
+        tracing.end(check, error_type)
+        self.stage = None if error_type else tracing.child("invoke", self.server)
+
+    def settle(self, status: str) -> None:
+        tracing.end(self.stage, None if status == wire.OK else status)
+        tracing.end(self.server, None if status == wire.OK else status)
 
 
 #: Called once per request, after it is settled (metrics, audit), on the event loop or on a
@@ -131,7 +164,7 @@ class Terms:
         broker has their reply, and go back to the broker when a shutdown cuts them off)."""
         return self.descriptor.request_queue.startswith("persistent://")
 
-    def check(self, record: CallRecord, message: Any) -> Call:
+    def check(self, record: CallRecord, message: Any, cancelled: threading.Event | None = None) -> Call:
         """The call to make, once the request (a raw ``_pulsar.Message``) passes every check
         before ``invoke``, in this order: the payload size, the redelivery count (persistent
         topics), the envelope, the host's access policy (``gate``: the caller's signature,
@@ -144,6 +177,21 @@ class Terms:
                 ``redelivery-limit``, ``unauthorized``, ``rate-limited``, ``not-allowed``,
                 ``missing-config``, ``invalid-arguments``).
         """
+        spans = record.spans
+        if spans is None:
+            return self._check(record, message, cancelled)
+        tracing.end(spans.stage)  # the wait for a slot is over
+        check = tracing.child("check", spans.server)
+        try:
+            call = self._check(record, message, cancelled, check)
+        except ToolError as exc:
+            spans.checked(exc.error_type, check)
+            raise
+        spans.checked(None, check)
+        return call
+
+    def _check(self, record: CallRecord, message: Any, cancelled: threading.Event | None,
+               span: Span | None = None) -> Call:
         payload = message.data()
         if len(payload) > self.max_payload:
             raise ToolError(f"request is {len(payload)} bytes, over this host's limit of {self.max_payload} "
@@ -160,13 +208,15 @@ class Terms:
         caller = self._admit(request.config, message, payload)
         record.caller = caller
         if self.authorize is not None:
+            authorizing = tracing.child("tghost_authorize", span)
             reason = self.authorize(request.user, self.service_id, request.config, request.arguments, caller)
+            tracing.end(authorizing, None if reason is None else wire.NOT_ALLOWED)
             if reason is not None:
                 raise ToolError(reason, wire.NOT_ALLOWED)
         missing = [p for p in self.required_config if p not in request.config]
         if missing:
             raise ToolError(f"service {self.service_id!r} needs config param(s) {missing}", wire.MISSING_CONFIG)
-        return Call(request.user, request.config, self.service.check_arguments(request.arguments), caller)
+        return Call(request.user, request.config, self.service.check_arguments(request.arguments), caller, cancelled)
 
     def _admit(self, config: dict[str, Any], message: Any, payload: bytes) -> Caller | None:
         """The verified caller, under the host's access policy (``None`` without one)."""
@@ -177,6 +227,14 @@ class Terms:
                                    self.descriptor.request_queue)
         except Refused as exc:
             raise ToolError(str(exc), exc.error_type) from None
+
+    def may_cancel(self, record: CallRecord, properties: Mapping[str, str], topic: str) -> bool:
+        """Whether a cancel (its message ``properties``, on the control ``topic``) may stop the
+        call of ``record``: any cancel may stop an anonymous caller's call; a verified caller's
+        only one it signed itself (docs/protocol.md §2.11)."""
+        if record.caller is None:
+            return True
+        return self.gate is not None and self.gate.signed_by(record.caller, properties, b"", topic)
 
     def over_capacity(self, admitted: int) -> str | None:
         """The text of the ``overloaded`` reply when ``admitted`` requests already fill the
@@ -250,6 +308,9 @@ class Port:
         if acknowledge and self.consumer is not None:
             hop.acknowledge(self.consumer._consumer, message)
         record.duration = time.perf_counter() - started
+        if record.spans is not None:
+            record.spans.settle(record.status)
+            record.spans = None
         for listener in self._listeners:
             try:
                 listener(record)
@@ -275,17 +336,20 @@ class Request:
     caller, so a stream is paced by the broker's receipts.
     """
 
-    __slots__ = ("_lock", "answered", "deadline", "job", "message", "record", "started", "unconfirmed")
+    __slots__ = ("_lock", "answered", "cancelled", "deadline", "job", "message", "record", "started", "unconfirmed")
 
     def __init__(self, record: CallRecord, message: Any) -> None:
         self.record = record
         self.message = message
         self.started = time.perf_counter()
+        CallSpans.start(record, message)
         self.deadline = 0.0
         """``time.monotonic()`` seconds by which ``invoke`` must end (the thread lane's clock)."""
         self.job: Any = None
         """The executor's handle on the running call (the thread lane abandons it at a timeout)."""
         self.answered = False
+        self.cancelled = threading.Event()
+        """Set when the caller cancels the call (``tghost.Context.cancelled`` of a plain ``def`` tool)."""
         self.unconfirmed: list[futures.Future[bool]] = []
         self._lock = threading.Lock()
 

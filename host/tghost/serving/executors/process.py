@@ -143,7 +143,7 @@ class ProcessExecutor(Executor):
 
     async def run(self, call: Call) -> Outcome:
         try:
-            request = ForkingPickler.dumps(call)
+            request = ForkingPickler.dumps(call._replace(cancelled=None))  # the worker is killed instead
         except Exception as exc:
             raise ToolError(f"the arguments cannot be sent to a worker process of service {self.service_id!r}: "
                             f"{type(exc).__name__}: {exc}", wire.TOOL_SERVICE_ERROR) from None

@@ -1,0 +1,148 @@
+"""tracing: OpenTelemetry spans for every call, on both sides of the wire, and the W3C trace
+context that joins them (docs/protocol.md §2.10).
+
+Off by default, and then free: every helper here returns at once while :data:`ON` is false, and
+only the OpenTelemetry API is imported. :func:`setup` (``--otel`` or ``TGHOST_OTEL=1``) turns it
+on with the SDK of the ``tghost[otel]`` extra, configured by the standard ``OTEL_*`` environment
+variables; :func:`use` turns it on with a tracer provider of one's own (tests, embedders).
+
+Spans follow OpenTelemetry's RPC and messaging conventions where they fit: ``rpc.system`` is
+``tghost``, ``rpc.service`` the tool service id, ``rpc.method`` the tool (when the caller knows
+it), ``messaging.system`` ``pulsar`` and ``messaging.destination.name`` the request topic;
+``error.type`` is the wire error type of a failed call.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Mapping, MutableMapping
+from importlib.metadata import entry_points
+from typing import Any
+
+from opentelemetry import propagate, trace
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+
+__all__ = ["ON", "TracingError", "child", "client_span", "end", "flush", "inject", "server_span", "setup",
+           "trace_id", "use"]
+
+#: Whether calls are traced now (:func:`setup` or :func:`use`).
+ON = False
+_tracer = trace.get_tracer("tghost")
+_provider: Any = None
+
+
+class TracingError(RuntimeError):
+    """Tracing was asked for but cannot start: the SDK is not installed, or an exporter named
+    in ``OTEL_TRACES_EXPORTER`` is unknown. The message says what to install or set."""
+
+
+def setup(service_name: str) -> None:
+    """Turn tracing on with the OpenTelemetry SDK, configured as the SDK documents: the
+    exporters in ``OTEL_TRACES_EXPORTER`` (comma-separated; default ``otlp``; ``console`` prints
+    spans on stderr, ``none`` exports nothing), each set up by its own ``OTEL_EXPORTER_*`` variables; the
+    sampler in ``OTEL_TRACES_SAMPLER``; the resource from ``OTEL_RESOURCE_ATTRIBUTES`` and
+    ``OTEL_SERVICE_NAME`` (default ``service_name``).
+
+    Raises:
+        TracingError: the SDK (``pip install 'tghost[otel]'``) or a named exporter is missing.
+    """
+    try:
+        from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    except ImportError:
+        raise TracingError("tracing needs the OpenTelemetry SDK: pip install 'tghost[otel]'") from None
+    attributes = {} if os.environ.get("OTEL_SERVICE_NAME") else {SERVICE_NAME: service_name}
+    provider = TracerProvider(resource=Resource.create(attributes))
+    for name in os.environ.get("OTEL_TRACES_EXPORTER", "otlp").split(","):
+        if name.strip() and name.strip() != "none":
+            exporter = _exporter(name.strip())
+            # console spans go to stderr: a command's stdout is its output (tghost call's observation)
+            provider.add_span_processor(BatchSpanProcessor(exporter(out=sys.stderr) if name.strip() == "console"
+                                                           else exporter()))
+    use(provider)
+
+
+def _exporter(name: str) -> Any:
+    """The span exporter class registered under ``name`` (the SDK's ``opentelemetry_traces_exporter``
+    entry points; ``otlp`` is also found as the HTTP one, ``otlp_proto_http``)."""
+    found = {ep.name: ep for ep in entry_points(group="opentelemetry_traces_exporter")}
+    for candidate in (name, f"{name}_proto_http" if name == "otlp" else name):
+        if candidate in found:
+            return found[candidate].load()
+    raise TracingError(f"OTEL_TRACES_EXPORTER names {name!r}, which is not installed (installed: "
+                       f"{', '.join(sorted(found)) or 'none'}); use console, otlp or none")
+
+
+def use(provider: Any) -> None:
+    """Trace with ``provider`` (an SDK ``TracerProvider``); ``None`` turns tracing off again.
+    The global provider is set once per process (OpenTelemetry's rule); later calls only turn
+    tracing on or off."""
+    global ON, _provider
+    if provider is not None and _provider is None:
+        trace.set_tracer_provider(provider)
+        _provider = provider
+    ON = provider is not None
+
+
+def flush() -> None:
+    """Export what is buffered (before a command exits without running ``atexit``)."""
+    if _provider is not None:
+        _provider.force_flush()
+
+
+def client_span(service: str, topic: str, tool: str | None = None) -> Span | None:
+    """A caller's span for one call (``None`` while tracing is off): kind CLIENT, named
+    ``call <tool or service>``."""
+    if not ON:
+        return None
+    return _tracer.start_span(f"call {tool or service}", kind=SpanKind.CLIENT, attributes={
+        "rpc.system": "tghost", "rpc.service": service, "messaging.system": "pulsar",
+        "messaging.destination.name": topic, **({"rpc.method": tool} if tool else {})})
+
+
+def inject(properties: MutableMapping[str, str], span: Span | None) -> None:
+    """Add ``span``'s W3C ``traceparent`` (and ``tracestate``) to a request's properties."""
+    if span is not None:
+        propagate.inject(properties, context=trace.set_span_in_context(span))
+
+
+def server_span(service: str, topic: str, properties: Mapping[str, str]) -> Span | None:
+    """A host's span for one request (``None`` while tracing is off): kind SERVER, the child
+    of the caller's span when the request carries a valid ``traceparent``, else a new trace (a
+    malformed one is ignored)."""
+    if not ON:
+        return None
+    return _tracer.start_span(f"serve {service}", context=propagate.extract(properties), kind=SpanKind.SERVER,
+                              attributes={"rpc.system": "tghost", "rpc.service": service,
+                                          "messaging.system": "pulsar", "messaging.destination.name": topic,
+                                          "messaging.message.id": properties.get("id", "")})
+
+
+def child(name: str, parent: Span | None, start: float | None = None) -> Span | None:
+    """A span under ``parent`` (``None``: none), started now or at ``start`` (a
+    :func:`time.perf_counter` reading, for a wait measured after the fact)."""
+    if parent is None:
+        return None
+    start_ns = None if start is None else time.time_ns() - int((time.perf_counter() - start) * 1e9)
+    return _tracer.start_span(name, context=trace.set_span_in_context(parent), start_time=start_ns)
+
+
+def end(span: Span | None, error_type: str | None = None, **attributes: Any) -> None:
+    """End ``span``; with an ``error_type`` (a wire error type, or an exception's class name)
+    its status is ERROR and ``error.type`` says which."""
+    if span is None:
+        return
+    if attributes:
+        span.set_attributes(attributes)
+    if error_type is not None:
+        span.set_attribute("error.type", error_type)
+        span.set_status(Status(StatusCode.ERROR, error_type))
+    span.end()
+
+
+def trace_id(span: Span | None) -> str | None:
+    """``span``'s trace id as 32 hex digits (as W3C ``traceparent`` writes it), or ``None``."""
+    return None if span is None else format(span.get_span_context().trace_id, "032x")

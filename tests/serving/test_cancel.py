@@ -1,0 +1,217 @@
+"""cancel: a caller that gives up stops its call on the host that runs it (docs/protocol.md
+§2.11), on the embedded broker. Each isolation mode frees the call's slot at once, so the next
+call of a service with one slot is answered; the MCP bridge cancels on ``notifications/cancelled``;
+a cancel for an unknown call, a storm of them, or one not signed by a verified caller's key
+stops nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from pathlib import Path
+
+import anyio
+import pulsar
+import pytest
+from mcp import ClientSession
+from mcp.shared.memory import create_client_server_memory_streams
+
+from tests.conftest import PluginDir
+from tghost.adapters.mcp import Bridge
+from tghost.agent.client import ToolCallError, ToolServiceClient
+from tghost.agent.directory import ToolDirectory
+from tghost.discovery.discover import Catalog, discover
+from tghost.protocol import wire
+from tghost.protocol.access import AccessPolicy
+from tghost.protocol.callers import sign_request
+from tghost.protocol.trust import Signer, write_key_pair
+from tghost.pulsar.clients import PulsarSettings
+from tghost.pulsar.embedded import EmbeddedBroker
+from tghost.serving.executors.base import PROCESS, THREAD
+from tghost.serving.request import CallRecord
+from tghost.serving.settings import ServeSettings
+from tghost.testing import LocalHost
+
+#: A plugin of slow tools, one slot each, that leave a file when they start and when they see
+#: their cancel (a worker process is killed instead, and leaves nothing).
+SLOW = '''
+import asyncio
+import os
+import pathlib
+import time
+
+import tghost
+
+
+@tghost.tool(max_concurrency=1)
+async def nap(seconds: float, mark: str) -> str:
+    """Sleep (async), then say so."""
+    pathlib.Path(mark, "started").touch()
+    try:
+        await asyncio.sleep(seconds)
+    except asyncio.CancelledError:
+        pathlib.Path(mark, "cancelled").touch()
+        raise
+    return "rested"
+
+
+@tghost.tool(max_concurrency=1)
+def grind(seconds: float, mark: str, ctx: tghost.Context) -> str:
+    """Work (a plain def), watching for a cancel."""
+    pathlib.Path(mark, "started").touch()
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if ctx.cancelled.is_set():
+            pathlib.Path(mark, "cancelled").touch()
+            return "stopped"
+        time.sleep(0.01)
+    return "ground"
+
+
+@tghost.hookimpl
+def tghost_register_services(register):
+    register(nap)
+    register(grind)
+'''
+
+
+@pytest.fixture
+def slow(plugin_dir: PluginDir) -> Catalog:
+    plugin_dir.add("slow", SLOW)
+    return discover(plugin_dir.entry_points(), strict=True)
+
+
+async def started(mark: Path, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not (mark / "started").exists():
+        assert time.monotonic() < deadline, "the call never started"
+        await asyncio.sleep(0.02)
+
+
+def marks(tmp_path: Path, name: str) -> Path:
+    folder = tmp_path / name
+    folder.mkdir()
+    return folder
+
+
+@pytest.mark.parametrize(("isolation", "tool"), [(THREAD, "nap"), (THREAD, "grind"), (PROCESS, "nap")])
+async def test_a_cancelled_call_stops_on_its_host_and_frees_the_slot_at_once(
+    pulsar_broker: EmbeddedBroker, slow: Catalog, tmp_path: Path, isolation: str, tool: str
+) -> None:
+    records: list[CallRecord] = []
+    async with LocalHost(pulsar_broker.url, slow, ServeSettings(isolation=isolation),
+                         listeners=[records.append]) as host:
+        first, second = marks(tmp_path, "first"), marks(tmp_path, "second")
+        call = asyncio.create_task(host.call(tool, {"seconds": 60, "mark": str(first)}, timeout=90))
+        await started(first)
+        call.cancel()  # the caller gives up (Ctrl-C, a closed page, a cancelled task)
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        if isolation == THREAD:  # the tool itself saw it: an async task is cancelled, a thread told
+            deadline = time.monotonic() + 10
+            while not (first / "cancelled").exists():
+                assert time.monotonic() < deadline, "the tool was never told"
+                await asyncio.sleep(0.02)
+        begun = time.monotonic()
+        answer = await host.call(tool, {"seconds": 0, "mark": str(second)}, timeout=30)
+        assert time.monotonic() - begun < 30 and answer in ("rested", "ground")  # the one slot was free
+    assert [r.status for r in records] == [wire.CANCELLED, wire.OK]
+
+
+async def test_a_caller_still_listening_gets_a_cancelled_reply(pulsar_broker: EmbeddedBroker, slow: Catalog,
+                                                               tmp_path: Path) -> None:
+    async with LocalHost(pulsar_broker.url, slow) as host:
+        mark = marks(tmp_path, "call")
+        descriptor = host.descriptors["nap"]
+        assert host.client is not None
+        async with ToolServiceClient(host.client, descriptor.request_queue, descriptor.response_queue) as caller:
+            stream = caller.stream({}, {"seconds": 60, "mark": str(mark)}, timeout=90)
+            waiting = asyncio.create_task(anext(stream, None))
+            await started(mark)
+            request_id = next(iter(caller._pending))
+            caller._cancel(request_id)  # as a second client would, knowing the id
+            with pytest.raises(ToolCallError) as cancelled:
+                await waiting
+        assert cancelled.value.error_type == wire.CANCELLED
+
+
+async def test_unknown_cancels_even_a_storm_of_them_stop_nothing_and_leave_nothing(
+    pulsar_broker: EmbeddedBroker, slow: Catalog, tmp_path: Path
+) -> None:
+    async with LocalHost(pulsar_broker.url, slow) as host:
+        descriptor = host.descriptors["nap"]
+        client = pulsar.Client(pulsar_broker.url)
+        try:
+            producer = client.create_producer(wire.control_topic(descriptor.request_queue), batching_enabled=False)
+            mark = marks(tmp_path, "call")
+            call = asyncio.create_task(host.call("nap", {"seconds": 1, "mark": str(mark)}, timeout=60))
+            await started(mark)
+            for _ in range(10_000):
+                producer.send_async(b"", None, properties={"id": uuid.uuid4().hex, wire.CANCEL: "1"})
+            producer.send_async(b"not a cancel", None, properties={"id": "x"})
+            producer.flush()
+            assert await call == "rested"
+        finally:
+            client.close()
+        endpoint = next(e for e in host.server.endpoints if e.descriptor.id == "nap")
+        assert endpoint._calls == {} and endpoint.in_flight == 0
+
+
+async def test_a_verified_callers_call_is_cancelled_only_by_a_cancel_it_signed(
+    pulsar_broker: EmbeddedBroker, slow: Catalog, tmp_path: Path
+) -> None:
+    alice = Signer.from_file(write_key_pair(tmp_path / "alice").private)
+    mallory = Signer.from_file(write_key_pair(tmp_path / "mallory").private)
+    slow.access = AccessPolicy.from_table({"callers": {"alice": {"public-key": "alice.pub", "tools": ["*"]}}}, tmp_path)
+    records: list[CallRecord] = []
+    async with LocalHost(pulsar_broker.url, slow, listeners=[records.append]) as host:
+        descriptor = host.descriptors["nap"]
+        control = wire.control_topic(descriptor.request_queue)
+        assert host.client is not None
+        async with ToolServiceClient(host.client, descriptor.request_queue, descriptor.response_queue,
+                                     identity=alice) as caller:
+            mark = marks(tmp_path, "call")
+            call = asyncio.create_task(caller.call({}, {"seconds": 2, "mark": str(mark)}, timeout=60))
+            await started(mark)
+            request_id = next(iter(caller._pending))
+            client = pulsar.Client(pulsar_broker.url)
+            try:
+                producer = client.create_producer(control, batching_enabled=False)
+                for forged in ({"id": request_id, wire.CANCEL: "1"},  # unsigned
+                               {"id": request_id, wire.CANCEL: "1",  # signed by another key
+                                **sign_request(mallory, b"", request_id, control, time.time())}):
+                    producer.send(b"", properties=forged)
+            finally:
+                client.close()
+            assert await call == "rested"  # neither stopped it
+    assert [r.status for r in records] == [wire.OK]
+
+
+async def test_the_mcp_bridge_cancels_the_call_on_notifications_cancelled(
+    pulsar_broker: EmbeddedBroker, slow: Catalog, tmp_path: Path
+) -> None:
+    topic = f"persistent://tg/config/cancel-{uuid.uuid4().hex[:8]}"
+    records: list[CallRecord] = []
+    async with LocalHost(pulsar_broker.url, slow, announce_as="slow", topic=topic, listeners=[records.append]), \
+            ToolDirectory(PulsarSettings(pulsar_broker.url), topic) as directory, \
+            create_client_server_memory_streams() as (client_streams, (read, write)):
+        await directory.wait_for("nap")
+        bridge = Bridge(directory, ["*"], None)
+        mark = marks(tmp_path, "call")
+        async with anyio.create_task_group() as group:
+            group.start_soon(bridge.server.run, read, write, bridge.server.create_initialization_options())
+            async with ClientSession(*client_streams) as session:
+                await session.initialize()
+                with anyio.move_on_after(30) as scope:
+                    async with anyio.create_task_group() as calls:
+                        calls.start_soon(session.call_tool, "nap", {"seconds": 60, "mark": str(mark)})
+                        await started(mark)
+                        calls.cancel_scope.cancel()  # the client abandons it: notifications/cancelled
+                assert not scope.cancelled_caught
+                deadline = time.monotonic() + 30
+                while not records:
+                    assert time.monotonic() < deadline, "the host never stopped the call"
+                    await asyncio.sleep(0.05)
+            group.cancel_scope.cancel()
+    assert records[0].status == wire.CANCELLED and (mark / "cancelled").exists()

@@ -1,0 +1,117 @@
+"""tracing: one trace across caller and host, on the embedded broker, with OpenTelemetry's
+in-memory exporter (docs/protocol.md §2.10): the caller's span is the parent of the host's,
+which has the check, queue and invoke under it; a raw ``traceparent`` from another client is
+continued; a malformed one starts a new trace; an error reply marks both sides."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+
+import tghost
+from tests.conftest import tghost_cli
+from tghost.agent.client import ToolCallError
+from tghost.agent.directory import ToolDirectory
+from tghost.conformance import RawWire
+from tghost.operate.audit import audit_entry
+from tghost.protocol import wire
+from tghost.pulsar.clients import PulsarSettings
+from tghost.pulsar.embedded import EmbeddedBroker
+from tghost.serving.request import CallRecord
+from tghost.system import tracing
+from tghost.testing import LocalHost
+
+EXPORTER = InMemorySpanExporter()
+PROVIDER = TracerProvider()
+PROVIDER.add_span_processor(SimpleSpanProcessor(EXPORTER))
+
+
+@pytest.fixture
+def spans() -> Iterator[InMemorySpanExporter]:
+    """Tracing on, into the in-memory exporter, for this test only."""
+    EXPORTER.clear()
+    tracing.use(PROVIDER)
+    yield EXPORTER
+    tracing.use(None)
+    EXPORTER.clear()
+
+
+@tghost.tool
+def shout(text: str) -> str:
+    """Shout the text back."""
+    return text.upper()
+
+
+def by_name(finished: tuple[ReadableSpan, ...]) -> dict[str, ReadableSpan]:
+    return {span.name: span for span in finished}
+
+
+async def test_one_trace_joins_the_callers_span_and_the_hosts_with_its_stages(
+    pulsar_broker: EmbeddedBroker, spans: InMemorySpanExporter
+) -> None:
+    topic = f"persistent://tg/config/trace-{uuid.uuid4().hex[:8]}"
+    records: list[CallRecord] = []
+    async with LocalHost(pulsar_broker.url, [shout], announce_as="traced", topic=topic, listeners=[records.append]), \
+            ToolDirectory(PulsarSettings(pulsar_broker.url), topic) as directory:
+        await directory.wait_for("shout")
+        assert await directory.invoke("shout", {"text": "hi"}) == "HI"
+    found = by_name(spans.get_finished_spans())
+    caller, host = found["call shout"], found["serve shout"]
+    assert caller.kind == SpanKind.CLIENT and host.kind == SpanKind.SERVER
+    assert host.context.trace_id == caller.context.trace_id and host.parent.span_id == caller.context.span_id
+    for stage in ("queue", "check", "invoke"):
+        assert found[stage].parent.span_id == host.context.span_id
+        assert found[stage].context.trace_id == host.context.trace_id
+    assert found["queue"].end_time <= found["check"].start_time <= found["check"].end_time <= found["invoke"].start_time
+    assert host.attributes["rpc.system"] == "tghost" and host.attributes["rpc.service"] == "shout"
+    assert caller.attributes["rpc.method"] == "shout" and caller.attributes["messaging.system"] == "pulsar"
+    assert records[0].trace_id == format(caller.context.trace_id, "032x")
+    assert audit_entry(records[0])["trace_id"] == records[0].trace_id  # an audit line leads to its trace
+
+
+async def test_a_raw_traceparent_is_continued_and_a_malformed_one_starts_a_new_trace(
+    pulsar_broker: EmbeddedBroker, spans: InMemorySpanExporter
+) -> None:
+    parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    async with LocalHost(pulsar_broker.url, [shout]) as host, \
+            RawWire(host.pulsar.url, host.descriptors["shout"]) as raw:
+        body = wire.encode_request(None, {}, {"text": "x"})
+        await raw.send(body, {"id": "continued", "traceparent": parent})
+        await raw.send(body, {"id": "malformed", "traceparent": "00-not-a-trace-id-01"})
+        assert (await raw.replies("continued"))[0][1]["response"] == "X"
+        assert (await raw.replies("malformed"))[0][1]["response"] == "X"
+    served = {span.attributes["messaging.message.id"]: span for span in spans.get_finished_spans()
+              if span.name == "serve shout"}
+    assert format(served["continued"].context.trace_id, "032x") == "4bf92f3577b34da6a3ce929d0e0e4736"
+    assert format(served["continued"].parent.span_id, "016x") == "00f067aa0ba902b7"
+    assert served["malformed"].parent is None
+    assert served["malformed"].context.trace_id != served["continued"].context.trace_id
+
+
+async def test_an_error_reply_marks_both_sides_with_its_error_type(
+    pulsar_broker: EmbeddedBroker, spans: InMemorySpanExporter
+) -> None:
+    async with LocalHost(pulsar_broker.url, [shout]) as host:
+        with pytest.raises(ToolCallError):
+            await host.call("shout", {})
+    found = by_name(spans.get_finished_spans())
+    for name in ("call shout", "serve shout", "check"):
+        assert found[name].status.status_code == StatusCode.ERROR, name
+        assert found[name].attributes["error.type"] == wire.INVALID_ARGUMENTS, name
+    assert "invoke" not in found
+
+
+def test_tracing_off_makes_no_spans_and_asking_for_an_unknown_exporter_says_what_to_use(
+    pulsar_broker: EmbeddedBroker
+) -> None:
+    assert not tracing.ON and tracing.client_span("s", "t") is None
+    result = tghost_cli("call", "shout", "text=x", "--otel", env={**os.environ, "TGHOST_PULSAR_URL": pulsar_broker.url,
+                                                "OTEL_TRACES_EXPORTER": "jaeger-thrift"})
+    assert result.returncode == 2 and "use console, otlp or none" in result.stderr and "Traceback" not in result.stderr
