@@ -175,7 +175,7 @@ def _host_names(ctx: click.Context, param: click.Parameter, values: tuple[str, .
     for name in names:
         if "/" in name:
             raise click.BadParameter(f"{name!r} is not a Host header value: give NAME or NAME:PORT, e.g. "
-                                     "mcp.example.com:8765", param_hint="--allowed-host / TGHOST_MCP_ALLOWED_HOSTS")
+                                     "tools.example.com:8765", param_hint=f"--allowed-host / {param.envvar}")
     return names
 
 

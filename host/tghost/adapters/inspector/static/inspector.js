@@ -19,18 +19,7 @@
     history: JSON.parse(sessionStorage.getItem("tghost-history") || "[]"),
   };
 
-  function el(tag, attrs = {}, ...children) {
-    const node = document.createElement(tag);
-    for (const [key, value] of Object.entries(attrs)) {
-      if (value === undefined || value === null || value === false) continue;
-      if (key === "text") node.textContent = value;
-      else if (key === "className") node.className = value;
-      else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
-      else node.setAttribute(key, value === true ? "" : value);
-    }
-    for (const child of children) if (child !== null && child !== undefined) node.append(child);
-    return node;
-  }
+  const { el } = window.TghostDom;
 
   const chip = (text, className = "") => el("span", { className: `chip ${className}`, text });
   const now = () => Date.now() / 1000 + view.offset;

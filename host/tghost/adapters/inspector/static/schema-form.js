@@ -41,17 +41,7 @@
     return ["string", "number", "integer", "boolean", "object", "array"].includes(type) ? type : (schema.properties ? "object" : "json");
   }
 
-  function el(tag, attrs = {}, ...children) {
-    const node = document.createElement(tag);
-    for (const [key, value] of Object.entries(attrs)) {
-      if (value === undefined || value === null || value === false) continue;
-      if (key === "text") node.textContent = value;
-      else if (key === "className") node.className = value;
-      else node.setAttribute(key, value === true ? "" : value);
-    }
-    for (const child of children) if (child) node.append(child);
-    return node;
-  }
+  const { el } = window.TghostDom;
 
   function help(schema, id) {
     const parts = [];
