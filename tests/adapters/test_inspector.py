@@ -96,6 +96,11 @@ async def test_with_a_token_every_request_needs_it_and_the_page_link_sets_a_cook
         assert (await http.get(f"{base}/?token=wrong")).status_code == 401
         assert (await http.get(f"{base}/api/directory")).status_code == 401
         assert (await http.get(f"{base}/api/directory", headers={"Authorization": "Bearer wrong"})).status_code == 401
+        for path in ("/static/inspector.js", "/nowhere", "/api/call"):  # every path asks, not only the API
+            assert (await http.get(f"{base}{path}")).status_code == 401, path
+        rebound = await http.get(f"{base}/?token={TOKEN}", headers={"Host": "evil.example.com"})
+        assert rebound.status_code == 421 and COOKIE not in rebound.cookies  # no cookie for a rebound name
+        assert (await http.get(f"{base}/static/inspector.css", headers={"Host": "evil.example.com"})).status_code == 421
         entered = await http.get(f"{base}/?token={TOKEN}")
         assert entered.status_code == 303 and entered.headers["location"] == "/"
         assert entered.cookies[COOKIE] == TOKEN and "httponly" in entered.headers["set-cookie"].lower()

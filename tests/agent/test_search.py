@@ -100,6 +100,7 @@ def test_a_long_or_non_ascii_request_is_searched() -> None:
     assert [n for n, _ in index.ranked("weather " + "x" * 10_240, lambda _: True, 5)] == ["get-weather"]
     assert [n for n, _ in index.ranked("übersetze 東京 text", lambda _: True, 5)] == ["translate-text"]
     assert list(index.ranked("nothing matches zzzz", lambda _: True, 5)) == []
+    assert list(index.ranked("is it", lambda _: True, 5)) == []  # only stop words: nothing to look for
 
 
 # -- on the broker: the live index, seed 001 filtering, the CLI and the MCP meta-tools ---------
@@ -183,11 +184,16 @@ async def test_tghost_tools_search_prints_the_same_rows_best_first_and_refuses_a
         found = await asyncio.to_thread(tghost_cli, "tools", "--search", "weather for a city", "--json", env=env)
         table = await asyncio.to_thread(tghost_cli, "tools", "--search", "joke", env=env)
         empty = await asyncio.to_thread(tghost_cli, "tools", "--search", "  ", env=env)
+        stop_words = await asyncio.to_thread(tghost_cli, "tools", "--search", "is it", env=env)
+        stray = await asyncio.to_thread(tghost_cli, "tools", "--limit", "3", env=env)
     rows = json.loads(found.stdout)
     assert rows[0]["name"] == "get-weather" and rows[0]["score"] > 0
     assert {k: v for k, v in rows[0].items() if k != "score"} == every["get-weather"]
     assert table.stdout.splitlines()[0].split()[-1] == "SCORE" and table.stdout.splitlines()[1].startswith("tell-joke")
     assert empty.returncode == 2 and "no words to search for" in empty.stderr and "Traceback" not in empty.stderr
+    assert "Invalid value for --search:" in empty.stderr
+    assert (stop_words.returncode, stop_words.stdout) == (0, "no live tool matches the search\n"), stop_words.stderr
+    assert stray.returncode == 2 and "--limit goes with --search" in stray.stderr
 
 
 async def test_mcp_tool_search_lists_two_tools_that_find_and_call_any_tool(pulsar_broker: EmbeddedBroker) -> None:
@@ -208,6 +214,9 @@ async def test_mcp_tool_search_lists_two_tools_that_find_and_call_any_tool(pulsa
                 wrong = await session.call_tool(CALL_TOOL, {"name": "convert-currency", "arguments": {}})
                 unknown = await session.call_tool(CALL_TOOL, {"name": "convert-curency", "arguments": {}})
                 bad = await session.call_tool(SEARCH_TOOLS, {"query": "!!!", "limit": 0})
+                not_text = await session.call_tool(SEARCH_TOOLS, {"query": 5})
+                not_whole = await session.call_tool(SEARCH_TOOLS, {"query": "joke", "limit": 1.5})
+                stop_words = await session.call_tool(SEARCH_TOOLS, {"query": "is it"})
             group.cancel_scope.cancel()
     assert listed == [SEARCH_TOOLS, CALL_TOOL]
     matches = json.loads(text(found))
@@ -217,6 +226,9 @@ async def test_mcp_tool_search_lists_two_tools_that_find_and_call_any_tool(pulsa
     assert wrong.is_error and text(wrong).startswith("invalid-arguments")
     assert unknown.is_error and text(unknown).startswith("unknown-tool")
     assert bad.is_error and "no words to search for" in text(bad)
+    assert not_text.is_error and "needs 'query', a string" in text(not_text)
+    assert not_whole.is_error and "not 1.5" in text(not_whole)
+    assert not stop_words.is_error and json.loads(text(stop_words)) == []
 
 
 async def test_a_contested_name_shows_the_tool_the_directory_would_call_and_says_so(

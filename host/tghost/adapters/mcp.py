@@ -141,9 +141,11 @@ class Bridge:
     def _search(self, arguments: dict[str, Any]) -> types.CallToolResult:
         """``search_tools``: the best matches as JSON, ``[{"name", "description", "inputSchema",
         "score"}, ...]``; a contested tool (the one the directory would call) also has ``conflict``."""
+        query, limit = arguments.get("query"), arguments.get("limit", 10)
+        if not isinstance(query, str):
+            return _error(f"{wire.INVALID_ARGUMENTS}: {SEARCH_TOOLS} needs 'query', a string: what the tool should do")
         try:
-            found = self.directory.search(str(arguments.get("query", "")), _limit(arguments.get("limit", 10)),
-                                          self.groups, self.state)
+            found = self.directory.search(query, limit, self.groups, self.state)
         except SearchError as exc:
             return _error(f"{wire.INVALID_ARGUMENTS}: {exc}")
         matches = [{**mcp_tool(f.tool.descriptor), "score": round(f.score, 3),
@@ -171,15 +173,6 @@ META_TOOLS: list[dict[str, Any]] = [
          "arguments": {"type": "object", "description": "The tool's arguments"}}},
      "annotations": {"title": "Call a tool"}},
 ]
-
-
-def _limit(value: Any) -> int:
-    """A ``limit`` argument as an int (a JSON number or numeric string); otherwise one that
-    :func:`tghost.agent.search.check_limit` refuses with a clear message."""
-    try:
-        return int(value) if float(value) == int(value) else -1
-    except (TypeError, ValueError, OverflowError):
-        return -1
 
 
 def _contested(tool: DirectoryTool) -> str:

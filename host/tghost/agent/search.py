@@ -75,12 +75,12 @@ def words_of(query: str) -> list[str]:
 
 
 def check_limit(limit: int) -> int:
-    """``limit`` if it is 1..:data:`MAX_LIMIT`.
+    """``limit`` if it is a whole number (not a bool) from 1 to :data:`MAX_LIMIT`.
 
     Raises:
         SearchError: it is not.
     """
-    if not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
+    if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_LIMIT:
         raise SearchError(f"limit must be a whole number from 1 to {MAX_LIMIT}, not {limit!r}")
     return limit
 
@@ -142,7 +142,10 @@ class ToolIndex:
         """
         words, limit = words_of(query), check_limit(limit)
         self._apply()
-        parsed = self._index.parse_query(" ".join(words), list(FIELD_BOOSTS), field_boosts=FIELD_BOOSTS)
+        try:
+            parsed = self._index.parse_query(" ".join(words), list(FIELD_BOOSTS), field_boosts=FIELD_BOOSTS)
+        except ValueError:  # only stop words ("is it"): nothing to look for, so nothing matches
+            return
         searcher = self._index.searcher()
         wanted = limit
         while True:

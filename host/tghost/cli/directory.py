@@ -47,11 +47,11 @@ F = TypeVar("F", bound=Callable[..., Any])
 @click.option("--search", "query", metavar="QUERY",
               help="Rank the tools for a plain-language request, best first (BM25 over name, description and "
                    "arguments), e.g. --search 'weather forecast for a city'.")
-@click.option("--limit", type=int, default=10, show_default=True, help="With --search: how many tools (1-1000).")
+@click.option("--limit", type=int, default=None, help="With --search: how many tools (1-1000) [default: 10].")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for programs.")
 def tools(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...], state: str | None,
-          trusted: TrustedKeys | None, identity: Signer | None, show_all: bool, query: str | None, limit: int,
-          as_json: bool) -> None:
+          trusted: TrustedKeys | None, identity: Signer | None, show_all: bool, query: str | None,
+          limit: int | None, as_json: bool) -> None:
     """List the live tools every agent can see, as announced by running hosts.
 
     Without --group/--state, every live tool is listed; with them, only those a seed 001
@@ -62,11 +62,7 @@ def tools(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...
     --search, the same tools are ranked for the request and the best --limit listed, with a
     SCORE column (--json: each row has a "score").
     """
-    if query is not None:
-        try:
-            words_of(query), check_limit(limit)
-        except SearchError as exc:
-            raise click.BadParameter(str(exc), param_hint="--search / --limit") from None
+    limit = _search_limit(query, limit)
 
     async def fetch() -> list[dict[str, Any]]:
         async with open_directory(pulsar, descriptors_topic, trusted, identity=identity) as directory:
@@ -98,6 +94,28 @@ def tools(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...
     for row in table:
         click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
     _print_conflicts(rows, refused=trusted is None)
+
+
+def _search_limit(query: str | None, limit: int | None) -> int:
+    """The --limit of a --search (10 if not given), once both are checked.
+
+    Raises:
+        click.BadParameter: the query has no words, or the limit is out of range.
+        click.UsageError: --limit without --search.
+    """
+    if query is None:
+        if limit is not None:
+            raise click.UsageError("--limit goes with --search, e.g. --search 'weather forecast' --limit 3")
+        return 10
+    limit = 10 if limit is None else limit
+    try:
+        words_of(query)
+    except SearchError as exc:
+        raise click.BadParameter(str(exc), param_hint="--search") from None
+    try:
+        return check_limit(limit)
+    except SearchError as exc:
+        raise click.BadParameter(str(exc), param_hint="--limit") from None
 
 
 def _print_conflicts(rows: list[dict[str, Any]], refused: bool) -> None:
@@ -265,7 +283,9 @@ def inspect(pulsar: PulsarSettings, descriptors_topic: str, trusted: TrustedKeys
     from tghost.adapters.inspector import serve  # Starlette and uvicorn are imported only by this command
 
     def ready(url: str) -> None:
-        click.echo(f"tghost inspect: the live directory on {descriptors_topic} at {url} (Ctrl-C to stop)", err=True)
+        where = f"port {http_port} of every address of this machine" if http_host in ("0.0.0.0", "::") else url
+        click.echo(f"tghost inspect: the live directory on {descriptors_topic} at {where} (Ctrl-C to stop)"
+                   + (f"; open /?token=<the secret in {token_file}> once in the browser" if token else ""), err=True)
         if open_browser:
             webbrowser.open(url)
 

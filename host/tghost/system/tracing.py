@@ -87,10 +87,15 @@ def use(provider: Any) -> None:
     ON = provider is not None
 
 
+#: Milliseconds a command waits at exit for its spans to be exported.
+FLUSH_TIMEOUT_MS = 2000
+
+
 def flush() -> None:
-    """Export what is buffered (before a command exits without running ``atexit``)."""
+    """Export what is buffered (before a command exits without running ``atexit``), waiting at
+    most :data:`FLUSH_TIMEOUT_MS` (an unreachable collector must not hold a command up)."""
     if _provider is not None:
-        _provider.force_flush()
+        _provider.force_flush(FLUSH_TIMEOUT_MS)
 
 
 def client_span(service: str, topic: str, tool: str | None = None) -> Span | None:

@@ -15,9 +15,10 @@ Routes:
   "total_ms"}}`` or ``{"error": {"type", "message"}, "total_ms"}``. Closing the request cancels
   the call.
 
-Every request has its ``Host`` (and a POST its ``Origin`` and JSON content type) checked
-(:func:`tghost.adapters.web.transport_security`). With a token, every request must carry it:
-``Authorization: Bearer <token>``, or the cookie that ``GET /?token=<token>`` sets; else 401.
+Every request, static files and unknown paths included, has its ``Host`` (and a POST its
+``Origin`` and JSON content type) checked (:func:`tghost.adapters.web.transport_security`).
+With a token, every request must carry it: ``Authorization: Bearer <token>``, or the cookie
+that ``GET /?token=<token>`` sets; else 401.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import hmac
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from importlib.resources import files
 from typing import Any
 
@@ -45,6 +46,7 @@ from starlette.responses import (
 )
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tghost.adapters.inspector.views import hosts_view, snapshot
 from tghost.adapters.web import TransportSecurityMiddleware, transport_security
@@ -80,13 +82,16 @@ class Inspector:
         self._security = TransportSecurityMiddleware(transport_security(allowed_hosts))
         self._version = 0
         self._changed = asyncio.Condition()
-        self.app = Starlette(routes=[
+        routes = Starlette(routes=[
             Route("/", self._index),
             Route("/api/directory", self._directory),
             Route("/api/events", self._events),
             Route("/api/call", self._call, methods=["POST"]),
             Mount("/static", app=StaticFiles(packages=[_STATIC]), name="static"),
         ])
+        self.app = _Guarded(routes, self._refusal)
+        """The ASGI app: every HTTP request, static files and unknown paths included, passes
+        :meth:`_refusal` first."""
 
     async def follow(self) -> None:
         """Count the directory's changes and wake every event stream. Runs until cancelled."""
@@ -96,10 +101,14 @@ class Inspector:
                 self._changed.notify_all()
 
     async def _refusal(self, request: Request) -> Response | None:
-        """Why ``request`` is not answered (421, 403, 400 or 401), or ``None``."""
+        """Why ``request`` is not answered (421 for its Host, 403 for its Origin, 400 for a POST
+        that is not JSON, 401 without the token), or ``None``. ``GET /?token=`` with the right
+        token passes, to be given its cookie."""
         refused = await self._security.validate_request(request, is_post=request.method == "POST")
         if refused is not None or self.token is None or self._has_token(request):
             return refused
+        if request.url.path == "/" and self._matches(request.query_params.get("token")):
+            return None
         return PlainTextResponse("tghost inspect asks for its token: open /?token=<the secret in its --token-file>, "
                                  "or send 'Authorization: Bearer <token>'", status_code=401)
 
@@ -109,7 +118,7 @@ class Inspector:
             response = RedirectResponse("/", status_code=303)
             response.set_cookie(COOKIE, self.token, httponly=True, samesite="strict")
             return response
-        return await self._refusal(request) or FileResponse(_static_file("index.html"))
+        return FileResponse(_static_file("index.html"))
 
     def _has_token(self, request: Request) -> bool:
         bearer = request.headers.get("authorization", "")
@@ -120,13 +129,9 @@ class Inspector:
         return given is not None and self.token is not None and hmac.compare_digest(given.encode(), self.token.encode())
 
     async def _directory(self, request: Request) -> Response:
-        return await self._refusal(request) or JSONResponse(snapshot(self.directory, time.time()))
+        return JSONResponse(snapshot(self.directory, time.time()))
 
     async def _events(self, request: Request) -> Response:
-        refused = await self._refusal(request)
-        if refused is not None:
-            return refused
-
         async def events() -> AsyncIterator[dict[str, str]]:
             seen = self._version
             yield {"event": "directory", "data": json.dumps(snapshot(self.directory, time.time()))}
@@ -144,9 +149,6 @@ class Inspector:
         return EventSourceResponse(events(), ping=15)
 
     async def _call(self, request: Request) -> Response:
-        refused = await self._refusal(request)
-        if refused is not None:
-            return refused
         try:
             body = await request.json()
             tool, arguments = body["tool"], body.get("arguments") or {}
@@ -178,6 +180,22 @@ class Inspector:
         except Exception as exc:  # the broker gone, say: the page shows it, the log keeps the trace
             log.exception("inspector: calling %r failed", tool)
             yield {"error": {"type": type(exc).__name__, "message": str(exc)}, "total_ms": ms()}
+
+
+class _Guarded:
+    """ASGI middleware: an HTTP request ``refusal`` answers is answered so; others reach ``app``."""
+
+    def __init__(self, app: ASGIApp, refusal: Callable[[Request], Awaitable[Response | None]]) -> None:
+        self._app = app
+        self._refusal = refusal
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            refused = await self._refusal(Request(scope, receive))
+            if refused is not None:
+                await refused(scope, receive, send)
+                return
+        await self._app(scope, receive, send)
 
 
 def _ndjson(lines: AsyncIterator[dict[str, Any]]) -> Response:
