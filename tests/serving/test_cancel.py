@@ -7,6 +7,9 @@ stops nothing."""
 from __future__ import annotations
 
 import asyncio
+import signal
+import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -214,4 +217,28 @@ async def test_the_mcp_bridge_cancels_the_call_on_notifications_cancelled(
                     assert time.monotonic() < deadline, "the host never stopped the call"
                     await asyncio.sleep(0.05)
             group.cancel_scope.cancel()
+    assert records[0].status == wire.CANCELLED and (mark / "cancelled").exists()
+
+
+async def test_ctrl_c_in_tghost_call_cancels_the_call_on_its_host_and_exits_130(
+    pulsar_broker: EmbeddedBroker, slow: Catalog, plugin_dir: PluginDir, tmp_path: Path
+) -> None:
+    topic = f"persistent://tg/config/cancel-{uuid.uuid4().hex[:8]}"
+    records: list[CallRecord] = []
+    async with LocalHost(pulsar_broker.url, slow, announce_as="slow", topic=topic, listeners=[records.append]):
+        mark = marks(tmp_path, "call")
+        env = plugin_dir.env(TGHOST_PULSAR_URL=pulsar_broker.url, TGHOST_DESCRIPTORS_TOPIC=topic)
+        call = subprocess.Popen([sys.executable, "-m", "tghost", "call", "nap", "seconds:=60", f"mark={mark}"],
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            await started(mark)
+            call.send_signal(signal.SIGINT)  # Ctrl-C
+            _, stderr = await asyncio.to_thread(call.communicate, timeout=30)
+        finally:
+            call.kill()
+        deadline = time.monotonic() + 10
+        while not records:
+            assert time.monotonic() < deadline, "the host never stopped the call"
+            await asyncio.sleep(0.05)
+    assert call.returncode == 130 and "cancelled" in stderr and "Traceback" not in stderr, stderr
     assert records[0].status == wire.CANCELLED and (mark / "cancelled").exists()

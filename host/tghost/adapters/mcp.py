@@ -28,6 +28,7 @@ from pydantic import AnyHttpUrl
 from tghost._version import __version__
 from tghost.adapters.export import mcp_tool
 from tghost.adapters.web import transport_security, warn_if_unreachable_by_name
+from tghost.agent.calls import UNKNOWN_TOOL
 from tghost.agent.client import ToolCallError
 from tghost.agent.directory import DirectoryTool, ToolDirectory
 from tghost.agent.search import MAX_LIMIT, SearchError
@@ -116,6 +117,9 @@ class Bridge:
         try:
             observation = await self.directory.invoke(name, arguments, groups=self.groups, state=self.state)
         except ToolCallError as exc:
+            if exc.error_type == UNKNOWN_TOOL:  # the directory's hint names a CLI an MCP client cannot run
+                listing = SEARCH_TOOLS if self.tool_search else "tools/list"
+                return _error(f"{UNKNOWN_TOOL}: no live tool named {name!r}; find one with {listing}")
             return _error(str(exc))
         except Exception as exc:
             log.exception("calling %r failed", name)

@@ -62,7 +62,8 @@ def call(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...]
     --topic go with --service only (a usage error with a tool name, exit 2). The
     observation is printed as it streams in. Exits 1 on a refusal, an error reply or a
     timeout (the error goes to stderr), and at once for a --service that is neither announced
-    nor installed here, unless --topic says where it is.
+    nor installed here, unless --topic says where it is. Ctrl-C cancels the call on the host
+    that runs it, freeing its slot, and exits 130.
     """
     if service_id is None and not arguments:
         raise click.UsageError("give a TOOL name, or --service ID")
@@ -86,6 +87,9 @@ def call(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...]
     except ToolCallError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)
+    except KeyboardInterrupt:  # the call was cancelled on its host as asyncio.run unwound (docs/protocol.md §2.11)
+        click.echo("cancelled: the host running the call was told to stop it", err=True)
+        sys.exit(130)
 
 
 def _json_object(text: str) -> dict[str, Any]:

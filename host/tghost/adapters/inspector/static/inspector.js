@@ -208,6 +208,7 @@
     const body = { tool: view.selected, arguments: args, groups: groups.length ? groups : null, state: $("state").value.trim() || null };
     const out = el("pre", { className: "observation" });
     log.replaceChildren(el("p", { className: "call-head", text: `${view.selected} ${JSON.stringify(args)}` }), out);
+    if (window.matchMedia("(max-width: 1100px)").matches) log.scrollIntoView({ block: "nearest" });  // stacked panels
     $("timing").textContent = "calling…";
     const entry = { tool: view.selected, arguments: args, status: "…", at: new Date().toLocaleTimeString() };
     view.running = new AbortController();
