@@ -111,7 +111,7 @@ async def test_an_error_reply_marks_both_sides_with_its_error_type(
 def test_tracing_off_makes_no_spans_and_asking_for_an_unknown_exporter_says_what_to_use(
     pulsar_broker: EmbeddedBroker
 ) -> None:
-    assert not tracing.ON and tracing.client_span("s", "t") is None
+    assert not tracing.ON and tracing.client_span("non-persistent://tg/request/s", "t") is None
     result = tghost_cli("call", "shout", "text=x", "--otel", env={**os.environ, "TGHOST_PULSAR_URL": pulsar_broker.url,
                                                 "OTEL_TRACES_EXPORTER": "jaeger-thrift"})
     assert result.returncode == 2 and "use console, otlp or none" in result.stderr and "Traceback" not in result.stderr

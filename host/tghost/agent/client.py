@@ -128,12 +128,12 @@ class ToolServiceClient:
         request_id = uuid.uuid4().hex
         queue: asyncio.Queue[wire.Response | Exception] = asyncio.Queue()
         self._pending[request_id] = queue
-        span = tracing.client_span(self.request_queue.rsplit("/", 1)[-1], self.request_queue, tool)
+        span = tracing.client_span(self.request_queue, tool)
         failed: str | None = "cancelled"
         try:
             async with asyncio.timeout(timeout):
                 body = wire.encode_request(user, config, arguments)
-                in_session = self._send(queue, request_id, body, self._host_keys() if self._host_keys else (), span)
+                in_session = self._send(queue, request_id, body, self._session_keys(), span)
                 while True:
                     response = await queue.get()
                     if isinstance(response, Exception):
@@ -173,6 +173,10 @@ class ToolServiceClient:
             properties.update(sign_request(self.identity, b"", request_id, wire.control_topic(self.request_queue),
                                              time.time()))
         hop.send(self._control, b"", properties, lambda result, _: None)
+
+    def _session_keys(self) -> Sequence[str]:
+        """The hosts' session keys, when this client has an identity to open sessions with."""
+        return self._host_keys() if self.identity is not None and self._host_keys is not None else ()
 
     def _send(self, queue: asyncio.Queue[wire.Response | Exception], request_id: str, body: bytes,
               host_keys: Sequence[str], span: Span | None = None) -> bool:

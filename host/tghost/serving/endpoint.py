@@ -66,8 +66,6 @@ log = logging.getLogger(__name__)
 #: what no host has taken, so its consumer buffers nothing (size 0) and receives only when a
 #: slot is free.
 RECEIVER_QUEUE = 10_000
-#: The text of a ``cancelled`` reply.
-CANCELLED_TEXT = "the caller cancelled the call"
 
 
 class ServiceEndpoint:
@@ -264,7 +262,7 @@ class ServiceEndpoint:
         if running is None:
             self._lane.cancel(request)  # type: ignore[union-attr]
         elif request.claim(wire.CANCELLED):
-            self._port.send(request_id, wire.encode_error(wire.CANCELLED, CANCELLED_TEXT))  # type: ignore[union-attr]
+            self._port.send(request_id, wire.encode_error(wire.CANCELLED, self.terms.refusal(wire.CANCELLED)))  # type: ignore[union-attr]
             running[0].cancel()  # the call's task: an async invoke stops, a worker process is killed
 
     async def _admit(self, request: Request, task: asyncio.Task[None]) -> None:

@@ -201,7 +201,7 @@ class ThreadLane:
         a plain ``def`` still in its thread is counted stuck until it returns (it may watch
         ``tghost.Context.cancelled``)."""
         self._abandon(request)
-        self._refuse(request, wire.CANCELLED, "the caller cancelled the call")
+        self._refuse(request, wire.CANCELLED, self._terms.refusal(wire.CANCELLED))
 
     def _abandon(self, request: Request) -> None:
         if request.job is not None:

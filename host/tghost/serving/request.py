@@ -242,8 +242,10 @@ class Terms:
         return self.refusal(wire.OVERLOADED) if admitted >= self.capacity else None
 
     def refusal(self, error_type: str, started: bool = False) -> str:
-        """The text of an ``overloaded``, ``timeout`` or ``unavailable`` reply (``started``: the
-        call was cut off by shutdown while it ran, not while it waited)."""
+        """The text of an ``overloaded``, ``timeout``, ``cancelled`` or ``unavailable`` reply
+        (``started``: the call was cut off by shutdown while it ran, not while it waited)."""
+        if error_type == wire.CANCELLED:
+            return "the caller cancelled the call"
         if error_type == wire.OVERLOADED:
             return (f"service {self.service_id!r} has {self.max_concurrency} calls running and "
                     f"{self.max_queue} waiting; retry later")

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from collections.abc import Mapping, MutableMapping
 from importlib.metadata import entry_points
 from typing import Any
@@ -98,11 +97,13 @@ def flush() -> None:
         _provider.force_flush(FLUSH_TIMEOUT_MS)
 
 
-def client_span(service: str, topic: str, tool: str | None = None) -> Span | None:
-    """A caller's span for one call (``None`` while tracing is off): kind CLIENT, named
-    ``call <tool or service>``."""
+def client_span(topic: str, tool: str | None = None) -> Span | None:
+    """A caller's span for one call to the service whose request ``topic`` is given (``None``
+    while tracing is off): kind CLIENT, named ``call <tool or service>``; the service is the
+    topic's last part."""
     if not ON:
         return None
+    service = topic.rsplit("/", 1)[-1]
     return _tracer.start_span(f"call {tool or service}", kind=SpanKind.CLIENT, attributes={
         "rpc.system": "tghost", "rpc.service": service, "messaging.system": "pulsar",
         "messaging.destination.name": topic, **({"rpc.method": tool} if tool else {})})
@@ -126,13 +127,11 @@ def server_span(service: str, topic: str, properties: Mapping[str, str]) -> Span
                                           "messaging.message.id": properties.get("id", "")})
 
 
-def child(name: str, parent: Span | None, start: float | None = None) -> Span | None:
-    """A span under ``parent`` (``None``: none), started now or at ``start`` (a
-    :func:`time.perf_counter` reading, for a wait measured after the fact)."""
+def child(name: str, parent: Span | None) -> Span | None:
+    """A span under ``parent``, started now (``None`` without a parent: tracing is off)."""
     if parent is None:
         return None
-    start_ns = None if start is None else time.time_ns() - int((time.perf_counter() - start) * 1e9)
-    return _tracer.start_span(name, context=trace.set_span_in_context(parent), start_time=start_ns)
+    return _tracer.start_span(name, context=trace.set_span_in_context(parent))
 
 
 def end(span: Span | None, error_type: str | None = None, **attributes: Any) -> None:
