@@ -7,8 +7,8 @@ frees a slot.
   and c64 calls/s, medians of ``reps`` runs.
 - **Cancel.** A one-slot service whose call runs 60 s: the time from the caller cancelling its
   task to the next call's answer (the slot free again), in thread (async and plain def) and
-  process isolation; a plain def that ignores the cancel keeps its thread, and the next call
-  is answered ``overloaded`` (shown as ``inf``) until it returns.
+  process isolation. A plain def that ignores the cancel keeps its thread (counted stuck) but
+  frees its slot; it is released after each sample, so stuck threads never pile up.
 
 Nothing here asserts anything about time.
 """
@@ -16,7 +16,6 @@ Nothing here asserts anything about time.
 from __future__ import annotations
 
 import asyncio
-import math
 import statistics
 import sys
 import tempfile
@@ -26,7 +25,6 @@ from typing import Any
 
 from opentelemetry.sdk.trace import TracerProvider
 
-from tghost.agent.client import ToolCallError
 from tghost.system import tracing
 
 from .common import ECHO, ECHO_ARGS, broker, host_env, ready, report, serial_ms, service_client, summary, tghost_run
@@ -61,9 +59,11 @@ def grind(seconds: float, mark: str, ctx: tghost.Context) -> str:
 
 @tghost.tool(max_concurrency=1)
 def block(seconds: float, mark: str) -> str:
-    """Block, ignoring any cancel."""
+    """Block, ignoring any cancel, until released (a file beside ``mark``) or ``seconds`` pass."""
     pathlib.Path(mark).touch()
-    time.sleep(seconds)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not pathlib.Path(mark + ".release").exists():
+        time.sleep(0.01)
     return "blocked"
 
 
@@ -109,11 +109,9 @@ async def cancel_to_free(url: str, tool: str, isolation: str, runs: int) -> list
                 started = time.perf_counter()
                 running.cancel()
                 await asyncio.gather(running, return_exceptions=True)
-                try:
-                    await svc.call({}, {"seconds": 0, "mark": f"{tmp}/next"}, timeout=90)
-                except ToolCallError as exc:  # a plain def that ignores the cancel keeps its thread
-                    return [math.inf] if exc.error_type == "overloaded" else []
+                await svc.call({}, {"seconds": 0, "mark": f"{tmp}/next"}, timeout=90)
                 samples.append((time.perf_counter() - started) * 1000)
+                Path(f"{mark}.release").touch()
     return samples
 
 

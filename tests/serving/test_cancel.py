@@ -72,10 +72,21 @@ def grind(seconds: float, mark: str, ctx: tghost.Context) -> str:
     return "ground"
 
 
+@tghost.tool(max_concurrency=1)
+def stubborn(seconds: float, mark: str) -> str:
+    """Work (a plain def) that never looks for a cancel: it ends only when released."""
+    pathlib.Path(mark, "started").touch()
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not pathlib.Path(mark, "release").exists():
+        time.sleep(0.01)
+    return "done at last"
+
+
 @tghost.hookimpl
 def tghost_register_services(register):
     register(nap)
     register(grind)
+    register(stubborn)
 '''
 
 
@@ -98,7 +109,8 @@ def marks(tmp_path: Path, name: str) -> Path:
     return folder
 
 
-@pytest.mark.parametrize(("isolation", "tool"), [(THREAD, "nap"), (THREAD, "grind"), (PROCESS, "nap")])
+@pytest.mark.parametrize(("isolation", "tool"),
+                         [(THREAD, "nap"), (THREAD, "grind"), (THREAD, "stubborn"), (PROCESS, "nap")])
 async def test_a_cancelled_call_stops_on_its_host_and_frees_the_slot_at_once(
     pulsar_broker: EmbeddedBroker, slow: Catalog, tmp_path: Path, isolation: str, tool: str
 ) -> None:
@@ -111,14 +123,20 @@ async def test_a_cancelled_call_stops_on_its_host_and_frees_the_slot_at_once(
         call.cancel()  # the caller gives up (Ctrl-C, a closed page, a cancelled task)
         with pytest.raises(asyncio.CancelledError):
             await call
-        if isolation == THREAD:  # the tool itself saw it: an async task is cancelled, a thread told
+        if tool != "stubborn" and isolation == THREAD:  # the tool saw it: a task is cancelled, a thread told
             deadline = time.monotonic() + 10
             while not (first / "cancelled").exists():
                 assert time.monotonic() < deadline, "the tool was never told"
                 await asyncio.sleep(0.02)
-        begun = time.monotonic()
-        answer = await host.call(tool, {"seconds": 0, "mark": str(second)}, timeout=30)
-        assert time.monotonic() - begun < 30 and answer in ("rested", "ground")  # the one slot was free
+        try:
+            answer = await host.call(tool, {"seconds": 0, "mark": str(second)}, timeout=30)
+            [endpoint] = [e for e in host.server.endpoints if e.descriptor.id == tool]
+            stuck = endpoint.executor.stats().stuck
+        finally:
+            (first / "release").touch()
+        # The one slot was free; a tool that ignores its cancel keeps its thread, counted stuck.
+        assert answer in ("rested", "ground", "done at last")
+        assert stuck == (1 if tool == "stubborn" else 0)
     assert [r.status for r in records] == [wire.CANCELLED, wire.OK]
 
 

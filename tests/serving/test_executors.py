@@ -309,7 +309,7 @@ async def test_thread_mode_counts_stuck_threads_and_reports_the_service_degraded
         caller = await ToolServiceClient(client, request_queue("stuck"), response_queue("stuck")).start()
         try:
             errors = []
-            for _ in range(3):
+            for _ in range(5):
                 with pytest.raises(ToolCallError) as info:
                     await caller.call({}, {}, timeout=10)
                 errors.append((info.value.error_type, str(info.value)))
@@ -327,17 +327,19 @@ async def test_thread_mode_counts_stuck_threads_and_reports_the_service_degraded
             await client.close()
             stop.set()
             await task
-    assert [e[0] for e in errors] == ["timeout", "timeout", "overloaded"]
-    assert "all 2 of its worker threads are taken, 2 of them stuck in calls that timed out" in errors[2][1]
+    # Each timed-out call gave its slot back at once: two stuck threads did not stop the next two
+    # calls; four (all its threads: twice its max concurrency) do.
+    assert [e[0] for e in errors] == ["timeout"] * 4 + ["overloaded"]
+    assert "all 4 of its threads (twice its max concurrency) are stuck in calls that timed out" in errors[4][1]
     assert degraded["status"] == "degraded" and degraded["connected"] is True
-    assert degraded["workers"]["stuck"]["stuck"] == 2
-    assert degraded["problems"] == ["service 'stuck': 2 of its 2 worker threads are stuck in calls that timed out "
-                                    "(Python cannot stop a thread; serve it with --isolation process to have such "
-                                    "calls killed)"]
-    assert 'tghost_stuck_workers{service="stuck"} 2.0' in text
+    assert degraded["workers"]["stuck"]["stuck"] == 4
+    assert degraded["problems"] == ["service 'stuck': 4 of its 4 worker threads are stuck in calls that timed out "
+                                    "or were cancelled (Python cannot stop a thread; serve it with --isolation "
+                                    "process to have such calls killed)"]
+    assert 'tghost_stuck_workers{service="stuck"} 4.0' in text
     assert status.returncode == 1
-    assert "stuck: thread, 2 of 2 worker threads, 0 busy, 2 stuck" in status.stdout
-    assert "error: service 'stuck': 2 of its 2 worker threads are stuck" in status.stderr
+    assert "stuck: thread, 4 worker threads for 2 calls at once, 0 busy, 4 stuck" in status.stdout
+    assert "error: service 'stuck': 4 of its 4 worker threads are stuck" in status.stderr
 
 
 class PidService(tghost.ToolService):

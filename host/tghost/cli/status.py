@@ -113,10 +113,14 @@ def _print_health(health: dict[str, Any]) -> None:
 
 
 def describe_workers(stats: dict[str, Any]) -> str:
-    """``process, 2 of 4 worker processes, 1 busy; restarts: crash 1, timeout 3`` (threads: ``, 2 stuck``)."""
-    noun = "worker processes" if stats.get("isolation") == "process" else "worker threads"
-    text = (f"{stats.get('isolation')}, {stats.get('workers')} of {stats.get('max_workers')} {noun}, "
-            f"{stats.get('busy')} busy")
+    """``process, 2 of 4 worker processes, 1 busy; restarts: crash 1, timeout 3``, or ``thread, 3 worker
+    threads for 2 calls at once, 1 busy, 2 stuck``."""
+    if stats.get("isolation") == "process":
+        text = (f"process, {stats.get('workers')} of {stats.get('max_workers')} worker processes, "
+                f"{stats.get('busy')} busy")
+    else:
+        text = (f"thread, {stats.get('workers')} worker threads for {stats.get('max_workers')} calls at once, "
+                f"{stats.get('busy')} busy")
     if stats.get("stuck"):
         text += click.style(f", {stats['stuck']} stuck", fg="red")
     restarts = {reason: n for reason, n in (stats.get("restarts") or {}).items() if n}

@@ -13,8 +13,8 @@ The lane drives the one request state machine of :mod:`tghost.serving.request` (
 :class:`~tghost.serving.request.Request` per call, the :class:`~tghost.serving.request.Port`),
 so its semantics and reply texts are the loop path's:
 
-- ``overloaded`` beyond ``max_concurrency + max_queue`` admitted requests, or when every
-  worker thread is stuck in a call that timed out;
+- ``overloaded`` beyond ``max_concurrency + max_queue`` admitted requests, or when every one
+  of the service's threads is stuck in a call that timed out or was cancelled;
 - ``timeout`` at the deadline, ``timeout`` seconds after ``invoke`` started (a timer thread;
   the plugin's thread is counted stuck until it returns);
 - ``unavailable`` for calls that did not start when the service stops (:meth:`ThreadLane.stop`)
@@ -198,8 +198,8 @@ class ThreadLane:
 
     def cancel(self, request: Request) -> None:
         """The caller cancelled ``request``: answer it ``cancelled`` and free its slot at once;
-        a plain ``def`` still in its thread is counted stuck until it returns (it may watch
-        ``tghost.Context.cancelled``)."""
+        a plain ``def`` still in its thread is told (``tghost.Context.cancelled``) and counted
+        stuck until it returns."""
         self._abandon(request)
         self._refuse(request, wire.CANCELLED, self._terms.refusal(wire.CANCELLED))
 

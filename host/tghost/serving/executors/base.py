@@ -88,8 +88,9 @@ class WorkerStats:
         """Why the service is degraded (stuck threads), or ``None``."""
         if not self.stuck:
             return None
-        return (f"{self.stuck} of its {self.max_workers} worker threads are stuck in calls that timed out "
-                "(Python cannot stop a thread; serve it with --isolation process to have such calls killed)")
+        return (f"{self.stuck} of its {2 * self.max_workers} worker threads are stuck in calls that timed out or "
+                "were cancelled (Python cannot stop a thread; serve it with --isolation process to have such calls "
+                "killed)")
 
 
 class Executor(abc.ABC):

@@ -1,8 +1,11 @@
 """executors.thread: plugin code in the host process. A plain ``invoke`` (and each step of a plain
 generator) runs in the service's own worker threads; an ``async`` one on the event loop.
 
-Fast, and no isolation: Python cannot stop a thread, so a call that never returns keeps its
-thread. Those stuck threads are counted, and a call none can start is answered ``overloaded``.
+Fast, and no isolation: Python cannot stop a thread, so a call whose caller was answered (its
+timeout, a cancel, the end of a shutdown's grace) while the plugin runs on keeps its thread. Its
+slot is freed at once all the same: a service runs at most its max concurrency of calls, on
+twice as many threads. Stuck threads are counted, and once all of a service's threads are
+stuck, a call is answered ``overloaded``, saying so.
 """
 
 from __future__ import annotations
@@ -37,16 +40,20 @@ class Job:
     """
 
     future: Future[Any] = field(init=False, repr=False)
+    started: bool = False
     finished: bool = False
     abandoned: bool = False
 
 
 class ThreadExecutor(Executor):
-    """Runs a service's calls in this process: ``max_workers`` threads, started as needed.
+    """Runs a service's calls in this process: at most ``max_workers`` at once, on threads
+    started as needed.
 
-    ``stuck`` counts threads still running plugin code whose call was cancelled (timed out):
-    they are not free until the plugin returns. When every thread is taken that way, a call is
-    answered ``overloaded`` at once, saying so, instead of waiting for a thread that never comes.
+    A call abandoned while its plugin code runs (:meth:`abandon`) gives its slot back at once; its
+    thread is counted ``stuck`` until the plugin returns. The service has ``2 * max_workers``
+    threads, so it keeps its full concurrency with up to ``max_workers`` of them stuck; once all
+    are stuck, a call is answered ``overloaded`` at once, saying so (:meth:`starved`), instead of
+    waiting for a thread that may never come.
 
     :meth:`submit` and :meth:`abandon` are the synchronous interface, safe from any thread (the
     thread lane, :mod:`tghost.serving.lane`, uses them); :meth:`run` is the awaitable one.
@@ -58,7 +65,8 @@ class ThreadExecutor(Executor):
         super().__init__(service_id, max_workers)
         self.service = service
         self._blocking = service.runs_in_thread
-        self._pool = ThreadPoolExecutor(max_workers, thread_name_prefix=f"tghost-{service_id}")
+        self._pool = ThreadPoolExecutor(2 * max_workers, thread_name_prefix=f"tghost-{service_id}")
+        self._slots = threading.Semaphore(max_workers)  # taken by each call running and not abandoned
         self._lock = threading.Lock()
         self._running = 0  # threads running plugin code now, stuck ones included
         self._stuck = 0
@@ -110,24 +118,33 @@ class ThreadExecutor(Executor):
         return job
 
     def abandon(self, job: Job) -> None:
-        """The caller of ``job`` stopped waiting (its timeout, a shutdown): a job not started yet
-        never starts, and one running is counted stuck until the plugin returns."""
+        """The caller of ``job`` stopped waiting (its timeout, a cancel, a shutdown): a job not
+        started yet never starts; one running gives its slot back at once and is counted stuck
+        until the plugin returns."""
         with self._lock:
-            if not job.future.cancel() and not job.finished and not job.abandoned:
-                job.abandoned = True
+            if job.future.cancel() or job.finished or job.abandoned:
+                return
+            job.abandoned = True
+            if job.started:
                 self._stuck += 1
+                self._slots.release()
 
     def starved(self) -> str | None:
-        """Why no call can start now (every thread stuck in a call that timed out), or ``None``."""
-        if self._stuck < self.max_workers:
+        """Why no call can start now (every one of the service's threads is stuck), or ``None``."""
+        if self._stuck < 2 * self.max_workers:
             return None
-        return (f"service {self.service_id!r} could not start the call: all {self.max_workers} of its worker "
-                f"threads are taken, {self._stuck} of them stuck in calls that timed out (Python cannot stop "
-                "a thread; they free when the plugin returns). Retry later; the host's operator can serve it "
-                "with --isolation process to have such calls killed")
+        return (f"service {self.service_id!r} could not start the call: all {self._stuck} of its threads (twice its "
+                "max concurrency) are stuck in calls that timed out or were cancelled. Python cannot stop a thread; "
+                "they free when the plugin returns. Retry later; the host's operator can serve it with "
+                "--isolation process to have such calls killed")
 
     def _run(self, job: Job, fn: Callable[..., Any], *args: Any) -> Any:
+        self._slots.acquire()
         with self._lock:
+            if job.abandoned:  # while it waited for a slot
+                self._slots.release()
+                return None
+            job.started = True
             self._running += 1
         try:
             return fn(*args)
@@ -137,6 +154,8 @@ class ThreadExecutor(Executor):
                 job.finished = True
                 if job.abandoned:
                     self._stuck -= 1
+                else:
+                    self._slots.release()
 
     def stats(self) -> WorkerStats:
         with self._lock:
