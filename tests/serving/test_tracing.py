@@ -1,7 +1,8 @@
 """tracing: one trace across caller and host, on the embedded broker, with OpenTelemetry's
 in-memory exporter (docs/protocol.md §2.10): the caller's span is the parent of the host's,
-which has the check, queue and invoke under it; a raw ``traceparent`` from another client is
-continued; a malformed one starts a new trace; an error reply marks both sides."""
+which has the check, queue and invoke under it (and a worker process's span under invoke); a
+raw ``traceparent`` from another client is continued; a malformed one starts a new trace; an
+error reply marks both sides."""
 
 from __future__ import annotations
 
@@ -24,7 +25,9 @@ from tghost.operate.audit import audit_entry
 from tghost.protocol import wire
 from tghost.pulsar.clients import PulsarSettings
 from tghost.pulsar.embedded import EmbeddedBroker
+from tghost.serving.executors.base import PROCESS
 from tghost.serving.request import CallRecord
+from tghost.serving.settings import ServeSettings
 from tghost.system import tracing
 from tghost.testing import LocalHost
 
@@ -74,6 +77,18 @@ async def test_one_trace_joins_the_callers_span_and_the_hosts_with_its_stages(
     assert caller.attributes["rpc.method"] == "shout" and caller.attributes["messaging.system"] == "pulsar"
     assert records[0].trace_id == format(caller.context.trace_id, "032x")
     assert audit_entry(records[0])["trace_id"] == records[0].trace_id  # an audit line leads to its trace
+
+
+async def test_under_process_isolation_the_worker_has_a_span_under_invoke(
+    pulsar_broker: EmbeddedBroker, spans: InMemorySpanExporter
+) -> None:
+    async with LocalHost(pulsar_broker.url, [shout], ServeSettings(isolation=PROCESS)) as host:
+        assert await host.call("shout", {"text": "hi"}) == "HI"
+    found = by_name(spans.get_finished_spans())
+    worker, invoke = found["worker"], found["invoke"]
+    assert worker.parent.span_id == invoke.context.span_id and worker.context.trace_id == invoke.context.trace_id
+    assert invoke.start_time <= worker.start_time <= worker.end_time <= invoke.end_time
+    assert worker.attributes["process.pid"] not in (None, os.getpid())  # the call ran in a worker process
 
 
 async def test_a_raw_traceparent_is_continued_and_a_malformed_one_starts_a_new_trace(

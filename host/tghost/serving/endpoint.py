@@ -309,7 +309,8 @@ class ServiceEndpoint:
     async def _invoke(self, request: Request, call: Call) -> None:
         """Run the call and send its reply: one response, or for a generator one per chunk
         (:meth:`tghost.serving.request.Request.chunk`) then an empty last one."""
-        result = await self.executor.run(call)
+        spans = request.record.spans
+        result = await self.executor.run(call, spans.stage if spans is not None else None)
         if isinstance(result, str):
             await self._reply(request, None, wire.encode_response(result))
             return

@@ -127,11 +127,12 @@ def server_span(service: str, topic: str, properties: Mapping[str, str]) -> Span
                                           "messaging.message.id": properties.get("id", "")})
 
 
-def child(name: str, parent: Span | None) -> Span | None:
-    """A span under ``parent``, started now (``None`` without a parent: tracing is off)."""
+def child(name: str, parent: Span | None, **attributes: Any) -> Span | None:
+    """A span under ``parent``, started now, with ``attributes`` (``None`` without a parent:
+    tracing is off)."""
     if parent is None:
         return None
-    return _tracer.start_span(name, context=trace.set_span_in_context(parent))
+    return _tracer.start_span(name, context=trace.set_span_in_context(parent), attributes=attributes or None)
 
 
 def end(span: Span | None, error_type: str | None = None, **attributes: Any) -> None:

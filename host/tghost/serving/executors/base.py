@@ -11,6 +11,8 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from opentelemetry.trace import Span
+
 from tghost.author.service import Call
 
 __all__ = [
@@ -110,10 +112,12 @@ class Executor(abc.ABC):
         """Get ready to take calls (a process executor starts its first worker in the background)."""
 
     @abc.abstractmethod
-    async def run(self, call: Call) -> Outcome:
+    async def run(self, call: Call, span: Span | None = None) -> Outcome:
         """Run ``invoke(*call)``; returns the observation (``wire.observation`` of the result) or,
         for a generator, an async iterator of one observation per chunk, produced as the plugin
-        yields them. Close the iterator (``aclosing``) when not reading it to the end.
+        yields them. Close the iterator (``aclosing``) when not reading it to the end. ``span`` is
+        the call's ``invoke`` span while tracing is on: a worker process's part of the call gets a
+        ``worker`` span under it.
 
         Raises:
             ToolError: what the plugin raised (its ``error_type`` kept), or why the call could

@@ -26,6 +26,8 @@ from multiprocessing.process import BaseProcess
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
+from opentelemetry.trace import Span
+
 from tghost.author.service import ToolError
 from tghost.protocol import wire
 from tghost.serving.executors.base import (
@@ -42,6 +44,7 @@ from tghost.serving.executors.base import (
     WorkerStats,
 )
 from tghost.serving.executors.child import EntryPointSource, ObjectSource, run_worker
+from tghost.system import tracing
 from tghost.system.processes import CONTEXT, describe_exit
 
 __all__ = ["ProcessExecutor"]
@@ -52,6 +55,13 @@ log = logging.getLogger(__name__)
 KILL_AFTER = 1.0
 #: Seconds a worker started for the pool (not for a waiting call) may take to load its service.
 LOAD_TIMEOUT = 120.0
+
+
+def _error_type(exc: BaseException) -> str:
+    """The ``error.type`` of a worker span that ended with ``exc``."""
+    if isinstance(exc, ToolError):
+        return exc.error_type
+    return "cancelled" if isinstance(exc, asyncio.CancelledError | GeneratorExit) else type(exc).__name__
 
 
 def _wake(ready: asyncio.Future[None]) -> None:
@@ -141,27 +151,35 @@ class ProcessExecutor(Executor):
         each call then tries a worker of its own."""
         await self._grow()
 
-    async def run(self, call: Call) -> Outcome:
+    async def run(self, call: Call, span: Span | None = None) -> Outcome:
         try:
             request = ForkingPickler.dumps(call._replace(cancelled=None))  # the worker is killed instead
         except Exception as exc:
             raise ToolError(f"the arguments cannot be sent to a worker process of service {self.service_id!r}: "
                             f"{type(exc).__name__}: {exc}", wire.TOOL_SERVICE_ERROR) from None
         worker = await self._take()
+        traced = tracing.child("worker", span, **{"process.pid": worker.pid})
         self._busy += 1
         try:
-            worker.conn.send_bytes(request)
-            message = await worker.receive()
-        except BaseException as exc:
+            try:
+                worker.conn.send_bytes(request)
+                message = await worker.receive()
+            except BaseException as exc:
+                self._busy -= 1
+                raise await self._lost(worker, exc) from None
+            if message[0] == "stream":
+                return self._stream(worker, traced)
             self._busy -= 1
-            raise await self._lost(worker, exc) from None
-        if message[0] == "stream":
-            return self._stream(worker)
-        self._busy -= 1
-        return self._finish(worker, message)
+            outcome = self._finish(worker, message)
+        except BaseException as exc:
+            tracing.end(traced, _error_type(exc))
+            raise
+        tracing.end(traced)
+        return outcome
 
-    async def _stream(self, worker: _Worker) -> AsyncGenerator[str, None]:
+    async def _stream(self, worker: _Worker, traced: Span | None) -> AsyncGenerator[str, None]:
         finished = False
+        error: str | None = "cancelled"
         try:
             while True:
                 try:
@@ -172,10 +190,15 @@ class ProcessExecutor(Executor):
                 if message[0] != "chunk":
                     finished = True
                     self._finish(worker, message)
+                    error = None
                     return
                 yield message[1]
+        except BaseException as exc:
+            error = _error_type(exc)
+            raise
         finally:
             self._busy -= 1
+            tracing.end(traced, error)
             if not finished:  # the reader stopped early (cancelled): the worker is still in the call
                 self._retire(worker, TIMEOUT, kill=True)
 

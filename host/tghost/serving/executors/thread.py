@@ -19,6 +19,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from opentelemetry.trace import Span
+
 from tghost.author.service import ToolError, ToolService, invoke
 from tghost.protocol import wire
 from tghost.serving.executors.base import THREAD, Call, Executor, Outcome, WorkerStats
@@ -71,7 +73,7 @@ class ThreadExecutor(Executor):
         self._running = 0  # threads running plugin code now, stuck ones included
         self._stuck = 0
 
-    async def run(self, call: Call) -> Outcome:
+    async def run(self, call: Call, span: Span | None = None) -> Outcome:
         if self._blocking:
             result = await self._in_thread(invoke, self.service, call)
         else:
