@@ -12,6 +12,7 @@ from tghost._version import __version__
 from tghost.author.hookspecs import hookimpl
 from tghost.author.service import Context, InvalidArguments, ToolError, ToolService, current_caller, tool
 from tghost.protocol.descriptors import Argument, ConfigParam, DescriptorError, ToolDescriptor, ToolServiceDescriptor
+from tghost.protocol.wire import Progress
 
 if TYPE_CHECKING:
     from tghost.agent.client import ToolCallError
@@ -28,6 +29,7 @@ __all__ = [
     "Context",
     "DescriptorError",
     "InvalidArguments",
+    "Progress",
     "PulsarSettings",
     "ToolCallError",
     "ToolDescriptor",

@@ -29,6 +29,7 @@ from tghost.discovery.discover import Catalog, catalog_of, catalog_of_plugin
 from tghost.protocol.announcement import DEFAULT_TOPIC, EPOCH_SECONDS, epoch_of, epoch_topic
 from tghost.protocol.sessions import HostSessionKey
 from tghost.protocol.trust import Signer
+from tghost.protocol.wire import Progress
 from tghost.pulsar.clients import PulsarSettings, free_port
 from tghost.pulsar.embedded import EmbeddedBroker
 from tghost.serving.access import Gate
@@ -167,7 +168,7 @@ class LocalHost:
     async def call(self, name: str, arguments: dict[str, Any] | None = None, config: dict[str, Any] | None = None,
                    **options: Any) -> str:
         """Call tool (or service) ``name`` over Pulsar and return the observation, all chunks
-        joined; the ``options`` (``user``, ``timeout``) and the errors are :meth:`stream`'s."""
+        joined; the ``options`` (``user``, ``timeout``, ``progress``) and the errors are :meth:`stream`'s."""
         return "".join([chunk async for chunk in self.stream(name, arguments, config, **options)])
 
     async def stream(
@@ -178,11 +179,13 @@ class LocalHost:
         *,
         user: str | None = "test",
         timeout: float = 10.0,
+        progress: Callable[[Progress], Any] | None = None,
     ) -> AsyncIterator[str]:
         """Call tool (or service) ``name`` over Pulsar and yield its observation chunks as they arrive.
 
         ``config`` is added to the tool's config values (see :meth:`request`); ``timeout`` is in
-        seconds; ``user`` goes into the request envelope.
+        seconds; ``user`` goes into the request envelope; ``progress`` gets the tool's progress
+        updates (``ctx.progress``, docs/protocol.md §2.12).
 
         Raises:
             tghost.ToolCallError: the service answered with an error (``.error_type``, ``.message``)
@@ -191,7 +194,7 @@ class LocalHost:
         """
         service_id, merged = self.request(name, config)
         caller = await self.caller(service_id)
-        async for chunk in caller.stream(merged, arguments or {}, user=user, timeout=timeout):
+        async for chunk in caller.stream(merged, arguments or {}, user=user, timeout=timeout, progress=progress):
             yield chunk
 
 

@@ -48,7 +48,9 @@ def test_every_tool_option_is_documented_and_nothing_else() -> None:
 
 
 def test_context_argument_and_config_param_fields_are_documented() -> None:
-    assert documented("Context") == {f.name for f in dataclasses.fields(tghost.Context)}
+    fields = {f.name for f in dataclasses.fields(tghost.Context) if f.repr}  # report (repr=False) is the host's
+    methods = {name for name, value in vars(tghost.Context).items() if callable(value) and not name.startswith("_")}
+    assert documented("Context") == fields | methods
     assert documented("Argument and ConfigParam") == {*tghost.Argument.model_fields, *tghost.ConfigParam.model_fields}
 
 
@@ -58,7 +60,7 @@ def test_every_tool_descriptor_key_is_documented() -> None:
 
 def test_every_error_type_of_the_host_is_documented() -> None:
     types = {value for name, value in vars(wire).items() if name.isupper() and isinstance(value, str)
-             and name not in {"DEFAULT_USER", "OK", "CANCEL"}}  # a user, a status, a property name
+             and name not in {"DEFAULT_USER", "OK", "CANCEL", "PROGRESS"}}  # a user, a status, property names
     assert documented("Errors") == types
     assert {"error_type", "message"} <= set(inspect.signature(tghost.ToolCallError).parameters)
     assert list(inspect.signature(tghost.ToolError).parameters) == ["message", "error_type"]

@@ -72,10 +72,20 @@ def count_down(start: int) -> Iterator[str]:
     yield "liftoff\\n"
 
 
+@tghost.tool
+def survey(sites: int, ctx: tghost.Context) -> str:
+    """Survey sites, 0.4 s each, reporting progress."""
+    for site in range(1, sites + 1):
+        time.sleep(0.4)
+        ctx.progress(site, sites, f"site {site}")
+    return f"surveyed {sites} sites"
+
+
 @tghost.hookimpl
 def tghost_register_services(register):
     register(plan_trip)
     register(count_down)
+    register(survey)
 '''
 
 
@@ -172,6 +182,25 @@ def test_a_slow_stream_arrives_chunk_by_chunk(page: Page, inspector: str) -> Non
     assert len([count for count in range(1, 6) if count in seen]) >= 3, arrivals  # not all at once
     assert seen[5] - min(seen.values()) > 1000  # the 4 lines came 0.4 s apart, not all at the end
     sync_api.expect(page.locator("#timing")).to_contain_text("5 chunks")
+
+
+def test_progress_shows_as_a_bar_that_fills_as_the_tool_reports(page: Page, inspector: str) -> None:
+    page.goto(inspector)
+    pick(page, "survey")
+    page.evaluate("""() => {
+        window.seen = [];  // (progress shown, observation so far) at each change of the log
+        new MutationObserver(() => window.seen.push([
+            document.querySelector('#log .progress span')?.textContent ?? null,
+            document.querySelector('#log .observation')?.textContent ?? null]))
+            .observe(document.getElementById('log'), {childList: true, subtree: true, characterData: true});
+    }""")
+    page.get_by_label("sites").fill("4")
+    page.get_by_role("button", name="Call", exact=True).click()
+    sync_api.expect(log_of(page).locator(".observation")).to_have_text("surveyed 4 sites")
+    sync_api.expect(log_of(page).locator(".progress")).to_have_text("4/4 (100%) site 4")
+    assert log_of(page).get_by_role("progressbar", name="progress").evaluate("bar => bar.value") == 1
+    while_running = {shown for shown, observation in page.evaluate("window.seen") if shown and not observation}
+    assert len(while_running) >= 2, while_running  # it filled step by step before the answer came
 
 
 def test_errors_show_their_type_and_message(page: Page, inspector: str) -> None:

@@ -57,8 +57,8 @@ def announcer() -> Announcer:
 
 def test_every_example_is_labelled_and_checked() -> None:
     labels = {m["label"] for m in EXAMPLE.finditer(PAGE.read_text())}
-    assert labels == {"request", "response", "stream", "error", "tool-service descriptor", "tool descriptor",
-                      "epoch", "announcement", "canonical", "signed announcement"}
+    assert labels == {"request", "response", "stream", "error", "progress", "tool-service descriptor",
+                      "tool descriptor", "epoch", "announcement", "canonical", "signed announcement"}
     assert PAGE.read_text().count("<!-- example:") == len(list(EXAMPLE.finditer(PAGE.read_text())))
 
 
@@ -82,6 +82,13 @@ async def test_the_responses_are_what_the_example_services_answer(pulsar_broker:
             assert [body for _, body in await raw.request({"question": "Who is on the enterprise tier?"})] == [
                 json.loads(error)]
     assert response.encode() == wire.encode_response("14")
+
+
+def test_a_progress_update_is_what_a_host_encodes_and_a_caller_decodes() -> None:
+    [text] = examples("progress")
+    update = wire.Progress(2, 3, "page 2")
+    assert text.encode() == wire.encode_progress(update)
+    assert wire.decode_response(text.encode()) == wire.Response("", False, None, update)
 
 
 def test_the_descriptors_are_the_joke_plugins() -> None:

@@ -53,8 +53,8 @@ def message(body: dict[str, Any] | bytes) -> Any:
 
 
 def checked(t: Terms, body: dict[str, Any] | bytes) -> tuple[CallRecord, Any]:
-    record = CallRecord("echo", "r1")
-    return record, t.check(record, message(body))
+    request = Request(CallRecord("echo", "r1"), message(body))
+    return request.record, t.check(request, None)  # type: ignore[arg-type]  (no progress is sent)
 
 
 def error_type(t: Terms, body: dict[str, Any] | bytes) -> str:
@@ -65,7 +65,8 @@ def error_type(t: Terms, body: dict[str, Any] | bytes) -> str:
 
 def test_check_passes_a_good_request_and_records_its_user_and_arguments() -> None:
     record, call = checked(terms(), {"user": "ada", "config": "{}", "arguments": json.dumps({"text": "hi"})})
-    assert call == ("ada", {}, {"text": "hi"}, None, None)  # user, config, arguments; no verified caller or cancel
+    assert call[:4] == ("ada", {}, {"text": "hi"}, None)  # user, config, arguments; no verified caller
+    assert not call.cancelled.is_set() and call.report is not None  # the call's cancel and progress
     assert (record.user, record.arguments) == ("ada", {"text": "hi"})
 
 

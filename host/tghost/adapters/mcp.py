@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import json
 import logging
@@ -33,6 +34,7 @@ from tghost.agent.client import ToolCallError
 from tghost.agent.directory import DirectoryTool, ToolDirectory
 from tghost.agent.search import MAX_LIMIT, SearchError
 from tghost.protocol import wire
+from tghost.protocol.wire import Progress
 
 __all__ = ["CALL_TOOL", "META_TOOLS", "SEARCH_TOOLS", "BearerToken", "Bridge", "serve"]
 
@@ -104,7 +106,8 @@ class Bridge:
         """Invoke the tool through the directory; an error reply or a refusal (``unknown-tool``,
         ``not-allowed``, ``timeout``, ...) is a result with ``isError`` and ``type: message``
         text; so is any other failure (e.g. the broker is unreachable), typed by its class name
-        and logged."""
+        and logged. With a progress token in the request's ``_meta``, the tool's progress
+        updates go to the client as ``notifications/progress``."""
         name, arguments = params.name, dict(params.arguments or {})
         if self.tool_search and name == SEARCH_TOOLS:
             return self._search(arguments)
@@ -114,8 +117,11 @@ class Bridge:
                 return _error(f"{wire.INVALID_ARGUMENTS}: {CALL_TOOL} needs 'name' (a string, from "
                               f"{SEARCH_TOOLS}) and 'arguments' (an object)")
             name = called
+        token = (ctx.meta or {}).get("progress_token")
+        progress = None if token is None else functools.partial(_forward_progress, ctx, token)
         try:
-            observation = await self.directory.invoke(name, arguments, groups=self.groups, state=self.state)
+            observation = await self.directory.invoke(name, arguments, groups=self.groups, state=self.state,
+                                                      progress=progress)
         except ToolCallError as exc:
             if exc.error_type == UNKNOWN_TOOL:  # the directory's hint names a CLI an MCP client cannot run
                 listing = SEARCH_TOOLS if self.tool_search else "tools/list"
@@ -177,6 +183,12 @@ META_TOOLS: list[dict[str, Any]] = [
          "arguments": {"type": "object", "description": "The tool's arguments"}}},
      "annotations": {"title": "Call a tool"}},
 ]
+
+
+async def _forward_progress(ctx: ServerRequestContext[Any], token: str | int, update: Progress) -> None:
+    """A tool's progress update (docs/protocol.md §2.12), as the MCP client's
+    ``notifications/progress`` for the progress token its ``tools/call`` sent."""
+    await ctx.session.send_progress_notification(token, update.done, update.total, update.message)
 
 
 def _contested(tool: DirectoryTool) -> str:

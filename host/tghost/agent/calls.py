@@ -194,10 +194,15 @@ class ToolCalls:
         state: str | None = None,
         allowed_groups: Sequence[str] | None = None,
         timeout: float = 60.0,
+        progress: Callable[[wire.Progress], Any] | None = None,
     ) -> AsyncIterator[str]:
         """Invoke tool ``name`` and yield its observation chunks. The tool's config values go
         into the request's ``config``; ``groups``/``state``/``allowed_groups`` are checked as
-        in :meth:`check`. Every listener gets one :class:`ToolCallRecord` when the call ends.
+        in :meth:`check`. ``progress`` gets the tool's progress updates (a
+        :class:`tghost.protocol.wire.Progress` each; a coroutine function is awaited;
+        docs/protocol.md §2.12). Cancelling the task, or ``aclose()`` on the iterator, cancels
+        the call on its host (§2.11). Every listener gets one :class:`ToolCallRecord` when the
+        call ends.
 
         Raises:
             ToolCallError: not allowed, unknown, an error reply, or a timeout (seconds).
@@ -210,7 +215,7 @@ class ToolCalls:
             tool = self.check(name, groups, state, allowed_groups)
             caller = await self.caller(tool.service.descriptor)
             async for chunk in caller.stream(tool.descriptor.config, arguments, user=user, timeout=timeout,
-                                             tool=name):
+                                             tool=name, progress=progress):
                 yield chunk
         except ToolCallError as exc:
             status = exc.error_type

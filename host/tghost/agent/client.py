@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 import pulsar
@@ -114,11 +115,15 @@ class ToolServiceClient:
         user: str | None = None,
         timeout: float = 60.0,
         tool: str | None = None,
+        progress: Callable[[wire.Progress], Any] | None = None,
     ) -> AsyncIterator[str]:
         """Send one request and yield each non-empty observation chunk until end of stream.
 
         ``timeout`` is seconds for the whole call. ``tool`` names the call's span when tracing
         is on (:mod:`tghost.system.tracing`; its ``traceparent`` goes with the request).
+        ``progress`` asks the service for progress updates and gets each one (docs/protocol.md
+        §2.12); it may be a coroutine function. Cancelling the task, or closing the iterator
+        (``aclose()``), cancels the call on its host (§2.11).
 
         Raises:
             ToolCallError: the service answered with an error, or (type ``timeout``) not in time.
@@ -133,13 +138,18 @@ class ToolServiceClient:
         try:
             async with asyncio.timeout(timeout):
                 body = wire.encode_request(user, config, arguments)
-                in_session = self._send(queue, request_id, body, self._session_keys(), span)
+                asks = {wire.PROGRESS: "1"} if progress is not None else {}
+                in_session = self._send(queue, request_id, body, self._session_keys(), span, asks)
                 while True:
                     response = await queue.get()
                     if isinstance(response, Exception):
                         raise response
+                    if response.progress is not None:
+                        if progress is not None and inspect.isawaitable(told := progress(response.progress)):
+                            await told
+                        continue
                     if response.error and in_session and response.error["type"] == wire.UNKNOWN_SESSION:
-                        in_session = self._send(queue, request_id, body, (), span)  # a host we did not know yet
+                        in_session = self._send(queue, request_id, body, (), span, asks)  # a host we did not know
                         continue
                     if response.error:
                         failed = response.error["type"]
@@ -179,10 +189,11 @@ class ToolServiceClient:
         return self._host_keys() if self.identity is not None and self._host_keys is not None else ()
 
     def _send(self, queue: asyncio.Queue[wire.Response | Exception], request_id: str, body: bytes,
-              host_keys: Sequence[str], span: Span | None = None) -> bool:
-        """Send the request with its ``id`` and, with an identity, its proof: a session's MACs
-        for ``host_keys`` if there are any, else a signature. Whether it went in a session."""
-        properties = {"id": request_id}
+              host_keys: Sequence[str], span: Span | None = None, extra: Mapping[str, str] = {}) -> bool:
+        """Send the request with its ``id`` (and the ``extra`` properties) and, with an identity,
+        its proof: a session's MACs for ``host_keys`` if there are any, else a signature.
+        Whether it went in a session."""
+        properties = {"id": request_id, **extra}
         now = time.time()
         if self.identity is not None and host_keys:
             if self._session is None or self._session.expires - now < SESSION_RENEWAL:
@@ -202,6 +213,7 @@ class ToolServiceClient:
         user: str | None = None,
         timeout: float = 60.0,
         tool: str | None = None,
+        progress: Callable[[wire.Progress], Any] | None = None,
     ) -> str:
         """Send one request and return the observation (streamed chunks joined).
 
@@ -209,7 +221,7 @@ class ToolServiceClient:
             ToolCallError: as for :meth:`stream`.
         """
         return "".join([chunk async for chunk in self.stream(config, arguments, user=user,
-                                                             timeout=timeout, tool=tool)])
+                                                             timeout=timeout, tool=tool, progress=progress)])
 
     async def close(self) -> None:
         """Close the producer and the consumer (responses still arriving are dropped)."""

@@ -10,6 +10,7 @@ import functools
 import importlib
 import inspect
 import json
+import math
 import re
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -84,39 +85,83 @@ class Context:
     cancelled as an asyncio task; a plain ``def`` one runs on in its thread, so a long one
     should check ``ctx.cancelled.is_set()`` between steps and stop. Its caller is answered
     ``cancelled`` at once either way."""
+    report: Callable[[wire.Progress], None] | None = field(default=None, repr=False, compare=False)
+    """Where :meth:`progress` sends its updates (the host sets it; ``None``: nowhere)."""
+
+    def progress(self, done: float, total: float | None = None, message: str | None = None) -> None:
+        """Tell the caller how far the call has got: ``done`` units of ``total`` (``None``:
+        unknown), and a short ``message`` for a person (docs/protocol.md §2.12). Cheap: the host
+        sends an update only to a caller that asked for them, at most 10 a second (and always
+        the one that reaches ``total``); outside a call, or unasked, it does nothing.
+
+        Raises:
+            TypeError: ``done`` or ``total`` is not a number, or ``message`` not a string.
+            ValueError: ``done`` is negative or not finite, or ``total`` is not positive and finite.
+        """
+        _check_progress(done, total, message)
+        if self.report is not None:
+            self.report(wire.Progress(done, total, message[:MAX_PROGRESS_MESSAGE] if message else message))
+
+
+#: Characters of a progress message sent to the caller; the rest is cut.
+MAX_PROGRESS_MESSAGE = 200
+
+
+def _check_progress(done: Any, total: Any, message: Any) -> None:
+    for name, value in (("done", done), ("total", total)):
+        if value is None and name == "total":
+            continue
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            raise TypeError(f"progress {name} must be a number, not {type(value).__name__}")
+        if not math.isfinite(value) or value < 0 or (name == "total" and value == 0):
+            raise ValueError(f"progress {name} must be {'a positive' if name == 'total' else 'a non-negative'} "
+                             f"finite number, not {value!r}")
+    if message is not None and not isinstance(message, str):
+        raise TypeError(f"progress message must be a string, not {type(message).__name__}")
 
 
 class Call(NamedTuple):
     """One call to make: the request's asserted ``user``, its ``config`` values, the checked
-    ``arguments`` (seed 000 envelope), the verified ``caller`` (``None``: anonymous) and the
-    event set when the caller cancels it (``None`` in a worker process, which is killed instead)."""
+    ``arguments`` (seed 000 envelope), the verified ``caller`` (``None``: anonymous), the event
+    set when the caller cancels it and where its progress updates go (both ``None`` when
+    nobody listens: in a worker process, ``cancelled`` is replaced by killing the worker)."""
 
     user: str
     config: dict[str, Any]
     arguments: dict[str, Any]
     caller: Caller | None = None
     cancelled: threading.Event | None = None
+    report: Callable[[wire.Progress], None] | None = None
 
 
-_CALLER: ContextVar[Caller | None] = ContextVar("tghost_caller", default=None)
-_CANCELLED: ContextVar[threading.Event | None] = ContextVar("tghost_cancelled", default=None)
+_CALL: ContextVar[Call | None] = ContextVar("tghost_call", default=None)
 
 
 def current_caller() -> Caller | None:
     """The verified caller of the call whose ``invoke`` is running (``None``: anonymous, or not
     in a call): for a :class:`ToolService` subclass, whose ``invoke`` has no :class:`Context`."""
-    return _CALLER.get()
+    call = _CALL.get()
+    return None if call is None else call.caller
 
 
 def invoke(service: ToolService, call: Call) -> Any:
-    """``service.invoke(user, config, arguments)`` with :func:`current_caller` set to the call's
-    caller while it runs (an ``async`` invoke's coroutine is built, not awaited, here)."""
-    token, cancelled = _CALLER.set(call.caller), _CANCELLED.set(call.cancelled)
+    """``service.invoke(user, config, arguments)`` with ``call`` current while it runs (for
+    :func:`current_caller` and a ``@tool`` function's :class:`Context`; an ``async`` invoke's
+    coroutine is built, not awaited, here)."""
+    token = _CALL.set(call)
     try:
         return service.invoke(call.user, call.config, call.arguments)
     finally:
-        _CALLER.reset(token)
-        _CANCELLED.reset(cancelled)
+        _CALL.reset(token)
+
+
+def _context(user: str, config: dict[str, Any]) -> Context:
+    """The :class:`Context` of the current call (a bare one outside a call)."""
+    call = _CALL.get()
+    if call is None:
+        return Context(user=user, config=config)
+    return Context(user=user, config=config, caller=call.caller, cancelled=call.cancelled or threading.Event(),
+                   report=call.report)
 
 
 class ToolService:
@@ -384,8 +429,7 @@ class FunctionService(ToolService):
             if param.name in config:
                 values[param.name] = config[param.name]
         if self._context_param:
-            values[self._context_param] = Context(user=user, config=config, caller=current_caller(),
-                                                  cancelled=_CANCELLED.get() or threading.Event())
+            values[self._context_param] = _context(user, config)
         return self.fn(**values)
 
     def default_tools(self) -> list[ToolDescriptor]:

@@ -27,6 +27,7 @@ from tghost.discovery.discover import discover
 from tghost.protocol.descriptors import ToolServiceDescriptor, request_queue, response_queue
 from tghost.protocol.groups import DEFAULT_STATE, next_state
 from tghost.protocol.trust import Signer, TrustedKeys
+from tghost.protocol.wire import Progress
 from tghost.pulsar.clients import PulsarSettings
 from tghost.serving.settings import ServeSettings
 
@@ -50,17 +51,20 @@ from tghost.serving.settings import ServeSettings
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Seconds to wait for the whole answer [default: the service's announced timeout, else "
                    f"{ServeSettings.timeout:g}, a host's default].")
+@click.option("--progress/--no-progress", "show_progress", default=None,
+              help="Show the tool's progress updates on stderr [default: when stderr is a terminal].")
 @click.argument("arguments", nargs=-1, metavar="[TOOL] [KEY=VALUE | KEY:=JSON]...")
 def call(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...], state: str | None,
          trusted: TrustedKeys | None, identity: Signer | None, service_id: str | None, topic: str | None,
-         config_pairs: tuple[str, ...],
-         json_args: str | None, user: str | None, timeout: float | None, arguments: tuple[str, ...]) -> None:
+         config_pairs: tuple[str, ...], json_args: str | None, user: str | None, timeout: float | None,
+         show_progress: bool | None, arguments: tuple[str, ...]) -> None:
     """Call a tool by name (through the live directory), or a service with --service.
 
     A tool call merges the tool's config values into the request and is refused, with the
     reason, when the request's --group/--state (seed 001) do not allow the tool. --config and
     --topic go with --service only (a usage error with a tool name, exit 2). The
-    observation is printed as it streams in. Exits 1 on a refusal, an error reply or a
+    observation is printed as it streams in, and the tool's progress updates (if it reports
+    any) on stderr, on one line rewritten in place on a terminal. Exits 1 on a refusal, an error reply or a
     timeout (the error goes to stderr), and at once for a --service that is neither announced
     nor installed here, unless --topic says where it is. Ctrl-C cancels the call on the host
     that runs it, freeing its slot, and exits 130.
@@ -79,17 +83,22 @@ def call(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...]
     args = parse_pairs(arguments, "ARGUMENTS") if json_args is None else _json_object(json_args)
     config = parse_pairs(config_pairs, "--config")
     directory = open_directory(pulsar, descriptors_topic, trusted, identity=identity)
+    line = ProgressLine(sys.stderr.isatty() if show_progress is None else show_progress)
     try:
         if tool_name is not None:
-            asyncio.run(_call_tool(directory, tool_name, args, user, list(groups) or None, state, timeout))
+            asyncio.run(_call_tool(directory, tool_name, args, user, list(groups) or None, state, timeout, line))
         else:
-            asyncio.run(_call_service(directory, service_id or "", topic, config, args, user, timeout))
+            asyncio.run(_call_service(directory, service_id or "", topic, config, args, user, timeout, line))
     except ToolCallError as exc:
+        line.clear()
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)
     except KeyboardInterrupt:  # the call was cancelled on its host as asyncio.run unwound (docs/protocol.md §2.11)
+        line.clear()
         click.echo("cancelled: the host running the call was told to stop it", err=True)
         sys.exit(130)
+    finally:
+        line.clear()
 
 
 def _json_object(text: str) -> dict[str, Any]:
@@ -104,18 +113,50 @@ def _timeout(given: float | None, descriptor: ToolServiceDescriptor) -> float:
     return given or descriptor.timeout or ServeSettings.timeout
 
 
+class ProgressLine:
+    """A call's progress updates on stderr (``shown``): one line rewritten in place on a
+    terminal, else one line per update (``progress: 3/10 page 3``)."""
+
+    def __init__(self, shown: bool) -> None:
+        self.report = self.show if shown else None
+        self._stderr = sys.stderr
+        self._in_place = self._stderr.isatty()
+        self._showing = False
+
+    def show(self, update: Progress) -> None:
+        """Show ``update``: ``done/total (percent)`` or ``done``, then the message."""
+        amount = (f"{update.done:g}/{update.total:g} ({100 * update.done / update.total:.0f}%)"
+                  if update.total else f"{update.done:g}")
+        text = f"progress: {amount}{' ' + update.message if update.message else ''}"
+        if self._in_place:
+            self._stderr.write(f"\r\033[K{text}")
+            self._showing = True
+        else:
+            self._stderr.write(text + "\n")
+        self._stderr.flush()
+
+    def clear(self) -> None:
+        """Take a line shown in place away (before output, or at the end)."""
+        if self._showing:
+            self._stderr.write("\r\033[K")
+            self._stderr.flush()
+            self._showing = False
+
+
 async def _call_tool(directory: ToolDirectory, name: str, arguments: dict[str, Any], user: str | None,
-                     groups: list[str] | None, state: str | None, timeout: float | None) -> None:
+                     groups: list[str] | None, state: str | None, timeout: float | None, line: ProgressLine) -> None:
     async with directory:
         tool = directory.check(name, groups, state)
         await _echo_stream(directory.stream(name, arguments, user=user, groups=groups, state=state,
-                                            timeout=_timeout(timeout, tool.service.descriptor)))
+                                            timeout=_timeout(timeout, tool.service.descriptor),
+                                            progress=line.report), line)
         if tool.descriptor.state is not None:
             click.echo(f"state: {state or DEFAULT_STATE} -> {next_state(tool.descriptor, state, True)}", err=True)
 
 
 async def _call_service(directory: ToolDirectory, service_id: str, topic: str | None, config: dict[str, Any],
-                        arguments: dict[str, Any], user: str | None, timeout: float | None) -> None:
+                        arguments: dict[str, Any], user: str | None, timeout: float | None,
+                        line: ProgressLine) -> None:
     async with directory:
         announced = directory.services.get(service_id)
         if announced and announced.rivals and directory.calls.refuse_conflicts and not topic:
@@ -125,13 +166,15 @@ async def _call_service(directory: ToolDirectory, service_id: str, topic: str | 
                 "it: without trusted keys nothing proves which is real (--topic calls a topic you name)")
         descriptor = announced.descriptor if announced and not topic else _installed_service(service_id, topic)
         service = await directory.caller(descriptor)
-        await _echo_stream(service.stream(config, arguments, user=user, timeout=_timeout(timeout, descriptor)))
+        await _echo_stream(service.stream(config, arguments, user=user, timeout=_timeout(timeout, descriptor),
+                                          progress=line.report), line)
 
 
-async def _echo_stream(chunks: AsyncIterator[str]) -> None:
+async def _echo_stream(chunks: AsyncIterator[str], line: ProgressLine) -> None:
     """Print observation chunks as they arrive, then end the line unless the last chunk did."""
     last = "\n"
     async for chunk in chunks:
+        line.clear()
         click.echo(chunk, nl=False)
         last = chunk or last
     if not last.endswith("\n"):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple, TypeGuard
 
 __all__ = [
     "BAD_REQUEST",
@@ -20,6 +20,7 @@ __all__ = [
     "NOT_ALLOWED",
     "OK",
     "OVERLOADED",
+    "PROGRESS",
     "RATE_LIMITED",
     "REDELIVERY_LIMIT",
     "TIMEOUT",
@@ -28,6 +29,7 @@ __all__ = [
     "UNAVAILABLE",
     "UNKNOWN_SESSION",
     "BadRequest",
+    "Progress",
     "Request",
     "Response",
     "TooLarge",
@@ -35,6 +37,7 @@ __all__ = [
     "decode_request",
     "decode_response",
     "encode_error",
+    "encode_progress",
     "encode_request",
     "encode_response",
     "observation",
@@ -60,6 +63,8 @@ RATE_LIMITED = "rate-limited"
 CANCELLED = "cancelled"
 #: The property that marks a message on a service's control topic as a cancel (docs/protocol.md §2.11).
 CANCEL = "tghost-cancel"
+#: The request property by which a caller asks for progress updates (docs/protocol.md §2.12).
+PROGRESS = "tghost-progress"
 #: A request in a caller session carries no MAC for the host that received it (the caller did
 #: not yet know the host): nothing ran, and the caller resends it signed (docs/protocol.md §2.9).
 UNKNOWN_SESSION = "unknown-session"
@@ -93,13 +98,24 @@ class Request:
     arguments: dict[str, Any]
 
 
+class Progress(NamedTuple):
+    """How far a running call has got (docs/protocol.md §2.12): ``done`` units of ``total``
+    (``None``: unknown), and a short ``message`` for a person (or ``None``)."""
+
+    done: float
+    total: float | None = None
+    message: str | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class Response:
-    """A decoded response envelope. ``error`` is ``{"type", "message"}`` or ``None``."""
+    """A decoded response envelope. ``error`` is ``{"type", "message"}`` or ``None``;
+    ``progress`` is set on a progress update (an empty chunk, docs/protocol.md §2.12)."""
 
     response: str
     end_of_stream: bool
     error: dict[str, str] | None = None
+    progress: Progress | None = None
 
 
 def _loads(raw: str, complaint: str) -> Any:
@@ -185,6 +201,13 @@ _RESPONSE_HEAD = b'{"error": null, "response": '
 _END_OF_STREAM = {True: b', "end_of_stream": true}', False: b', "end_of_stream": false}'}
 
 
+def encode_progress(update: Progress) -> bytes:
+    """Encode a progress update: an empty chunk (seed 000 callers join ``""``) with a
+    ``progress`` object, ``{"done", "total", "message"}`` (docs/protocol.md §2.12)."""
+    progress = {"done": update.done, "total": update.total, "message": update.message}
+    return json.dumps({"error": None, "response": "", "end_of_stream": False, "progress": progress}).encode()
+
+
 def encode_error(error_type: str, message: str) -> bytes:
     """Encode an error response; always the last message of its stream."""
     error = {"type": error_type, "message": message}
@@ -205,10 +228,26 @@ def decode_response(payload: bytes) -> Response:
             end_of_stream=bool(envelope.get("end_of_stream", True)),
             error=None if not error else {"type": str(error.get("type", "")),
                                           "message": str(error.get("message", ""))},
+            progress=_progress(envelope.get("progress")),
         )
     except (ValueError, AttributeError, TypeError) as exc:
         raise BadRequest(f"response is not a valid envelope: {exc}") from None
     return response
+
+
+def _progress(value: Any) -> Progress | None:
+    """The progress update in a response's ``progress`` key; ``None`` when absent or malformed
+    (a malformed one is dropped, never an error: it carries nothing the call needs)."""
+    if not isinstance(value, dict):
+        return None
+    done, total, message = value.get("done"), value.get("total"), value.get("message")
+    if not _number(done) or not (total is None or _number(total)):
+        return None
+    return Progress(done, total, message if isinstance(message, str) else None)
+
+
+def _number(value: Any) -> TypeGuard[float]:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def control_topic(request_queue: str) -> str:

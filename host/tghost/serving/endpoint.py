@@ -293,7 +293,7 @@ class ServiceEndpoint:
     async def _answer(self, request: Request, task: asyncio.Task[None]) -> None:
         """Check the request, invoke under the timeout, and send the reply (or error)."""
         try:
-            call = self.terms.check(request.record, request.message, request.cancelled)
+            call = self.terms.check(request, self._port)  # type: ignore[arg-type]
             self._clock.start(task)
             try:
                 await self._invoke(request, call)

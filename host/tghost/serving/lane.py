@@ -101,7 +101,7 @@ class ThreadLane:
             self._refuse(request, wire.UNAVAILABLE, self._terms.refusal(wire.UNAVAILABLE))
             return
         try:
-            result = invoke(self._terms.service, self._terms.check(request.record, request.message, request.cancelled))
+            result = invoke(self._terms.service, self._terms.check(request, self._port))
             if inspect.isawaitable(result):
                 result = self._on_loop(_awaited(result))
             if inspect.isgenerator(result) or inspect.isasyncgen(result):

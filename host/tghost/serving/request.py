@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -65,6 +66,8 @@ UNANSWERABLE = "unanswerable"
 RETURNED = "returned"
 #: The cancel message of a request cancelled by shutdown while it waited for a slot.
 NOT_STARTED = "not started"
+#: Seconds between two progress updates of one call sent to its caller (more are dropped).
+PROGRESS_INTERVAL = 0.1
 
 
 @dataclass
@@ -164,34 +167,34 @@ class Terms:
         broker has their reply, and go back to the broker when a shutdown cuts them off)."""
         return self.descriptor.request_queue.startswith("persistent://")
 
-    def check(self, record: CallRecord, message: Any, cancelled: threading.Event | None = None) -> Call:
-        """The call to make, once the request (a raw ``_pulsar.Message``) passes every check
+    def check(self, request: Request, port: Port) -> Call:
+        """The call to make, once the request (its raw ``_pulsar.Message``) passes every check
         before ``invoke``, in this order: the payload size, the redelivery count (persistent
         topics), the envelope, the host's access policy (``gate``: the caller's signature,
         whether it may call the tool, its rate), ``authorize``, the required config params and
         the service's argument policy. Sets the record's ``user``, ``caller`` and ``arguments``.
-        Safe from any thread.
+        The call's progress updates go to the caller through ``port``. Safe from any thread.
 
         Raises:
             ToolError: with the wire error type of the failed check (``bad-request``,
                 ``redelivery-limit``, ``unauthorized``, ``rate-limited``, ``not-allowed``,
                 ``missing-config``, ``invalid-arguments``).
         """
-        spans = record.spans
+        spans = request.record.spans
         if spans is None:
-            return self._check(record, message, cancelled)
+            return self._check(request, port)
         tracing.end(spans.stage)  # the wait for a slot is over
         check = tracing.child("check", spans.server)
         try:
-            call = self._check(record, message, cancelled, check)
+            call = self._check(request, port, check)
         except ToolError as exc:
             spans.checked(exc.error_type, check)
             raise
         spans.checked(None, check)
         return call
 
-    def _check(self, record: CallRecord, message: Any, cancelled: threading.Event | None,
-               span: Span | None = None) -> Call:
+    def _check(self, request: Request, port: Port, span: Span | None = None) -> Call:
+        record, message = request.record, request.message
         payload = message.data()
         if len(payload) > self.max_payload:
             raise ToolError(f"request is {len(payload)} bytes, over this host's limit of {self.max_payload} "
@@ -201,22 +204,23 @@ class Terms:
                             "it stopped before answering, so it is not invoked again (tghost run "
                             "--max-redeliveries)", wire.REDELIVERY_LIMIT)
         try:
-            request = wire.decode_request(payload)
+            envelope = wire.decode_request(payload)
         except wire.BadRequest as exc:
             raise ToolError(str(exc), wire.BAD_REQUEST) from None
-        record.user, record.arguments = request.user, request.arguments
-        caller = self._admit(request.config, message, payload)
+        record.user, record.arguments = envelope.user, envelope.arguments
+        caller = self._admit(envelope.config, message, payload)
         record.caller = caller
         if self.authorize is not None:
             authorizing = tracing.child("tghost_authorize", span)
-            reason = self.authorize(request.user, self.service_id, request.config, request.arguments, caller)
+            reason = self.authorize(envelope.user, self.service_id, envelope.config, envelope.arguments, caller)
             tracing.end(authorizing, None if reason is None else wire.NOT_ALLOWED)
             if reason is not None:
                 raise ToolError(reason, wire.NOT_ALLOWED)
-        missing = [p for p in self.required_config if p not in request.config]
+        missing = [p for p in self.required_config if p not in envelope.config]
         if missing:
             raise ToolError(f"service {self.service_id!r} needs config param(s) {missing}", wire.MISSING_CONFIG)
-        return Call(request.user, request.config, self.service.check_arguments(request.arguments), caller, cancelled)
+        return Call(envelope.user, envelope.config, self.service.check_arguments(envelope.arguments), caller,
+                    request.cancelled, functools.partial(request.progress, port))
 
     def _admit(self, config: dict[str, Any], message: Any, payload: bytes) -> Caller | None:
         """The verified caller, under the host's access policy (``None`` without one)."""
@@ -338,7 +342,8 @@ class Request:
     caller, so a stream is paced by the broker's receipts.
     """
 
-    __slots__ = ("_lock", "answered", "cancelled", "deadline", "job", "message", "record", "started", "unconfirmed")
+    __slots__ = ("_asked", "_lock", "_progressed", "answered", "cancelled", "deadline", "job", "message", "record",
+                 "started", "unconfirmed")
 
     def __init__(self, record: CallRecord, message: Any) -> None:
         self.record = record
@@ -353,6 +358,8 @@ class Request:
         self.cancelled = threading.Event()
         """Set when the caller cancels the call (``tghost.Context.cancelled`` of a plain ``def`` tool)."""
         self.unconfirmed: list[futures.Future[bool]] = []
+        self._asked: bool | None = None  # whether the caller wants progress updates (None: not looked yet)
+        self._progressed = -math.inf  # when the last one went
         self._lock = threading.Lock()
 
     @property
@@ -387,6 +394,21 @@ class Request:
             return []
         full, self.unconfirmed = self.unconfirmed, []
         return full
+
+    def progress(self, port: Port, update: wire.Progress) -> None:
+        """Send a progress update (docs/protocol.md §2.12), if the caller asked for them (the
+        request's ``tghost-progress`` property) and the call is not answered yet: at most one
+        per :data:`PROGRESS_INTERVAL`, except the one that reaches its total. From any thread."""
+        if self._asked is None:
+            self._asked = wire.PROGRESS in self.message.properties()
+        now = time.monotonic()
+        if not self._asked or (now - self._progressed < PROGRESS_INTERVAL and update.done != update.total):
+            return
+        with self._lock:
+            if self.answered:
+                return
+            self._progressed = now
+            port.send(self.request_id, wire.encode_progress(update))
 
     def rest(self) -> list[futures.Future[bool]]:
         """The chunks not yet confirmed: wait for them before the last reply."""

@@ -11,7 +11,8 @@ Routes:
   (:func:`tghost.adapters.inspector.views.hosts_view`: leases, expired hosts, counters);
 - ``POST /api/call`` (JSON ``{"tool", "arguments", "groups"?, "state"?, "user"?}``): calls the tool
   through the directory, exactly as an agent would, and streams newline-delimited JSON: a
-  ``{"chunk": str, "ms": float}`` per observation chunk, then ``{"done": {"first_chunk_ms",
+  ``{"chunk": str, "ms": float}`` per observation chunk and a ``{"progress": {"done", "total",
+  "message"}, "ms": float}`` per progress update (docs/protocol.md §2.12), then ``{"done": {"first_chunk_ms",
   "total_ms"}}`` or ``{"error": {"type", "message"}, "total_ms"}``. Closing the request cancels
   the call.
 
@@ -52,6 +53,7 @@ from tghost.adapters.inspector.views import hosts_view, snapshot
 from tghost.adapters.web import TransportSecurityMiddleware, transport_security
 from tghost.agent.client import ToolCallError
 from tghost.agent.directory import ToolDirectory
+from tghost.protocol.wire import Progress
 
 __all__ = ["COOKIE", "REFRESH", "SETTLE", "Inspector"]
 
@@ -170,16 +172,42 @@ class Inspector:
 
         known = self.directory.tools.get(tool)
         timeout = (known.service.descriptor.timeout if known else None) or CALL_TIMEOUT
+        events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        calling = asyncio.create_task(self._pump(events, tool, arguments, dict(options, timeout=timeout)))
         try:
-            async for chunk in self.directory.stream(tool, arguments, timeout=timeout, **options):
-                first = first if first is not None else ms()
-                yield {"chunk": chunk, "ms": ms()}
-            yield {"done": {"first_chunk_ms": first, "total_ms": ms()}}
+            while True:
+                kind, value = await events.get()
+                if kind == "chunk":
+                    first = first if first is not None else ms()
+                    yield {"chunk": value, "ms": ms()}
+                elif kind == "progress":
+                    yield {"progress": value._asdict(), "ms": ms()}
+                elif kind == "done":
+                    yield {"done": {"first_chunk_ms": first, "total_ms": ms()}}
+                    return
+                else:
+                    yield {"error": value, "total_ms": ms()}
+                    return
+        finally:  # the page went away (Stop): cancelling the call cancels it on its host
+            calling.cancel()
+            await asyncio.gather(calling, return_exceptions=True)
+
+    async def _pump(self, events: asyncio.Queue[tuple[str, Any]], tool: str, arguments: dict[str, Any],
+                    options: dict[str, Any]) -> None:
+        """Make the call, putting each chunk and progress update on ``events``, then its end:
+        ``("done", None)`` or ``("error", {"type", "message"})``."""
+        def progress(update: Progress) -> None:
+            events.put_nowait(("progress", update))
+
+        try:
+            async for chunk in self.directory.stream(tool, arguments, progress=progress, **options):
+                events.put_nowait(("chunk", chunk))
+            events.put_nowait(("done", None))
         except ToolCallError as exc:
-            yield {"error": {"type": exc.error_type, "message": exc.message}, "total_ms": ms()}
+            events.put_nowait(("error", {"type": exc.error_type, "message": exc.message}))
         except Exception as exc:  # the broker gone, say: the page shows it, the log keeps the trace
             log.exception("inspector: calling %r failed", tool)
-            yield {"error": {"type": type(exc).__name__, "message": str(exc)}, "total_ms": ms()}
+            events.put_nowait(("error", {"type": type(exc).__name__, "message": str(exc)}))
 
 
 class _Guarded:

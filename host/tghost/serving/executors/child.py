@@ -122,6 +122,7 @@ def _cap_memory(max_memory: int) -> None:
 def run_worker(conn: Connection, source: EntryPointSource | ObjectSource, max_memory: int) -> None:
     """Load the service, say ``("ready",)`` (or ``("failed", why)``), then serve calls until the pipe
     closes or says ``None``. Per call, the host gets (see :class:`tghost.serving.executors.process.ProcessExecutor`):
+    ``("progress", (done, total, message))`` for each progress update, then
     ``("result", observation, rss)``; or ``("stream",)``, ``("chunk", observation)`` per chunk and
     ``("end", rss)``; or ``("error", error_type, message, traceback | None, rss)``; or ``("oom", message)``
     and the worker exits (``rss``: bytes after the call, ``None`` without ``max_memory``)."""
@@ -163,7 +164,7 @@ class _Runner:
     def run(self, call: Call) -> bool:
         """Serve one call; False when this worker must end (it ran out of memory)."""
         try:
-            self._invoke(call)
+            self._invoke(call._replace(report=self._report))
         except MemoryError:
             self.conn.send(("oom", "MemoryError: the call needed more memory than this worker may have "
                                    "(tghost run --max-worker-memory); the worker was replaced"))
@@ -174,6 +175,10 @@ class _Runner:
             self.conn.send(("error", wire.TOOL_SERVICE_ERROR, f"{type(exc).__name__}: {exc}",
                             traceback.format_exc(), self.rss()))
         return True
+
+    def _report(self, update: wire.Progress) -> None:
+        """A progress update of the call, to the host (which sends it on if the caller asked)."""
+        self.conn.send(("progress", tuple(update)))
 
     def _invoke(self, call: Call) -> None:
         result = invoke(self.service, call)

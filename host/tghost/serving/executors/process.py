@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from multiprocessing.reduction import ForkingPickler
@@ -81,22 +81,28 @@ class _Worker:
     def pid(self) -> int | None:
         return self.process.pid
 
-    async def receive(self) -> Any:
-        """The next message, read when the pipe is readable (the event loop never blocks on it).
+    async def receive(self, report: Callable[[wire.Progress], None] | None = None) -> Any:
+        """The next message, read when the pipe is readable (the event loop never blocks on it);
+        the call's progress updates on the way are handed to ``report`` (dropped without one).
 
         Raises:
             EOFError: the worker died (its end of the pipe closed).
         """
         loop = asyncio.get_running_loop()
-        while not self.conn.poll():
-            ready: asyncio.Future[None] = loop.create_future()
-            fd = self.conn.fileno()
-            loop.add_reader(fd, _wake, ready)
-            try:
-                await ready
-            finally:
-                loop.remove_reader(fd)
-        return self.conn.recv()
+        while True:
+            while not self.conn.poll():
+                ready: asyncio.Future[None] = loop.create_future()
+                fd = self.conn.fileno()
+                loop.add_reader(fd, _wake, ready)
+                try:
+                    await ready
+                finally:
+                    loop.remove_reader(fd)
+            message = self.conn.recv()
+            if message[0] != "progress":
+                return message
+            if report is not None:
+                report(wire.Progress(*message[1]))
 
     async def exit_code(self, timeout: float = KILL_AFTER) -> int | None:
         """Wait up to ``timeout`` seconds for the process to end; its exit code (negative: signal)."""
@@ -153,7 +159,7 @@ class ProcessExecutor(Executor):
 
     async def run(self, call: Call, span: Span | None = None) -> Outcome:
         try:
-            request = ForkingPickler.dumps(call._replace(cancelled=None))  # the worker is killed instead
+            request = ForkingPickler.dumps(call._replace(cancelled=None, report=None))  # the worker is killed instead
         except Exception as exc:
             raise ToolError(f"the arguments cannot be sent to a worker process of service {self.service_id!r}: "
                             f"{type(exc).__name__}: {exc}", wire.TOOL_SERVICE_ERROR) from None
@@ -163,12 +169,12 @@ class ProcessExecutor(Executor):
         try:
             try:
                 worker.conn.send_bytes(request)
-                message = await worker.receive()
+                message = await worker.receive(call.report)
             except BaseException as exc:
                 self._busy -= 1
                 raise await self._lost(worker, exc) from None
             if message[0] == "stream":
-                return self._stream(worker, traced)
+                return self._stream(worker, traced, call.report)
             self._busy -= 1
             outcome = self._finish(worker, message)
         except BaseException as exc:
@@ -177,13 +183,14 @@ class ProcessExecutor(Executor):
         tracing.end(traced)
         return outcome
 
-    async def _stream(self, worker: _Worker, traced: Span | None) -> AsyncGenerator[str, None]:
+    async def _stream(self, worker: _Worker, traced: Span | None,
+                      report: Callable[[wire.Progress], None] | None) -> AsyncGenerator[str, None]:
         finished = False
         error: str | None = "cancelled"
         try:
             while True:
                 try:
-                    message = await worker.receive()
+                    message = await worker.receive(report)
                 except BaseException as exc:
                     finished = True
                     raise await self._lost(worker, exc) from None

@@ -232,7 +232,9 @@
         while ((newline = buffer.indexOf("\n")) >= 0) {
           const line = JSON.parse(buffer.slice(0, newline));
           buffer = buffer.slice(newline + 1);
-          if ("chunk" in line) {
+          if (line.progress) {
+            showProgress(log, line.progress);
+          } else if ("chunk" in line) {
             chunks += 1;
             out.append(el("span", { className: "chunk", text: line.chunk }));
             $("timing").textContent = `${chunks} chunk${chunks === 1 ? "" : "s"} · ${line.ms} ms`;
@@ -265,6 +267,21 @@
       $("stop").disabled = true;
       remember(entry);
     }
+  }
+
+  // A progress update (docs/protocol.md §2.12): one bar and line in the log, updated in place.
+  function showProgress(log, update) {
+    let box = log.querySelector(".progress");
+    if (!box) {
+      box = el("div", { className: "progress" }, el("progress", { max: 1 }), el("span"));
+      log.querySelector(".call-head").after(box);
+    }
+    const bar = box.querySelector("progress");
+    const known = update.total !== null && update.total > 0;
+    if (known) bar.value = Math.min(update.done / update.total, 1); else bar.removeAttribute("value");
+    bar.setAttribute("aria-label", "progress");
+    const amount = known ? `${update.done}/${update.total} (${Math.round(100 * update.done / update.total)}%)` : `${update.done}`;
+    box.querySelector("span").textContent = update.message ? `${amount} ${update.message}` : amount;
   }
 
   function remember(entry) {
