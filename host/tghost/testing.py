@@ -9,6 +9,7 @@ them over the real wire, :func:`check_conformance` for any service's wire behavi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import inspect
 import json
@@ -194,8 +195,10 @@ class LocalHost:
         """
         service_id, merged = self.request(name, config)
         caller = await self.caller(service_id)
-        async for chunk in caller.stream(merged, arguments or {}, user=user, timeout=timeout, progress=progress):
-            yield chunk
+        async with contextlib.aclosing(caller.stream(merged, arguments or {}, user=user, timeout=timeout,
+                                                     progress=progress)) as chunks:
+            async for chunk in chunks:
+                yield chunk
 
 
 @pytest.hookimpl

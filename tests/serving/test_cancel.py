@@ -82,11 +82,24 @@ def stubborn(seconds: float, mark: str) -> str:
     return "done at last"
 
 
+@tghost.tool(max_concurrency=1)
+async def drip(mark: str):
+    """Stream one chunk, then nothing for a minute."""
+    yield "first"
+    try:
+        await asyncio.sleep(60)
+    except asyncio.CancelledError:
+        pathlib.Path(mark, "cancelled").touch()
+        raise
+    yield "never"
+
+
 @tghost.hookimpl
 def tghost_register_services(register):
     register(nap)
     register(grind)
     register(stubborn)
+    register(drip)
 '''
 
 
@@ -138,6 +151,22 @@ async def test_a_cancelled_call_stops_on_its_host_and_frees_the_slot_at_once(
         assert answer in ("rested", "ground", "done at last")
         assert stuck == (1 if tool == "stubborn" else 0)
     assert [r.status for r in records] == [wire.CANCELLED, wire.OK]
+
+
+async def test_closing_a_stream_early_cancels_its_call_on_the_host(
+    pulsar_broker: EmbeddedBroker, slow: Catalog, tmp_path: Path
+) -> None:
+    records: list[CallRecord] = []
+    mark = marks(tmp_path, "drip")
+    async with LocalHost(pulsar_broker.url, slow, listeners=[records.append]) as host:
+        chunks = host.stream("drip", {"mark": str(mark)}, timeout=90)
+        assert await anext(chunks) == "first"
+        await chunks.aclose()  # the caller stops reading: an explicit cancel
+        deadline = time.monotonic() + 10
+        while not records:
+            assert time.monotonic() < deadline, "the host never stopped the call"
+            await asyncio.sleep(0.02)
+    assert records[0].status == wire.CANCELLED and (mark / "cancelled").exists()
 
 
 async def test_a_caller_still_listening_gets_a_cancelled_reply(pulsar_broker: EmbeddedBroker, slow: Catalog,

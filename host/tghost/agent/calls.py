@@ -7,6 +7,7 @@ the directory hands it the live tools.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import Counter
@@ -214,9 +215,10 @@ class ToolCalls:
         try:
             tool = self.check(name, groups, state, allowed_groups)
             caller = await self.caller(tool.service.descriptor)
-            async for chunk in caller.stream(tool.descriptor.config, arguments, user=user, timeout=timeout,
-                                             tool=name, progress=progress):
-                yield chunk
+            async with contextlib.aclosing(caller.stream(tool.descriptor.config, arguments, user=user,
+                                                         timeout=timeout, tool=name, progress=progress)) as chunks:
+                async for chunk in chunks:  # closed with this one: a caller that stops reading cancels the call
+                    yield chunk
         except ToolCallError as exc:
             status = exc.error_type
             raise

@@ -14,7 +14,7 @@ import inspect
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from typing import Any
 
 import pulsar
@@ -116,7 +116,7 @@ class ToolServiceClient:
         timeout: float = 60.0,
         tool: str | None = None,
         progress: Callable[[wire.Progress], Any] | None = None,
-    ) -> AsyncIterator[str]:
+    ) -> AsyncGenerator[str, None]:
         """Send one request and yield each non-empty observation chunk until end of stream.
 
         ``timeout`` is seconds for the whole call. ``tool`` names the call's span when tracing
