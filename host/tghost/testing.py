@@ -146,7 +146,7 @@ class LocalHost:
             descriptor = self.descriptors[service_id]
             assert self.client is not None, "use 'async with LocalHost(...)'"
             caller = await ToolServiceClient(
-                self.client, descriptor.request_queue, descriptor.response_queue
+                self.client, descriptor.request_queue, descriptor.response_queue, service_id=service_id
             ).start()
             self._clients[service_id] = caller
             return caller

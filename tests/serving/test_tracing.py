@@ -75,6 +75,9 @@ async def test_one_trace_joins_the_callers_span_and_the_hosts_with_its_stages(
     assert found["queue"].end_time <= found["check"].start_time <= found["check"].end_time <= found["invoke"].start_time
     assert host.attributes["rpc.system"] == "tghost" and host.attributes["rpc.service"] == "shout"
     assert caller.attributes["rpc.method"] == "shout" and caller.attributes["messaging.system"] == "pulsar"
+    assert caller.attributes["rpc.service"] == host.attributes["rpc.service"] == "shout"
+    conversation = "messaging.message.conversation_id"
+    assert caller.attributes[conversation] == host.attributes[conversation] == records[0].request_id
     assert records[0].trace_id == format(caller.context.trace_id, "032x")
     assert audit_entry(records[0])["trace_id"] == records[0].trace_id  # an audit line leads to its trace
 
@@ -102,7 +105,7 @@ async def test_a_raw_traceparent_is_continued_and_a_malformed_one_starts_a_new_t
         await raw.send(body, {"id": "malformed", "traceparent": "00-not-a-trace-id-01"})
         assert (await raw.replies("continued"))[0][1]["response"] == "X"
         assert (await raw.replies("malformed"))[0][1]["response"] == "X"
-    served = {span.attributes["messaging.message.id"]: span for span in spans.get_finished_spans()
+    served = {span.attributes["messaging.message.conversation_id"]: span for span in spans.get_finished_spans()
               if span.name == "serve shout"}
     assert format(served["continued"].context.trace_id, "032x") == "4bf92f3577b34da6a3ce929d0e0e4736"
     assert format(served["continued"].parent.span_id, "016x") == "00f067aa0ba902b7"
@@ -126,7 +129,7 @@ async def test_an_error_reply_marks_both_sides_with_its_error_type(
 def test_tracing_off_makes_no_spans_and_asking_for_an_unknown_exporter_says_what_to_use(
     pulsar_broker: EmbeddedBroker
 ) -> None:
-    assert not tracing.ON and tracing.client_span("non-persistent://tg/request/s", "t") is None
+    assert not tracing.ON and tracing.client_span("non-persistent://tg/request/s", "r1", "t") is None
     result = tghost_cli("call", "shout", "text=x", "--otel", env={**os.environ, "TGHOST_PULSAR_URL": pulsar_broker.url,
                                                 "OTEL_TRACES_EXPORTER": "jaeger-thrift"})
     assert result.returncode == 2 and "use console, otlp or none" in result.stderr and "Traceback" not in result.stderr

@@ -174,7 +174,8 @@ class ToolCalls:
                     descriptor.request_queue, descriptor.response_queue):
                 assert self.client is not None, "start the directory first"
                 caller = await ToolServiceClient(self.client, descriptor.request_queue, descriptor.response_queue,
-                                                 self.identity, lambda: self.session_keys(descriptor.id)).start()
+                                                 self.identity, lambda: self.session_keys(descriptor.id),
+                                                 service_id=descriptor.id).start()
                 self._callers[descriptor.id] = caller
             return caller
 

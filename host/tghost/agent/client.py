@@ -62,11 +62,14 @@ class ToolServiceClient:
     caller is anonymous. ``host_keys`` gives the session keys the service's hosts announce now
     (a directory knows them): with an identity and any such key, requests go in a caller session
     instead, MACed for those hosts (§2.9), and one a host cannot check is resent signed.
+    ``service_id`` names the service in the call's span (default: the request topic's last part).
     """
 
     def __init__(self, client: pulsar.asyncio.Client, request_queue: str, response_queue: str,
-                 identity: Signer | None = None, host_keys: Callable[[], Sequence[str]] | None = None) -> None:
+                 identity: Signer | None = None, host_keys: Callable[[], Sequence[str]] | None = None,
+                 service_id: str | None = None) -> None:
         self._client = client
+        self.service_id = service_id
         self.identity = identity
         self._host_keys = host_keys
         self._session: CallerSession | None = None
@@ -133,7 +136,7 @@ class ToolServiceClient:
         request_id = uuid.uuid4().hex
         queue: asyncio.Queue[wire.Response | Exception] = asyncio.Queue()
         self._pending[request_id] = queue
-        span = tracing.client_span(self.request_queue, tool)
+        span = tracing.client_span(self.request_queue, request_id, tool, self.service_id)
         failed: str | None = "cancelled"
         try:
             async with asyncio.timeout(timeout):

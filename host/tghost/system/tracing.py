@@ -97,16 +97,17 @@ def flush() -> None:
         _provider.force_flush(FLUSH_TIMEOUT_MS)
 
 
-def client_span(topic: str, tool: str | None = None) -> Span | None:
-    """A caller's span for one call to the service whose request ``topic`` is given (``None``
-    while tracing is off): kind CLIENT, named ``call <tool or service>``; the service is the
-    topic's last part."""
+def client_span(topic: str, request_id: str, tool: str | None = None, service: str | None = None) -> Span | None:
+    """A caller's span for request ``request_id`` to the service whose request ``topic`` is
+    given (``None`` while tracing is off): kind CLIENT, named ``call <tool or service>``; the
+    ``service`` id defaults to the topic's last part."""
     if not ON:
         return None
-    service = topic.rsplit("/", 1)[-1]
+    service = service or topic.rsplit("/", 1)[-1]
     return _tracer.start_span(f"call {tool or service}", kind=SpanKind.CLIENT, attributes={
         "rpc.system": "tghost", "rpc.service": service, "messaging.system": "pulsar",
-        "messaging.destination.name": topic, **({"rpc.method": tool} if tool else {})})
+        "messaging.destination.name": topic, "messaging.message.conversation_id": request_id,
+        **({"rpc.method": tool} if tool else {})})
 
 
 def inject(properties: MutableMapping[str, str], span: Span | None) -> None:
@@ -124,7 +125,7 @@ def server_span(service: str, topic: str, properties: Mapping[str, str]) -> Span
     return _tracer.start_span(f"serve {service}", context=propagate.extract(properties), kind=SpanKind.SERVER,
                               attributes={"rpc.system": "tghost", "rpc.service": service,
                                           "messaging.system": "pulsar", "messaging.destination.name": topic,
-                                          "messaging.message.id": properties.get("id", "")})
+                                          "messaging.message.conversation_id": properties.get("id", "")})
 
 
 def child(name: str, parent: Span | None, **attributes: Any) -> Span | None:
