@@ -204,8 +204,13 @@ def tghost_run(env: dict[str, str]) -> AbstractContextManager[subprocess.Popen[b
 
 
 def cpu_seconds(pids: Sequence[int]) -> list[float]:
-    """User + system CPU seconds used so far by each of these processes."""
-    return [sum(psutil.Process(pid).cpu_times()[:2]) for pid in pids]
+    """User + system CPU seconds used so far by each of these processes and their live children
+    (a host's worker processes under process isolation)."""
+    return [sum(sum(p.cpu_times()[:2]) for p in _with_children(psutil.Process(pid))) for pid in pids]
+
+
+def _with_children(proc: psutil.Process) -> list[psutil.Process]:
+    return [proc, *proc.children(recursive=True)]
 
 
 def rss_mib(pid: int) -> float:

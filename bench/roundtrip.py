@@ -20,6 +20,11 @@ The raw sync caller is a ``pulsar.Client`` (no tghost): ``producer.send`` (it wa
 broker's receipt), then the reply, routed by its ``id`` property by a message listener, is
 awaited on a ``concurrent.futures.Future``; concurrency N is N threads.
 
+Start-up (issue 25): whole processes against their yardsticks, A and B in turn, with fresh
+bytecode (a private ``PYTHONPYCACHEPREFIX``, warmed by one run of each): ``tghost --help`` against
+``python -c "import click, pulsar"``; ``tghost tools`` and ``tghost call echo`` against
+bench/raw_tools.py, which reads the same announcements with pulsar-client alone.
+
 Each row is measured ``reps`` times, the rows interleaved (a to a4, b to b2, t, d, then again),
 every repetition against servers started for it alone, and the table gives the median of each
 column: serial p50/p99 latency, throughput at concurrency 1/16/64, the server process's CPU
@@ -31,7 +36,9 @@ from __future__ import annotations
 
 import asyncio
 import statistics
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -39,6 +46,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import pulsar
@@ -53,6 +61,7 @@ from .common import (
     ECHO,
     ECHO_ARGS,
     READY_TIMEOUT,
+    REPO,
     Call,
     broker,
     cpu_seconds,
@@ -270,15 +279,64 @@ async def run(url: str, sizes: Sizes) -> tuple[list[dict[str, Any]], list[dict[s
     return server_rows, caller_rows
 
 
+#: Start-up rows: (label, the tghost command's arguments, the yardstick's label).
+STARTUP = (
+    ("tghost --help", ["--help"], "python -c 'import click, pulsar'"),
+    ("tghost tools", ["tools"], "bench/raw_tools.py"),
+    ("tghost call echo", ["call", "echo", "text=hi"], "bench/raw_tools.py"),
+)
+
+
+def startup(url: str, runs: int) -> list[dict[str, Any]]:
+    """Wall ms of each start-up row and of its yardstick, median of ``runs`` pairs run in turn,
+    against one ``tghost run`` serving the echo (docs/benchmarks.md §14)."""
+    with ExitStack() as stack:
+        env = stack.enter_context(host_env(url, {"echo": ECHO}))
+        stack.enter_context(process([sys.executable, "-m", "tghost", "run", "--log-level", "warning"], env))
+        pyc = stack.enter_context(tempfile.TemporaryDirectory(prefix="tghost-pyc-"))
+        env = {key: value for key, value in env.items() if key != "PYTHONDONTWRITEBYTECODE"}
+        env["PYTHONPYCACHEPREFIX"] = pyc
+        tghost = [str(Path(sys.executable).with_name("tghost"))]
+        yardsticks = {"python -c 'import click, pulsar'": [sys.executable, "-c", "import click, pulsar"],
+                      "bench/raw_tools.py": [sys.executable, "bench/raw_tools.py", url,
+                                             env["TGHOST_DESCRIPTORS_TOPIC"]]}
+        asyncio.run(_until_listed(url, env["TGHOST_DESCRIPTORS_TOPIC"]))
+        rows = []
+        for label, args, yardstick in STARTUP:
+            commands = (tghost + args, yardsticks[yardstick])
+            for command in commands:  # warm: compile the bytecode once
+                _wall_ms(command, env)
+            pairs = [(_wall_ms(commands[0], env), _wall_ms(commands[1], env)) for _ in range(runs)]
+            mine, theirs = statistics.median(a for a, _ in pairs), statistics.median(b for _, b in pairs)
+            rows.append({"command": label, "wall_ms": round(mine), "yardstick": yardstick,
+                         "yardstick_ms": round(theirs), "ratio": ratio(mine, theirs)})
+        return rows
+
+
+async def _until_listed(url: str, topic: str) -> None:
+    async with ToolDirectory(PulsarSettings(url), topic) as directory:
+        await directory.wait_for("echo", READY_TIMEOUT)
+
+
+def _wall_ms(command: list[str], env: dict[str, str]) -> float:
+    """Milliseconds from starting ``command`` to its exit (it must exit 0)."""
+    started = time.perf_counter()
+    subprocess.run(command, env=env, cwd=REPO, check=True, capture_output=True, timeout=60)
+    return since_ms(started)
+
+
 def main(quick: bool = False) -> None:
     sizes = QUICK if quick else FULL
     with broker() as running:
         server_rows, caller_rows = asyncio.run(run(running.url, sizes))
+        startup_rows = startup(running.url, 3 if quick else 15)
     what = (f"{sizes.serial} serial calls, {sizes.per_level} calls per concurrency level {', '.join(map(str, LEVELS))} "
             f"(calls/s), server CPU µs per call; medians of {sizes.reps} interleaved repetitions, "
             "servers started anew for each")
     report("roundtrip", f"Round trip, servers: {what}", server_rows, asdict(sizes))
     report("roundtrip-callers", f"Round trip, callers of tghost run: {what}", caller_rows, asdict(sizes))
+    report("roundtrip-startup", "Start-up: whole commands against their yardsticks, wall ms, medians of "
+                                f"{3 if quick else 15} pairs run in turn, fresh bytecode", startup_rows)
 
 
 if __name__ == "__main__":

@@ -533,3 +533,18 @@ def test_a_host_stopped_while_its_broker_is_down_withdraws_nothing_and_exits(
     assert host.finish() == 0
     assert "not connected to the broker: withdrawing nothing; entries expire after the 30.0s lease" in host.log
     assert "could not withdraw" not in host.log
+
+
+def test_help_lists_every_command_by_its_own_first_line_without_importing_any() -> None:
+    from tghost.cli.app import COMMANDS, cli
+
+    ctx = click.Context(cli)
+    for name, entry in COMMANDS.items():  # the table's help is the command's own
+        assert cli.get_command(ctx, name).get_short_help_str(10_000) == entry.help, name  # type: ignore[union-attr]
+    probe = ("import sys\nfrom tghost.cli.app import cli\ntry:\n    cli(['--help'])\nexcept SystemExit:\n    pass\n"
+             "print(sorted(m for m in sys.modules if m.startswith('tghost.cli.') or m in "
+             "('pydantic', 'cryptography', 'opentelemetry', 'pulsar')))")
+    shown = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    listed, imported = shown.rsplit("\n", 2)[0], shown.rsplit("\n", 2)[1]
+    assert all(f"  {name} " in listed for name in COMMANDS)
+    assert imported == "['tghost.cli.app']"  # no command module, and none of the heavy libraries

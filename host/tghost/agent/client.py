@@ -15,11 +15,10 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pulsar
 import pulsar.asyncio
-from opentelemetry.trace import Span
 
 from tghost.protocol import wire
 from tghost.protocol.callers import sign_request
@@ -27,6 +26,9 @@ from tghost.protocol.sessions import CallerSession
 from tghost.protocol.trust import Signer
 from tghost.pulsar import hop
 from tghost.system import tracing
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 __all__ = ["ToolCallError", "ToolServiceClient"]
 

@@ -14,14 +14,16 @@ and a catch-up of thousands of tools pays nothing until someone searches.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple
-
-import tantivy
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from tghost.agent.entries import DirectoryTool
 from tghost.protocol.descriptors import ToolDescriptor
+
+if TYPE_CHECKING:
+    import tantivy
 
 __all__ = ["FIELD_BOOSTS", "MAX_LIMIT", "MAX_WORDS", "Found", "SearchError", "ToolIndex", "check_limit", "words_of"]
 
@@ -41,6 +43,8 @@ ANALYZER = "tghost_en"
 
 
 def _analyzer() -> tantivy.TextAnalyzer:
+    import tantivy
+
     """Words (letters and digits of any script), lowercased, without English stop words
     ("is", "the", "in", ...), Snowball-stemmed: "forecasts" and "forecasting" are one word."""
     return (tantivy.TextAnalyzerBuilder(tantivy.Tokenizer.simple()).filter(tantivy.Filter.remove_long(40))
@@ -105,14 +109,21 @@ class ToolIndex:
     one event loop uses it."""
 
     def __init__(self) -> None:
+        self._pending: dict[str, ToolDescriptor | None] = {}
+        self._count = 0
+
+    @functools.cached_property
+    def _index(self) -> tantivy.Index:
+        """The index, made at the first search (a directory that never searches never loads tantivy)."""
+        import tantivy
+
         builder = tantivy.SchemaBuilder()
         builder.add_text_field("key", stored=True, tokenizer_name="raw")
         for field in FIELD_BOOSTS:
             builder.add_text_field(field, tokenizer_name=ANALYZER)
-        self._index = tantivy.Index(builder.build())
-        self._index.register_tokenizer(ANALYZER, _analyzer())
-        self._pending: dict[str, ToolDescriptor | None] = {}
-        self._count = 0
+        index = tantivy.Index(builder.build())
+        index.register_tokenizer(ANALYZER, _analyzer())
+        return index
 
     def put(self, name: str, descriptor: ToolDescriptor | None) -> None:
         """Note that tool ``name`` now has ``descriptor`` (``None``: it is no longer live)."""
@@ -122,6 +133,8 @@ class ToolIndex:
         """Write every noted change, then commit and reload: one tantivy commit per batch."""
         if not self._pending:
             return
+        import tantivy
+
         writer = self._index.writer(heap_size=WRITER_HEAP, num_threads=1)
         for name, descriptor in self._pending.items():
             writer.delete_documents_by_term("key", name)

@@ -9,12 +9,19 @@ import logging
 import os
 import signal
 import sys
+from typing import NamedTuple
 
 import click
 
 from tghost._version import __version__
-from tghost.pulsar.clients import BrokerError
-from tghost.system import tracing
+from tghost.system import exits
+
+
+def _broker_error(exc: Exception) -> bool:
+    """Whether ``exc`` is a :class:`~tghost.pulsar.clients.BrokerError` (looked up only if that
+    module was imported: a command that never reached for Pulsar never raises one)."""
+    clients = sys.modules.get("tghost.pulsar.clients")
+    return clients is not None and isinstance(exc, clients.BrokerError)
 
 
 def main() -> None:
@@ -29,42 +36,80 @@ def main() -> None:
     ignored, as a non-interactive shell does for ``cmd &``.
     """
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    exits.end_at_once()
     try:
         cli(prog_name="tghost")
         code = 0
-    except BrokerError as exc:  # any command that could not reach Pulsar: the message says what to do
-        click.echo(f"Error: {exc}", err=True)
-        code = 1
     except SystemExit as exc:
         if isinstance(exc.code, str):
             click.echo(exc.code, err=True)
         code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
-    tracing.flush()  # spans still buffered: os._exit runs no atexit hook
+    except Exception as exc:
+        if not _broker_error(exc):
+            raise
+        click.echo(f"Error: {exc}", err=True)  # a command that could not reach Pulsar: it says what to do
+        code = 1
+    if (tracing := sys.modules.get("tghost.system.tracing")) is not None:
+        tracing.flush()  # spans still buffered: os._exit runs no atexit hook
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
 
 
-#: Each command's module (``tghost.cli.<module>``), imported only when that command runs (or
-#: ``--help`` lists them all): ``tghost tools`` never imports what ``tghost run`` needs.
-COMMANDS = {"broker": "broker", "call": "call", "tools": "directory", "watch": "directory",
-            "export": "directory", "mcp": "directory", "inspect": "directory", "keygen": "keys", "new": "plugins",
-            "install": "plugins", "uninstall": "plugins", "plugins": "plugins", "run": "run",
-            "status": "status", "trustgraph": "trustgraph"}
+class Entry(NamedTuple):
+    """A command's module (``tghost.cli.<module>``) and its one-line help."""
+
+    module: str
+    help: str
+
+
+#: Each command's module, imported only when that command runs: ``tghost tools`` never imports
+#: what ``tghost run`` needs, and ``tghost --help`` imports none (it lists the ``help`` here,
+#: which a test keeps equal to each command's own first line).
+COMMANDS = {
+    "broker": Entry("broker", "Run the embedded pulsar-lite broker here until Ctrl-C, SIGTERM or SIGHUP."),
+    "call": Entry("call", "Call a tool by name (through the live directory), or a service with --service."),
+    "export": Entry("directory", "Write the live tools as JSON on stdout, in the shape another agent loads."),
+    "inspect": Entry("directory", "See and try the live directory in a web browser, until Ctrl-C."),
+    "install": Entry("plugins", "pip install plugins into the environment tghost runs in, as 'llm install' does."),
+    "keygen": Entry("keys", "Write an Ed25519 key pair for signed announcements."),
+    "mcp": Entry("directory", "Serve the live tools to MCP clients (Model Context Protocol), until Ctrl-C or the "
+                              "client leaves."),
+    "new": Entry("plugins", "Write a new plugin distribution, tghost-NAME/, ready to install, test and serve."),
+    "plugins": Entry("plugins", "List every installed plugin: what it serves, what failed and why, and what was "
+                                "blocked (by --load-plugins/--disable-plugins or their env vars) and by which "
+                                "setting."),
+    "run": Entry("run", "Serve every installed tool-service plugin on Pulsar."),
+    "status": Entry("status", "Ask a running 'tghost run --metrics-port PORT' how it is: connected to Pulsar or "
+                              "not, the services it serves and their workers (isolation, stuck threads, restarted "
+                              "processes by reason), its uptime and the last error it logged."),
+    "tools": Entry("directory", "List the live tools every agent can see, as announced by running hosts."),
+    "trustgraph": Entry("trustgraph", "Work with a TrustGraph deployment on the same Pulsar cluster."),
+    "uninstall": Entry("plugins", "pip uninstall -y plugins from the environment tghost runs in."),
+    "watch": Entry("directory", "Follow the live tool set: tools added, updated, removed or expired, until Ctrl-C."),
+}
 
 
 class LazyGroup(click.Group):
     """A click group whose commands register themselves when :data:`COMMANDS` says their module
-    is imported (click's documented lazy-loading pattern)."""
+    is imported (click's documented lazy-loading pattern); its help lists them without importing."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(set(super().list_commands(ctx)) | set(COMMANDS))
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name not in self.commands and cmd_name in COMMANDS:
-            importlib.import_module(f"{__package__}.{COMMANDS[cmd_name]}")
+            importlib.import_module(f"{__package__}.{COMMANDS[cmd_name].module}")
         return super().get_command(ctx, cmd_name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The commands and their one-line help, as click lists them, from :data:`COMMANDS`."""
+        names = self.list_commands(ctx)
+        limit = formatter.width - 6 - max(len(name) for name in names)
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, click.Command(name, help=COMMANDS[name].help).get_short_help_str(limit))
+                                for name in names])
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

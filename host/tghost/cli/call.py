@@ -6,12 +6,11 @@ from __future__ import annotations
 import asyncio
 import sys
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from tghost.agent.client import ToolCallError
-from tghost.agent.directory import ToolDirectory
 from tghost.cli.app import cli
 from tghost.cli.options import (
     filter_options,
@@ -23,13 +22,15 @@ from tghost.cli.options import (
     pulsar_options,
     trust_options,
 )
-from tghost.discovery.discover import discover
 from tghost.protocol.descriptors import ToolServiceDescriptor, request_queue, response_queue
 from tghost.protocol.groups import DEFAULT_STATE, next_state
 from tghost.protocol.trust import Signer, TrustedKeys
 from tghost.protocol.wire import Progress
 from tghost.pulsar.clients import PulsarSettings
 from tghost.serving.settings import ServeSettings
+
+if TYPE_CHECKING:
+    from tghost.agent.directory import ToolDirectory
 
 
 @cli.command()
@@ -190,6 +191,8 @@ def _installed_service(service_id: str, topic: str | None) -> ToolServiceDescrip
     if topic:
         return ToolServiceDescriptor.model_validate(
             {"id": service_id, "request-queue": request_queue(topic), "response-queue": response_queue(topic)})
+    from tghost.discovery.discover import discover
+
     catalog = discover(strict=False)
     catalog.shutdown()  # only its descriptors are needed
     descriptor = catalog.descriptors.get(service_id)

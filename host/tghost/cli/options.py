@@ -17,17 +17,14 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import click
 
-from tghost.agent.directory import ToolDirectory
-from tghost.announcing.announcer import DEFAULT_TOPIC
-from tghost.discovery.config import config_path, default_config_path
-from tghost.discovery.discover import PluginSelection
-from tghost.operate.audit import AuditLog
-from tghost.protocol.trust import KeyFileError, Signer, TrustedKeys
+from tghost.protocol.announcement import DEFAULT_TOPIC
 from tghost.pulsar.clients import DEFAULT_URL, PulsarSettings, is_reachable
-from tghost.system import tracing
+from tghost.system.paths import config_path, default_config_path
 
-if TYPE_CHECKING:  # imported when used: only 'tghost run' serves or exposes metrics
+if TYPE_CHECKING:  # imported when used, by the commands that use them (start-up: docs/benchmarks.md §14)
+    from tghost.agent.directory import ToolDirectory
     from tghost.operate.metrics import HostMonitor
+    from tghost.protocol.trust import Signer, TrustedKeys
     from tghost.serving.request import CallListener
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -124,6 +121,8 @@ def selection_options(fn: F) -> F:
     """--load-plugins / --disable-plugins; the command gets one ``selection: PluginSelection``."""
     @functools.wraps(fn)
     def with_selection(*args: Any, load_plugins: str | None, disable_plugins: str | None, **kwargs: Any) -> Any:
+        from tghost.discovery.discover import PluginSelection
+
         return fn(*args, selection=PluginSelection.from_settings(load_plugins, disable_plugins), **kwargs)
 
     wrapped: Any = click.option(
@@ -154,6 +153,8 @@ def trust_options(fn: F) -> F:
     gets one ``trusted: TrustedKeys | None`` (``None``: open mode, every host is believed)."""
     @functools.wraps(fn)
     def with_trust(*args: Any, trusted_keys: tuple[Path, ...], **kwargs: Any) -> Any:
+        from tghost.protocol.trust import KeyFileError, TrustedKeys
+
         try:
             trusted = TrustedKeys.from_files(trusted_keys) if trusted_keys else None
         except KeyFileError as exc:
@@ -173,6 +174,8 @@ def identity_options(fn: F) -> F:
     requests with; the command gets ``identity: Signer | None`` (``None``: anonymous)."""
     @functools.wraps(fn)
     def with_identity(*args: Any, identity_key: Path | None, **kwargs: Any) -> Any:
+        from tghost.protocol.trust import KeyFileError, Signer
+
         try:
             identity = Signer.from_file(identity_key) if identity_key is not None else None
         except KeyFileError as exc:
@@ -193,6 +196,8 @@ def otel_option(fn: F) -> F:
     @functools.wraps(fn)
     def with_otel(*args: Any, otel: bool, **kwargs: Any) -> Any:
         if otel:
+            from tghost.system import tracing
+
             try:
                 tracing.setup(f"tghost-{click.get_current_context().info_name}")
             except tracing.TracingError as exc:
@@ -232,6 +237,8 @@ class Operations:
                         "--metrics-port (env TGHOST_METRICS_PORT) or --metrics-host") from None
                 listeners += monitor.listeners
             if self.audit_log is not None:
+                from tghost.operate.audit import AuditLog
+
                 try:
                     listeners.append(stack.enter_context(AuditLog.open(self.audit_log, arguments=self.audit_arguments)))
                 except OSError as exc:
@@ -309,6 +316,8 @@ def open_directory(pulsar: PulsarSettings, topic: str, trusted: TrustedKeys | No
                    wait: bool = False, identity: Signer | None = None) -> ToolDirectory:
     """A directory (not started yet). A one-shot command fails at once when no broker answers;
     with ``wait`` (a follower: watch, mcp) starting it waits up to ``--connect-timeout``."""
+    from tghost.agent.directory import ToolDirectory
+
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if not wait:
         require_broker(pulsar.url)

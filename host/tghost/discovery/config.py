@@ -19,24 +19,11 @@ from pydantic import ValidationError
 from tghost.discovery.discover import Catalog, PluginReport
 from tghost.protocol.access import AccessError, AccessPolicy
 from tghost.protocol.descriptors import ToolDescriptor, ToolServiceDescriptor, describe_validation_error
-from tghost.system.paths import app_dir
+from tghost.system.paths import config_path, default_config_path
 
 __all__ = ["ConfigError", "config_path", "default_config_path", "load_config_tools", "read_config"]
 
 log = logging.getLogger(__name__)
-
-
-def default_config_path() -> Path:
-    """``tools.toml`` in the platform's app dir for tghost, e.g. ``~/.config/tghost/tools.toml``."""
-    return app_dir() / "tools.toml"
-
-
-def config_path(given: Path | None) -> Path | None:
-    """The config file to read: ``given`` (``--config``/``TGHOST_CONFIG``), else the default one
-    if it exists, else ``None``."""
-    if given is None and default_config_path().exists():
-        return default_config_path()
-    return given
 
 
 class ConfigError(ValueError):

@@ -21,13 +21,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from tghost.protocol.trust import KeyFileError, key_id, load_public_key
+
+if TYPE_CHECKING:  # cryptography is imported where a key is read: an announcement's ToolAccess needs none
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 __all__ = ["ALL", "ANONYMOUS", "AccessError", "AccessPolicy", "CallerGrant", "ToolAccess"]
 
@@ -42,7 +43,7 @@ class AccessError(ValueError):
 
 
 class _CallerTable(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, defer_build=True)  # built on first use
 
     public_key: str = Field(alias="public-key", min_length=1)
     tools: list[str] = Field(default_factory=list)
@@ -62,7 +63,7 @@ class _CallerTable(BaseModel):
 
 
 class _AccessTable(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)  # built on first use: only a host's [access] needs it
 
     anonymous: list[str] = Field(default_factory=list)
     callers: dict[str, _CallerTable] = Field(default_factory=dict)
@@ -159,6 +160,9 @@ class AccessPolicy:
 
 def _public_key(value: str, base: Path, where: str) -> Ed25519PublicKey:
     """The public key in ``value``: PEM text itself, or a path (relative to ``base``)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
     try:
         if value.lstrip().startswith("-----BEGIN"):
             key = serialization.load_pem_public_key(value.encode())

@@ -24,11 +24,12 @@ import hashlib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from typing import TYPE_CHECKING
 
 from tghost.protocol.trust import Signer, canonical_json
+
+if TYPE_CHECKING:  # cryptography is imported where a signature is checked
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 __all__ = [
     "CALLER",
@@ -86,6 +87,8 @@ def verify_request(key: Ed25519PublicKey, properties: Mapping[str, str], body: b
     request_id, signed_at, signature = properties.get("id"), properties.get(SIGNED_AT), properties.get(SIGNATURE)
     if request_id is None or signed_at is None or signature is None:
         return f"a signed request needs the properties 'id', {SIGNED_AT!r} and {SIGNATURE!r}"
+    from cryptography.exceptions import InvalidSignature
+
     try:
         key.verify(base64.b64decode(signature, validate=True),
                    signed_request_bytes(body, request_id, topic, signed_at))

@@ -31,16 +31,14 @@ import hmac
 import json
 import math
 from collections.abc import Iterable, Mapping
-from typing import NamedTuple
-
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from typing import TYPE_CHECKING, NamedTuple
 
 from tghost.protocol.callers import CALLER, SIGNED_AT
 from tghost.protocol.trust import Signer, canonical_json
+
+if TYPE_CHECKING:  # cryptography is imported where a key is made or used
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
 __all__ = [
     "MACS",
@@ -72,6 +70,8 @@ _MAC_LABEL = b"tghost session mac v1\n"
 
 
 def _raw(key: X25519PublicKey) -> bytes:
+    from cryptography.hazmat.primitives import serialization
+
     return key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
 
 
@@ -83,6 +83,10 @@ def fingerprint(public_raw: bytes) -> str:
 def _pair_key(private: X25519PrivateKey, peer_raw: bytes, caller_raw: bytes, host_raw: bytes) -> bytes:
     """The 32-byte key a caller session and a host share: HKDF-SHA256 (no salt, info = the
     label, the caller's then the host's raw public key) of their X25519 shared secret."""
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
     shared = private.exchange(X25519PublicKey.from_public_bytes(peer_raw))
     return HKDF(hashes.SHA256(), 32, None, _INFO + caller_raw + host_raw).derive(shared)
 
@@ -113,6 +117,8 @@ class HostSessionKey:
     announced) and its ``fingerprint``. New for every process; never written to disk."""
 
     def __init__(self, private: X25519PrivateKey | None = None) -> None:
+        from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
         self._private = private or X25519PrivateKey.generate()
         self.public_raw = _raw(self._private.public_key())
         self.public = base64.b64encode(self.public_raw).decode()
@@ -135,6 +141,8 @@ class CallerSession:
     """
 
     def __init__(self, signer: Signer, now: float, lifetime: float = LIFETIME) -> None:
+        from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
         self._private = X25519PrivateKey.generate()
         self._public_raw = _raw(self._private.public_key())
         self.expires = round(now + lifetime, 3)
@@ -179,6 +187,8 @@ def open_session(host: HostSessionKey, caller_key: Ed25519PublicKey, key_id: str
     """Verify a request's session binding with its caller's public key (whose id is ``key_id``):
     the opened session, or why it is refused (malformed, signed by another key, for another
     caller, expired, or longer than :data:`MAX_LIFETIME`). Never raises."""
+    from cryptography.exceptions import InvalidSignature
+
     try:
         binding = base64.b64decode(properties[SESSION], validate=True)
         caller_key.verify(base64.b64decode(properties[SESSION_SIGNATURE], validate=True), binding)

@@ -35,11 +35,10 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+if TYPE_CHECKING:  # cryptography is imported where a key is used: reading announcements needs none
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 __all__ = [
     "BAD_SIGNATURE",
@@ -116,6 +115,8 @@ def full_topic_name(topic: str) -> str:
 
 def key_id(public_key: Ed25519PublicKey) -> str:
     """The key's id: the first 16 hex digits of SHA-256 over its 32 raw bytes."""
+    from cryptography.hazmat.primitives import serialization
+
     raw = public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     return hashlib.sha256(raw).hexdigest()[:16]
 
@@ -179,6 +180,8 @@ class TrustedKeys:
         key = self.keys.get(signature["key"])
         if key is None:
             return UNKNOWN_KEY
+        from cryptography.exceptions import InvalidSignature
+
         try:
             key.verify(base64.b64decode(signature["value"], validate=True),
                        signed_bytes(value, topic, signature.get("v", 1)))
@@ -209,6 +212,9 @@ def write_key_pair(prefix: Path, force: bool = False) -> KeyPairPaths:
         for path in (private_path, public_path):
             if path.exists():
                 raise FileExistsError(f"{path} exists; pass --force to overwrite it, or choose another --out")
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
     private_key = Ed25519PrivateKey.generate()
     private_pem = private_key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
@@ -247,6 +253,9 @@ def load_private_key(path: Path) -> Ed25519PrivateKey:
     Raises:
         KeyFileError: the file is missing, unreadable, not PEM, encrypted, or not Ed25519.
     """
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
     key = _load(path, "signing key", "an unencrypted PEM private key", "'.key'",
                 lambda data: serialization.load_pem_private_key(data, password=None))
     if not isinstance(key, Ed25519PrivateKey):
@@ -260,6 +269,9 @@ def load_public_key(path: Path) -> Ed25519PublicKey:
     Raises:
         KeyFileError: the file is missing, unreadable, not PEM, or not Ed25519.
     """
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
     key = _load(path, "trusted key", "a PEM public key", "'.pub'", serialization.load_pem_public_key)
     if not isinstance(key, Ed25519PublicKey):
         raise KeyFileError(f"{path} holds a {type(key).__name__}, not an Ed25519 public key; {_KEYGEN_HINT}")

@@ -26,6 +26,7 @@ import pulsar
 import pulsar.asyncio
 
 from tghost.pulsar import hop
+from tghost.system import exits
 from tghost.system.locks import first_free_slot
 
 __all__ = [
@@ -209,6 +210,10 @@ def client_logger() -> logging.Logger | pulsar.FileLogger:
     return pulsar.FileLogger(pulsar.LoggerLevel.Error, os.devnull)
 
 
+#: Seconds a closed client keeps the event loop alive for its C++ callbacks (see :class:`_Client`).
+CLOSE_DRAIN = 0.05
+
+
 class _Client(pulsar.asyncio.Client):  # type: ignore[misc]
     """``pulsar.asyncio.Client`` that cannot hit pulsar-lite's consumer-id collisions, and whose
     ``close`` lets the C++ client's last callbacks land.
@@ -230,11 +235,11 @@ class _Client(pulsar.asyncio.Client):  # type: ignore[misc]
     Closing fails the pending receives of its consumers and readers from a C++ thread; when
     such a callback reaches an event loop that ``asyncio.run`` has already closed, the process
     can abort or segfault at exit (apache/pulsar-client-python#153, #203; seen here in about
-    1 of 4 short-lived processes under load, and in none of 60 with a pause of CLOSE_DRAIN).
+    1 of 4 short-lived processes under load, and in none of 60 with a pause of :data:`CLOSE_DRAIN`).
+    A process that ends with ``os._exit`` (:mod:`tghost.system.exits`: the ``tghost`` commands) has
+    no finalisation to crash in and does not pause (none of 120 ``tghost tools`` and ``tghost call``
+    under load crashed).
     """
-
-    #: Seconds to keep the loop alive after ``close`` for those callbacks.
-    CLOSE_DRAIN = 0.05
 
     def __init__(self, settings: PulsarSettings) -> None:
         super().__init__(settings.url, operation_timeout_seconds=max(1, round(settings.operation_timeout)),
@@ -285,7 +290,8 @@ class _Client(pulsar.asyncio.Client):  # type: ignore[misc]
             await self._shared.close()
         if self._slot is not None:
             self._slot.release()
-        await asyncio.sleep(self.CLOSE_DRAIN)
+        if not exits.AT_ONCE:
+            await asyncio.sleep(CLOSE_DRAIN)
 
 
 async def _subscribe_on(client: pulsar.asyncio.Client, topic: Any, subscription_name: str,

@@ -26,7 +26,7 @@ import pulsar
 import pulsar.asyncio
 
 from tghost.author.hookspecs import Authorize
-from tghost.author.service import ToolService
+from tghost.author.service import Call, ToolService
 from tghost.protocol import wire
 from tghost.protocol.descriptors import ToolServiceDescriptor
 from tghost.pulsar import hop
@@ -34,7 +34,6 @@ from tghost.serving import executors, handoff
 from tghost.serving.access import Gate
 from tghost.serving.cancels import ControlTopic
 from tghost.serving.deadlines import Deadlines
-from tghost.serving.executors.base import Call
 from tghost.serving.executors.thread import ThreadExecutor
 from tghost.serving.lane import ThreadLane
 from tghost.serving.request import (

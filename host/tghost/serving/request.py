@@ -28,21 +28,22 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pulsar
 import pulsar.asyncio
-from opentelemetry.trace import Span
 
 from tghost.author.hookspecs import Authorize
-from tghost.author.service import ToolError, ToolService
+from tghost.author.service import Call, ToolError, ToolService
 from tghost.protocol import wire
 from tghost.protocol.callers import Caller
 from tghost.protocol.descriptors import ToolServiceDescriptor
 from tghost.pulsar import hop
 from tghost.serving.access import Gate, Refused
-from tghost.serving.executors.base import Call
 from tghost.system import tracing
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 __all__ = [
     "NOT_STARTED",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["app_dir"]
+__all__ = ["app_dir", "config_path", "default_config_path"]
 
 
 def app_dir() -> Path:
@@ -14,3 +14,16 @@ def app_dir() -> Path:
     import click
 
     return Path(click.get_app_dir("tghost"))
+
+
+def default_config_path() -> Path:
+    """``tools.toml`` in the platform's app dir for tghost, e.g. ``~/.config/tghost/tools.toml``."""
+    return app_dir() / "tools.toml"
+
+
+def config_path(given: Path | None) -> Path | None:
+    """The config file to read: ``given`` (``--config``/``TGHOST_CONFIG``), else the default one
+    if it exists, else ``None``."""
+    if given is None and default_config_path().exists():
+        return default_config_path()
+    return given

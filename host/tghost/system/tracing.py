@@ -2,9 +2,10 @@
 context that joins them (docs/protocol.md §2.10).
 
 Off by default, and then free: every helper here returns at once while :data:`ON` is false, and
-only the OpenTelemetry API is imported. :func:`setup` (``--otel`` or ``TGHOST_OTEL=1``) turns it
-on with the SDK of the ``tghost[otel]`` extra, configured by the standard ``OTEL_*`` environment
-variables; :func:`use` turns it on with a tracer provider of one's own (tests, embedders).
+not even the OpenTelemetry API is imported (:func:`use` imports it). :func:`setup` (``--otel``
+or ``TGHOST_OTEL=1``) turns it on with the SDK of the ``tghost[otel]`` extra, configured by the
+standard ``OTEL_*`` environment variables; :func:`use` turns it on with a tracer provider of
+one's own (tests, embedders).
 
 Spans follow OpenTelemetry's RPC and messaging conventions where they fit: ``rpc.system`` is
 ``tghost``, ``rpc.service`` the tool service id, ``rpc.method`` the tool (when the caller knows
@@ -17,19 +18,20 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping, MutableMapping
-from importlib.metadata import entry_points
-from typing import Any
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any, cast
 
-from opentelemetry import propagate, trace
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span, Tracer
 
 __all__ = ["ON", "TracingError", "child", "client_span", "end", "flush", "inject", "server_span", "setup",
            "trace_id", "use"]
 
 #: Whether calls are traced now (:func:`setup` or :func:`use`).
 ON = False
-_tracer = trace.get_tracer("tghost")
 _provider: Any = None
+_tracer: Tracer = cast("Tracer", None)  # set by use() before ON is ever true
+_api: Any = None  # the OpenTelemetry API's modules and names, once use() has imported them
 
 
 class TracingError(RuntimeError):
@@ -67,6 +69,8 @@ def setup(service_name: str) -> None:
 def _exporter(name: str) -> Any:
     """The span exporter class registered under ``name`` (the SDK's ``opentelemetry_traces_exporter``
     entry points; ``otlp`` is also found as the HTTP one, ``otlp_proto_http``)."""
+    from importlib.metadata import entry_points
+
     found = {ep.name: ep for ep in entry_points(group="opentelemetry_traces_exporter")}
     for candidate in (name, f"{name}_proto_http" if name == "otlp" else name):
         if candidate in found:
@@ -79,10 +83,14 @@ def use(provider: Any) -> None:
     """Trace with ``provider`` (an SDK ``TracerProvider``); ``None`` turns tracing off again.
     The global provider is set once per process (OpenTelemetry's rule); later calls only turn
     tracing on or off."""
-    global ON, _provider
+    global ON, _provider, _tracer, _api
     if provider is not None and _provider is None:
+        from opentelemetry import propagate, trace
+
         trace.set_tracer_provider(provider)
-        _provider = provider
+        _provider, _tracer = provider, trace.get_tracer("tghost")
+        _api = SimpleNamespace(trace=trace, propagate=propagate, SpanKind=trace.SpanKind, Status=trace.Status,
+                               StatusCode=trace.StatusCode)
     ON = provider is not None
 
 
@@ -104,7 +112,7 @@ def client_span(topic: str, request_id: str, tool: str | None = None, service: s
     if not ON:
         return None
     service = service or topic.rsplit("/", 1)[-1]
-    return _tracer.start_span(f"call {tool or service}", kind=SpanKind.CLIENT, attributes={
+    return _tracer.start_span(f"call {tool or service}", kind=_api.SpanKind.CLIENT, attributes={
         "rpc.system": "tghost", "rpc.service": service, "messaging.system": "pulsar",
         "messaging.destination.name": topic, "messaging.message.conversation_id": request_id,
         **({"rpc.method": tool} if tool else {})})
@@ -113,7 +121,7 @@ def client_span(topic: str, request_id: str, tool: str | None = None, service: s
 def inject(properties: MutableMapping[str, str], span: Span | None) -> None:
     """Add ``span``'s W3C ``traceparent`` (and ``tracestate``) to a request's properties."""
     if span is not None:
-        propagate.inject(properties, context=trace.set_span_in_context(span))
+        _api.propagate.inject(properties, context=_api.trace.set_span_in_context(span))
 
 
 def server_span(service: str, topic: str, properties: Mapping[str, str]) -> Span | None:
@@ -122,7 +130,8 @@ def server_span(service: str, topic: str, properties: Mapping[str, str]) -> Span
     malformed one is ignored)."""
     if not ON:
         return None
-    return _tracer.start_span(f"serve {service}", context=propagate.extract(properties), kind=SpanKind.SERVER,
+    return _tracer.start_span(f"serve {service}", context=_api.propagate.extract(properties),
+                              kind=_api.SpanKind.SERVER,
                               attributes={"rpc.system": "tghost", "rpc.service": service,
                                           "messaging.system": "pulsar", "messaging.destination.name": topic,
                                           "messaging.message.conversation_id": properties.get("id", "")})
@@ -133,7 +142,7 @@ def child(name: str, parent: Span | None, **attributes: Any) -> Span | None:
     tracing is off)."""
     if parent is None:
         return None
-    return _tracer.start_span(name, context=trace.set_span_in_context(parent), attributes=attributes or None)
+    return _tracer.start_span(name, context=_api.trace.set_span_in_context(parent), attributes=attributes or None)
 
 
 def end(span: Span | None, error_type: str | None = None, **attributes: Any) -> None:
@@ -145,7 +154,7 @@ def end(span: Span | None, error_type: str | None = None, **attributes: Any) -> 
         span.set_attributes(attributes)
     if error_type is not None:
         span.set_attribute("error.type", error_type)
-        span.set_status(Status(StatusCode.ERROR, error_type))
+        span.set_status(_api.Status(_api.StatusCode.ERROR, error_type))
     span.end()
 
 

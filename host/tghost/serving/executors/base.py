@@ -1,6 +1,6 @@
 """base: the one small interface every executor has, as Celery's pools share one.
 
-What every executor is (:class:`Executor`), what it runs (:data:`Call`) and gives back
+What every executor is (:class:`Executor`), what it runs (:class:`tghost.author.service.Call`) and gives back
 (:data:`Outcome`), and what it reports (:class:`WorkerStats`).
 """
 
@@ -9,11 +9,13 @@ from __future__ import annotations
 import abc
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from opentelemetry.trace import Span
+if TYPE_CHECKING:  # the authoring modules load with the first plugin, not with the settings
+    from tghost.author.service import Call
 
-from tghost.author.service import Call
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 __all__ = [
     "CRASH",
@@ -24,7 +26,6 @@ __all__ = [
     "RESTART_REASONS",
     "THREAD",
     "TIMEOUT",
-    "Call",
     "Executor",
     "Outcome",
     "WorkerLimits",

@@ -24,11 +24,9 @@ from collections.abc import AsyncGenerator, Callable
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from multiprocessing.reduction import ForkingPickler
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from opentelemetry.trace import Span
-
-from tghost.author.service import ToolError
+from tghost.author.service import Call, ToolError
 from tghost.protocol import wire
 from tghost.serving.executors.base import (
     CRASH,
@@ -37,7 +35,6 @@ from tghost.serving.executors.base import (
     RECYCLED,
     RESTART_REASONS,
     TIMEOUT,
-    Call,
     Executor,
     Outcome,
     WorkerLimits,
@@ -46,6 +43,9 @@ from tghost.serving.executors.base import (
 from tghost.serving.executors.child import EntryPointSource, ObjectSource, run_worker
 from tghost.system import tracing
 from tghost.system.processes import CONTEXT, describe_exit
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 __all__ = ["ProcessExecutor"]
 

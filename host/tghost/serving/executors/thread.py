@@ -17,13 +17,14 @@ import threading
 from collections.abc import AsyncGenerator, Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from opentelemetry.trace import Span
-
-from tghost.author.service import ToolError, ToolService, invoke
+from tghost.author.service import Call, ToolError, ToolService, invoke
 from tghost.protocol import wire
-from tghost.serving.executors.base import THREAD, Call, Executor, Outcome, WorkerStats
+from tghost.serving.executors.base import THREAD, Executor, Outcome, WorkerStats
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 __all__ = ["Job", "ThreadExecutor"]
 
