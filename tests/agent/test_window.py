@@ -56,6 +56,20 @@ async def test_a_following_directory_moves_to_each_new_epoch_without_a_blip(puls
         await found.close()
 
 
+async def test_a_heartbeat_at_an_epochs_start_is_never_older_than_the_restatement_it_follows(
+    pulsar_broker: EmbeddedBroker,
+) -> None:
+    # A heartbeat every 0.5 s and a new epoch every second: the heartbeat is often the send that
+    # finds the new epoch, and restates everything there before its own host message goes out.
+    base, epoch = topic(), 1.0
+    async with LocalHost(pulsar_broker.url, [ping], announce_as="h", topic=base, lease=1.5, epoch_seconds=epoch), \
+            ToolDirectory(PulsarSettings(pulsar_broker.url), base, max_clock_skew=0.2, epoch_seconds=epoch) as found:
+        await found.wait_for("ping")
+        await asyncio.sleep(4.5 * epoch)
+        rejected = dict(found.rejections)
+    assert "stale" not in rejected, rejected  # each host message was stamped when it was sent
+
+
 async def test_a_directory_after_a_long_history_reads_only_the_live_window(pulsar_broker: EmbeddedBroker) -> None:
     base, epoch, hosts = topic(), 60.0, 3
     catalog = catalog_of([ping], [ping.tool(f"ping-{i}") for i in range(3)])

@@ -237,6 +237,11 @@ class Announcer:
         if keys is None and status == "withdrawn":
             yield self._message("host", self.identity.id, None, None, status, now)
 
+    def _host_beat(self) -> Iterator[tuple[str, dict[str, Any]]]:
+        """The heartbeat: the host message, built when it is sent (stamped after anything the
+        same send lock let out before it, such as a new epoch's restatement)."""
+        yield self._message("host", self.identity.id, None, None, "available")
+
     def _message(
         self, kind: str, name: str, descriptor: dict[str, Any] | None, plugin: dict[str, Any] | None, status: str,
         now: float | None = None,
@@ -417,7 +422,7 @@ class Announcer:
                     await self._emit(self._messages("available"), restatement=True)
                     due = loop.time() + interval
                 elif connected and loop.time() >= due:
-                    await self._emit([self._message("host", self.identity.id, None, None, "available")])
+                    await self._emit(self._host_beat(), restatement=True)  # a new epoch's restatement has it
                     due = loop.time() + interval
                 elif connected and epoch_of(time.time(), self.epoch_seconds) != self._epoch:
                     async with self._sending:
