@@ -7,7 +7,11 @@ client, sharing the response topic with one that did, gets its answer as before.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
+import pty
+import re
 import subprocess
 import sys
 import uuid
@@ -59,6 +63,24 @@ def chapters(count: int, ctx: tghost.Context):
 
 
 @tghost.tool
+def words(count: int, ctx: tghost.Context):
+    """Stream words on one line, with progress between them."""
+    import time
+    for n in range(1, count + 1):
+        ctx.progress(n, count)
+        time.sleep(0.15)
+        yield f"w{n} "
+
+
+@tghost.tool
+def hurry(ctx: tghost.Context) -> str:
+    """Report twice at once, then answer."""
+    ctx.progress(1, message="started")
+    ctx.progress(2, message="almost")
+    return "done"
+
+
+@tghost.tool
 def chatter(times: int, ctx: tghost.Context) -> str:
     """Report progress in a tight loop."""
     for n in range(1, times + 1):
@@ -71,6 +93,8 @@ def tghost_register_services(register):
     register(survey)
     register(chapters)
     register(chatter)
+    register(words)
+    register(hurry)
 '''
 
 
@@ -123,6 +147,16 @@ async def test_a_flood_of_progress_is_paced_and_the_last_update_still_arrives(
         assert await host.call("chatter", {"times": 20_000}, progress=updates.append) == "said it all"
     assert 2 <= len(updates) < 100  # 20,000 reported; at most 10 a second sent, plus the last
     assert updates[0] == Progress(1, 20_000) and updates[-1] == Progress(20_000, 20_000)
+
+
+@pytest.mark.parametrize("isolation", [THREAD, PROCESS])
+async def test_an_update_held_back_by_the_pacing_goes_out_before_the_answer(
+    pulsar_broker: EmbeddedBroker, reporting: Catalog, isolation: str
+) -> None:
+    updates: list[Progress] = []
+    async with LocalHost(pulsar_broker.url, reporting, ServeSettings(isolation=isolation)) as host:
+        assert await host.call("hurry", {}, progress=updates.append) == "done"
+    assert updates == [Progress(1, None, "started"), Progress(2, None, "almost")]  # the caller sees where it ended
 
 
 async def test_only_a_caller_that_asks_gets_progress_and_each_update_is_an_empty_seed_000_chunk(
@@ -204,6 +238,51 @@ async def test_tghost_call_shows_progress_on_stderr_and_only_the_observation_on_
     assert shown.returncode == 0 and shown.stdout == "fetched 2 pages\n", shown.stderr
     assert shown.stderr.splitlines() == ["progress: 1/2 (50%) page 1", "progress: 2/2 (100%) page 2"]
     assert hidden.stdout == "fetched 2 pages\n" and hidden.stderr == ""  # stderr is not a terminal here
+
+
+def screen(output: bytes) -> list[str]:
+    """The lines a terminal shows after ``output``: ``\\r`` returns to the line's start, ``ESC[K``
+    clears to its end, ``\\n`` starts the next."""
+    lines, column = [""], 0
+    for token in re.split(r"(\r|\n|\x1b\[K)", output.decode()):
+        if token == "\r":
+            column = 0
+        elif token == "\n":
+            lines.append("")
+            column = 0
+        elif token == "\x1b[K":
+            lines[-1] = lines[-1][:column]
+        elif token:
+            lines[-1] = lines[-1][:column] + token + lines[-1][column + len(token):]
+            column += len(token)
+    return lines
+
+
+async def test_on_a_terminal_the_progress_line_never_erases_the_observation(
+    pulsar_broker: EmbeddedBroker, reporting: Catalog, plugin_dir: PluginDir
+) -> None:
+    topic = f"persistent://tg/config/progress-{uuid.uuid4().hex[:8]}"
+    async with LocalHost(pulsar_broker.url, reporting, announce_as="reporting", topic=topic):
+        env = plugin_dir.env(TGHOST_PULSAR_URL=pulsar_broker.url, TGHOST_DESCRIPTORS_TOPIC=topic)
+        for tool, argument in (("words", "count:=3"), ("crawl", "pages:=2")):
+            controller, terminal = pty.openpty()  # stdout and stderr on one terminal, as in a shell
+            try:
+                command = [sys.executable, "-m", "tghost", "call", tool, argument]
+                called = await asyncio.to_thread(subprocess.run, command, env=env, stdout=terminal, stderr=terminal,
+                                                 timeout=60)
+                os.close(terminal)
+                output = b""
+                with contextlib.suppress(OSError):  # EIO once everything written is read
+                    while chunk := os.read(controller, 65536):
+                        output += chunk
+            finally:
+                os.close(controller)
+            assert called.returncode == 0, output
+            shown = [line.rstrip() for line in screen(output.replace(b"\r\n", b"\n")) if line.strip()]
+            if tool == "words":  # the words stay; the progress line waited for the line's end
+                assert shown == ["w1 w2 w3"], output
+            else:  # drawn in place while the call ran, then cleared: only the observation stays
+                assert b"progress: 1/2 (50%) page 1" in output and shown == ["fetched 2 pages"], output
 
 
 def test_context_progress_refuses_what_is_not_progress_and_outside_a_call_does_nothing() -> None:

@@ -92,7 +92,8 @@ class Context:
         """Tell the caller how far the call has got: ``done`` units of ``total`` (``None``:
         unknown), and a short ``message`` for a person (docs/protocol.md §2.12). Cheap: the host
         sends an update only to a caller that asked for them, at most 10 a second (and always
-        the one that reaches ``total``); outside a call, or unasked, it does nothing.
+        the one that reaches ``total``, and the latest one held back just before the answer);
+        outside a call, or unasked, it does nothing.
 
         Raises:
             TypeError: ``done`` or ``total`` is not a number, or ``message`` not a string.

@@ -92,10 +92,12 @@ def call(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...]
             asyncio.run(_call_service(directory, service_id or "", topic, config, args, user, timeout, line))
     except ToolCallError as exc:
         line.clear()
+        line.end_line()
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)
     except KeyboardInterrupt:  # the call was cancelled on its host as asyncio.run unwound (docs/protocol.md §2.11)
         line.clear()
+        line.end_line()
         click.echo("cancelled: the host running the call was told to stop it", err=True)
         sys.exit(130)
     finally:
@@ -116,13 +118,26 @@ def _timeout(given: float | None, descriptor: ToolServiceDescriptor) -> float:
 
 class ProgressLine:
     """A call's progress updates on stderr (``shown``): one line rewritten in place on a
-    terminal, else one line per update (``progress: 3/10 page 3``)."""
+    terminal, else one line per update (``progress: 3/10 page 3``). On a terminal, an update
+    waits while the observation's last line is unfinished, so the line never erases output."""
 
     def __init__(self, shown: bool) -> None:
         self.report = self.show if shown else None
         self._stderr = sys.stderr
         self._in_place = self._stderr.isatty()
         self._showing = False
+        self._mid_line = False  # the observation printed so far ends inside a line
+
+    def printed(self, chunk: str) -> None:
+        """The observation's ``chunk`` was printed on stdout."""
+        if chunk:
+            self._mid_line = not chunk.endswith("\n")
+
+    def end_line(self) -> None:
+        """End an unfinished observation line (before a message on stderr)."""
+        if self._mid_line:
+            click.echo()
+            self._mid_line = False
 
     def show(self, update: Progress) -> None:
         """Show ``update``: ``done/total (percent)`` or ``done``, then the message."""
@@ -130,6 +145,8 @@ class ProgressLine:
                   if update.total else f"{update.done:g}")
         text = f"progress: {amount}{' ' + update.message if update.message else ''}"
         if self._in_place:
+            if self._mid_line:
+                return  # drawn in place, it would erase the unfinished line
             self._stderr.write(f"\r\033[K{text}")
             self._showing = True
         else:
@@ -177,6 +194,7 @@ async def _echo_stream(chunks: AsyncIterator[str], line: ProgressLine) -> None:
     async for chunk in chunks:
         line.clear()
         click.echo(chunk, nl=False)
+        line.printed(chunk)
         last = chunk or last
     if not last.endswith("\n"):
         click.echo()

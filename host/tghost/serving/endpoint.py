@@ -260,7 +260,7 @@ class ServiceEndpoint:
         request.cancelled.set()
         if running is None:
             self._lane.cancel(request)  # type: ignore[union-attr]
-        elif request.claim(wire.CANCELLED):
+        elif request.claim(wire.CANCELLED, self._port):
             self._port.send(request_id, wire.encode_error(wire.CANCELLED, self.terms.refusal(wire.CANCELLED)))  # type: ignore[union-attr]
             running[0].cancel()  # the call's task: an async invoke stops, a worker process is killed
 
@@ -337,7 +337,7 @@ class ServiceEndpoint:
         cost a hop and the client's I/O thread the GIL (docs/benchmarks.md §1). The producer is
         flushed before it closes. A persistent request whose reply the broker did not take is
         left unacknowledged (:data:`~tghost.serving.request.RETURNED`), for another delivery."""
-        if not request.claim(status):
+        if not request.claim(status, self._port):
             return
         port: Port = self._port  # type: ignore[assignment]
         if not self.persistent:

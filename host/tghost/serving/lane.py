@@ -157,7 +157,7 @@ class ThreadLane:
         with self._lock:
             if waiting_only and request not in self._waiting:
                 return False
-            if not request.claim(status):
+            if not request.claim(status, self._port):
                 return False
             self._waiting.pop(request, None)
             self._running.pop(request, None)

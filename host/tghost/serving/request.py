@@ -343,8 +343,8 @@ class Request:
     caller, so a stream is paced by the broker's receipts.
     """
 
-    __slots__ = ("_asked", "_lock", "_progressed", "answered", "cancelled", "deadline", "job", "message", "record",
-                 "started", "unconfirmed")
+    __slots__ = ("_asked", "_held", "_lock", "_progressed", "answered", "cancelled", "deadline", "job", "message",
+                 "record", "started", "unconfirmed")
 
     def __init__(self, record: CallRecord, message: Any) -> None:
         self.record = record
@@ -361,19 +361,23 @@ class Request:
         self.unconfirmed: list[futures.Future[bool]] = []
         self._asked: bool | None = None  # whether the caller wants progress updates (None: not looked yet)
         self._progressed = -math.inf  # when the last one went
+        self._held: wire.Progress | None = None  # the latest one held back by the pacing
         self._lock = threading.Lock()
 
     @property
     def request_id(self) -> str:
         return self.record.request_id or ""
 
-    def claim(self, status: str | None = None) -> bool:
+    def claim(self, status: str | None = None, port: Port | None = None) -> bool:
         """Take the right to send the last reply; False if someone already has. ``status`` (an
-        error type; ``None`` for a result) becomes the record's status."""
+        error type; ``None`` for a result) becomes the record's status. A progress update the
+        pacing held back goes out first, through ``port``: the caller sees where the call ended."""
         with self._lock:
             if self.answered:
                 return False
             self.answered = True
+            if self._held is not None and port is not None:
+                port.send(self.request_id, wire.encode_progress(self._held))
         if status is not None:
             self.record.status = status
         return True
@@ -399,16 +403,20 @@ class Request:
     def progress(self, port: Port, update: wire.Progress) -> None:
         """Send a progress update (docs/protocol.md §2.12), if the caller asked for them (the
         request's ``tghost-progress`` property) and the call is not answered yet: at most one
-        per :data:`PROGRESS_INTERVAL`, except the one that reaches its total. From any thread."""
+        per :data:`PROGRESS_INTERVAL`, except the one that reaches its total; the latest one held
+        back goes out before the last reply (:meth:`claim`). From any thread."""
         if self._asked is None:
             self._asked = wire.PROGRESS in self.message.properties()
         now = time.monotonic()
-        if not self._asked or (now - self._progressed < PROGRESS_INTERVAL and update.done != update.total):
+        if not self._asked:
             return
         with self._lock:
             if self.answered:
                 return
-            self._progressed = now
+            if now - self._progressed < PROGRESS_INTERVAL and update.done != update.total:
+                self._held = update  # sent with the next update, or before the last reply
+                return
+            self._progressed, self._held = now, None
             port.send(self.request_id, wire.encode_progress(update))
 
     def rest(self) -> list[futures.Future[bool]]:
