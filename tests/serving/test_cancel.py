@@ -144,12 +144,14 @@ async def test_a_cancelled_call_stops_on_its_host_and_frees_the_slot_at_once(
         try:
             answer = await host.call(tool, {"seconds": 0, "mark": str(second)}, timeout=30)
             [endpoint] = [e for e in host.server.endpoints if e.descriptor.id == tool]
-            stuck = endpoint.executor.stats().stuck
+            stuck, restarts = endpoint.executor.stats().stuck, endpoint.executor.stats().restarts
         finally:
             (first / "release").touch()
         # The one slot was free; a tool that ignores its cancel keeps its thread, counted stuck.
         assert answer in ("rested", "ground", "done at last")
         assert stuck == (1 if tool == "stubborn" else 0)
+        if isolation == PROCESS:  # its worker was killed for the cancel, not for a timeout
+            assert (restarts["cancelled"], restarts["timeout"]) == (1, 0)
     assert [r.status for r in records] == [wire.CANCELLED, wire.OK]
 
 

@@ -6,6 +6,7 @@ error reply marks both sides."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import uuid
 from collections.abc import Iterator
@@ -23,7 +24,7 @@ from tghost.agent.directory import ToolDirectory
 from tghost.conformance import RawWire
 from tghost.operate.audit import audit_entry
 from tghost.protocol import wire
-from tghost.pulsar.clients import PulsarSettings
+from tghost.pulsar.clients import PulsarSettings, free_port
 from tghost.pulsar.embedded import EmbeddedBroker
 from tghost.serving.executors.base import PROCESS
 from tghost.serving.request import CallRecord
@@ -133,3 +134,20 @@ def test_tracing_off_makes_no_spans_and_asking_for_an_unknown_exporter_says_what
     result = tghost_cli("call", "shout", "text=x", "--otel", env={**os.environ, "TGHOST_PULSAR_URL": pulsar_broker.url,
                                                 "OTEL_TRACES_EXPORTER": "jaeger-thrift"})
     assert result.returncode == 2 and "use console, otlp or none" in result.stderr and "Traceback" not in result.stderr
+
+
+async def test_a_collector_that_is_not_there_is_one_line_and_a_missing_protocol_says_what_to_install(
+    pulsar_broker: EmbeddedBroker,
+) -> None:
+    topic = f"persistent://tg/config/trace-{uuid.uuid4().hex[:8]}"
+    env = {**os.environ, "TGHOST_PULSAR_URL": pulsar_broker.url, "TGHOST_DESCRIPTORS_TOPIC": topic,
+           "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{free_port()}"}  # nothing listens there
+    async with LocalHost(pulsar_broker.url, [shout], announce_as="traced", topic=topic):
+        called = await asyncio.to_thread(tghost_cli, "call", "shout", "text=x", "--otel", env=env)
+        grpc = await asyncio.to_thread(tghost_cli, "call", "shout", "text=x", "--otel",
+                                       env={**env, "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"})
+    assert called.returncode == 0 and called.stdout == "X\n", called.stderr
+    lines = called.stderr.splitlines()
+    assert len(lines) == 1 and "spans could not be exported to http://127.0.0.1:" in lines[0], called.stderr
+    assert "is a collector running there?" in lines[0]  # the SDK's own retries and errors stay off the terminal
+    assert grpc.returncode == 2 and "pip install opentelemetry-exporter-otlp-proto-grpc" in grpc.stderr

@@ -201,7 +201,7 @@ def otel_option(fn: F) -> F:
             try:
                 tracing.setup(f"tghost-{click.get_current_context().info_name}")
             except tracing.TracingError as exc:
-                raise click.BadParameter(str(exc), param_hint="--otel / TGHOST_OTEL") from None
+                raise click.UsageError(f"--otel (env TGHOST_OTEL): {exc}") from None
         return fn(*args, **kwargs)
 
     return cast(F, click.option(

@@ -15,8 +15,11 @@ it), ``messaging.system`` ``pulsar`` and ``messaging.destination.name`` the requ
 
 from __future__ import annotations
 
+import logging
+import math
 import os
 import sys
+import time
 from collections.abc import Mapping, MutableMapping
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, cast
@@ -32,6 +35,7 @@ ON = False
 _provider: Any = None
 _tracer: Tracer = cast("Tracer", None)  # set by use() before ON is ever true
 _api: Any = None  # the OpenTelemetry API's modules and names, once use() has imported them
+log = logging.getLogger(__name__)
 
 
 class TracingError(RuntimeError):
@@ -59,24 +63,77 @@ def setup(service_name: str) -> None:
     provider = TracerProvider(resource=Resource.create(attributes))
     for name in os.environ.get("OTEL_TRACES_EXPORTER", "otlp").split(","):
         if name.strip() and name.strip() != "none":
-            exporter = _exporter(name.strip())
-            # console spans go to stderr: a command's stdout is its output (tghost call's observation)
-            provider.add_span_processor(BatchSpanProcessor(exporter(out=sys.stderr) if name.strip() == "console"
-                                                           else exporter()))
+            provider.add_span_processor(BatchSpanProcessor(_exporter(name.strip())))
+    _quiet_exporters()
     use(provider)
 
 
+#: Seconds an OTLP export may take, retries included, unless ``OTEL_EXPORTER_OTLP_TIMEOUT`` (or
+#: its ``_TRACES_`` form) says otherwise: a collector that does not answer must not hold a host's
+#: export thread, or a command's exit, for the SDK's default 10 s.
+EXPORT_TIMEOUT = 2.0
+#: The SDK's entry point of each OTLP protocol (``OTEL_EXPORTER_OTLP_PROTOCOL``).
+OTLP_PROTOCOLS = {"http/protobuf": "otlp_proto_http", "grpc": "otlp_proto_grpc"}
+
+
 def _exporter(name: str) -> Any:
-    """The span exporter class registered under ``name`` (the SDK's ``opentelemetry_traces_exporter``
-    entry points; ``otlp`` is also found as the HTTP one, ``otlp_proto_http``)."""
+    """A span exporter: the one registered under ``name`` (the SDK's ``opentelemetry_traces_exporter``
+    entry points); ``otlp`` is the one of ``OTEL_EXPORTER_OTLP_PROTOCOL`` (default ``http/protobuf``),
+    ``console`` prints on stderr (a command's stdout is its output).
+
+    Raises:
+        TracingError: the exporter, or its protocol, is not installed, or does not load.
+    """
     from importlib.metadata import entry_points
 
     found = {ep.name: ep for ep in entry_points(group="opentelemetry_traces_exporter")}
-    for candidate in (name, f"{name}_proto_http" if name == "otlp" else name):
-        if candidate in found:
-            return found[candidate].load()
-    raise TracingError(f"OTEL_TRACES_EXPORTER names {name!r}, which is not installed (installed: "
-                       f"{', '.join(sorted(found)) or 'none'}); use console, otlp or none")
+    wanted, options = name, {}
+    if name == "otlp":
+        protocol = (os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+                    or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf")
+        if protocol not in OTLP_PROTOCOLS:
+            raise TracingError(f"OTEL_EXPORTER_OTLP_PROTOCOL is {protocol!r}; use http/protobuf or grpc")
+        wanted = OTLP_PROTOCOLS[protocol]
+        if not (os.environ.get("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT") or os.environ.get("OTEL_EXPORTER_OTLP_TIMEOUT")):
+            options["timeout"] = EXPORT_TIMEOUT
+        if wanted not in found:
+            raise TracingError(f"OTLP over {protocol} needs its exporter: pip install "
+                               f"opentelemetry-exporter-{wanted.replace('_', '-')}")
+    elif name not in found:
+        raise TracingError(f"OTEL_TRACES_EXPORTER names {name!r}, which is not installed (installed: "
+                           f"{', '.join(sorted(found)) or 'none'}); use console, otlp or none")
+    try:
+        exporter = found[wanted].load()
+    except Exception as exc:
+        raise TracingError(f"the {name} span exporter does not load ({type(exc).__name__}: {exc}); reinstall it, "
+                           "or choose another with OTEL_TRACES_EXPORTER") from None
+    return exporter(out=sys.stderr) if name == "console" else exporter(**options)
+
+
+class _ExportProblems(logging.Handler):
+    """Takes the SDK's own log lines (an export that failed, retried, timed out) and says so in
+    one tghost line a minute at most, with what to check."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self._said = -math.inf
+
+    def emit(self, record: logging.LogRecord) -> None:
+        now = time.monotonic()
+        if now - self._said >= 60:
+            self._said = now
+            endpoint = (os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+                        or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or "http://localhost:4318")
+            log.warning("spans could not be exported to %s: is a collector running there? Set "
+                        "OTEL_EXPORTER_OTLP_ENDPOINT, or OTEL_TRACES_EXPORTER=console or none", endpoint)
+
+
+def _quiet_exporters() -> None:
+    """Route the OpenTelemetry SDK's log lines to :class:`_ExportProblems`, never to a terminal."""
+    sdk = logging.getLogger("opentelemetry")
+    if not any(isinstance(handler, _ExportProblems) for handler in sdk.handlers):
+        sdk.addHandler(_ExportProblems())
+        sdk.propagate = False
 
 
 def use(provider: Any) -> None:

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Span
 
 __all__ = [
+    "CANCELLED",
     "CRASH",
     "ISOLATIONS",
     "MEMORY",
@@ -37,15 +38,17 @@ THREAD = "thread"
 PROCESS = "process"
 ISOLATIONS = (THREAD, PROCESS)
 
-#: Why a worker process was replaced. ``timeout``: its call outlived the caller (the call's
-#: timeout, or the shutdown grace), so it was terminated, then killed. ``crash``: it died in a
-#: call (signal, ``os._exit``, the OOM killer). ``memory``: it ran out of ``--max-worker-memory``.
+#: Why a worker process was replaced. ``timeout``: its call outlived its timeout (or the shutdown
+#: grace), so it was terminated, then killed. ``cancelled``: its caller cancelled the call
+#: (docs/protocol.md §2.11), and it was terminated the same way. ``crash``: it died in a call
+#: (signal, ``os._exit``, the OOM killer). ``memory``: it ran out of ``--max-worker-memory``.
 #: ``recycled``: it served ``--max-calls-per-worker`` calls.
 TIMEOUT = "timeout"
+CANCELLED = "cancelled"
 CRASH = "crash"
 MEMORY = "memory"
 RECYCLED = "recycled"
-RESTART_REASONS = (TIMEOUT, CRASH, MEMORY, RECYCLED)
+RESTART_REASONS = (TIMEOUT, CANCELLED, CRASH, MEMORY, RECYCLED)
 
 #: What :meth:`Executor.run` gives back: one observation string, or a stream of them.
 Outcome = str | AsyncGenerator[str, None]

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from tghost.author.service import Call, ToolError
 from tghost.protocol import wire
 from tghost.serving.executors.base import (
+    CANCELLED,
     CRASH,
     MEMORY,
     PROCESS,
@@ -55,6 +56,11 @@ log = logging.getLogger(__name__)
 KILL_AFTER = 1.0
 #: Seconds a worker started for the pool (not for a waiting call) may take to load its service.
 LOAD_TIMEOUT = 120.0
+
+
+def _abandoned(call: Call) -> str:
+    """Why a worker still in ``call`` is stopped: its caller cancelled it, or it timed out."""
+    return CANCELLED if call.cancelled is not None and call.cancelled.is_set() else TIMEOUT
 
 
 def _error_type(exc: BaseException) -> str:
@@ -172,9 +178,9 @@ class ProcessExecutor(Executor):
                 message = await worker.receive(call.report)
             except BaseException as exc:
                 self._busy -= 1
-                raise await self._lost(worker, exc) from None
+                raise await self._lost(worker, exc, call) from None
             if message[0] == "stream":
-                return self._stream(worker, traced, call.report)
+                return self._stream(worker, traced, call)
             self._busy -= 1
             outcome = self._finish(worker, message)
         except BaseException as exc:
@@ -183,17 +189,16 @@ class ProcessExecutor(Executor):
         tracing.end(traced)
         return outcome
 
-    async def _stream(self, worker: _Worker, traced: Span | None,
-                      report: Callable[[wire.Progress], None] | None) -> AsyncGenerator[str, None]:
+    async def _stream(self, worker: _Worker, traced: Span | None, call: Call) -> AsyncGenerator[str, None]:
         finished = False
         error: str | None = "cancelled"
         try:
             while True:
                 try:
-                    message = await worker.receive(report)
+                    message = await worker.receive(call.report)
                 except BaseException as exc:
                     finished = True
-                    raise await self._lost(worker, exc) from None
+                    raise await self._lost(worker, exc, call) from None
                 if message[0] != "chunk":
                     finished = True
                     self._finish(worker, message)
@@ -207,7 +212,7 @@ class ProcessExecutor(Executor):
             self._busy -= 1
             tracing.end(traced, error)
             if not finished:  # the reader stopped early (cancelled): the worker is still in the call
-                self._retire(worker, TIMEOUT, kill=True)
+                self._retire(worker, _abandoned(call), kill=True)
 
     def _finish(self, worker: _Worker, message: tuple[Any, ...]) -> str:
         """Take a call's last message: hand the worker back (or retire it); the observation or the error."""
@@ -225,10 +230,10 @@ class ProcessExecutor(Executor):
             raise ToolError(text, error_type)
         return "" if kind == "end" else str(message[1])
 
-    async def _lost(self, worker: _Worker, exc: BaseException) -> BaseException:
+    async def _lost(self, worker: _Worker, exc: BaseException, call: Call) -> BaseException:
         """The call's worker is gone: cancelled (terminate it), or dead (crash). What to raise."""
         if not isinstance(exc, (EOFError, OSError)):
-            self._retire(worker, TIMEOUT, kill=True)
+            self._retire(worker, _abandoned(call), kill=True)
             return exc
         code = await worker.exit_code()
         self._retire(worker, CRASH, kill=code is None)

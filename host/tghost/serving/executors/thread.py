@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import logging
 import threading
 from collections.abc import AsyncGenerator, Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Span
 
 __all__ = ["Job", "ThreadExecutor"]
+
+log = logging.getLogger(__name__)
 
 _DONE = object()
 
@@ -128,9 +131,14 @@ class ThreadExecutor(Executor):
             if job.future.cancel() or job.finished or job.abandoned:
                 return
             job.abandoned = True
-            if job.started:
-                self._stuck += 1
-                self._slots.release()
+            if not job.started:
+                return
+            self._stuck += 1
+            self._slots.release()
+            stuck = self._stuck
+        log.warning("service %s: a call's thread runs on in plugin code after its caller was answered (a timeout "
+                    "or a cancel); %d thread(s) stuck of %d. A long plain def should return when ctx.cancelled is "
+                    "set; --isolation process kills such calls", self.service_id, stuck, 2 * self.max_workers)
 
     def starved(self) -> str | None:
         """Why no call can start now (every one of the service's threads is stuck), or ``None``."""
