@@ -14,10 +14,10 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import queue
 import threading
 from collections.abc import AsyncGenerator, Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from tghost.author.service import Call, ToolError, ToolService, invoke
@@ -38,17 +38,18 @@ def _next_chunk(chunks: Iterator[Any]) -> Any:
     return next(chunks, _DONE)
 
 
-@dataclass(eq=False)
 class Job:
-    """One piece of plugin code handed to a thread (:meth:`ThreadExecutor.submit`).
+    """One piece of plugin code handed to a thread (:meth:`ThreadExecutor.submit`): ``fn(*args)``.
 
-    ``future`` holds its result; ``abandoned`` once its caller stopped waiting (:meth:`ThreadExecutor.abandon`).
+    ``future`` gets its result when the submitter asked for one; ``abandoned`` once its caller
+    stopped waiting (:meth:`ThreadExecutor.abandon`).
     """
 
-    future: Future[Any] = field(init=False, repr=False)
-    started: bool = False
-    finished: bool = False
-    abandoned: bool = False
+    __slots__ = ("abandoned", "args", "finished", "fn", "future", "started")
+
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], future: Future[Any] | None) -> None:
+        self.fn, self.args, self.future = fn, args, future
+        self.started = self.finished = self.abandoned = False
 
 
 class ThreadExecutor(Executor):
@@ -63,6 +64,11 @@ class ThreadExecutor(Executor):
 
     :meth:`submit` and :meth:`abandon` are the synchronous interface, safe from any thread (the
     thread lane, :mod:`tghost.serving.lane`, uses them); :meth:`run` is the awaitable one.
+
+    The threads are its own, fed by one ``SimpleQueue`` (``concurrent.futures``' pool costs a
+    ``Future``, a work item and a semaphore per call: docs/benchmarks.md §14). Only threads that
+    serve the queue take calls, and at most ``max_workers`` do: a stuck thread stops serving,
+    and a new one takes its place while the service has fewer than ``2 * max_workers``.
     """
 
     isolation = THREAD
@@ -71,11 +77,14 @@ class ThreadExecutor(Executor):
         super().__init__(service_id, max_workers)
         self.service = service
         self._blocking = service.runs_in_thread
-        self._pool = ThreadPoolExecutor(2 * max_workers, thread_name_prefix=f"tghost-{service_id}")
-        self._slots = threading.Semaphore(max_workers)  # taken by each call running and not abandoned
+        self._jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
+        self._serving = 0  # threads that take jobs from the queue (never a stuck one)
+        self._idle = 0  # of those, waiting for a job no submit has claimed yet
         self._running = 0  # threads running plugin code now, stuck ones included
         self._stuck = 0
+        self._started = 0  # threads started so far (their names)
+        self._closed = False
 
     async def run(self, call: Call, span: Span | None = None) -> Outcome:
         if self._blocking:
@@ -109,33 +118,93 @@ class ThreadExecutor(Executor):
         """
         if (starved := self.starved()) is not None:
             raise ToolError(starved, wire.OVERLOADED)
-        job = self.submit(fn, *args)
+        job = self.submit(fn, *args, wanted=True)
         try:
-            return await asyncio.wrap_future(job.future)
+            return await asyncio.wrap_future(job.future)  # type: ignore[arg-type]
         except asyncio.CancelledError:
             self.abandon(job)
             raise
 
-    def submit(self, fn: Callable[..., Any], *args: Any) -> Job:
+    def submit(self, fn: Callable[..., Any], *args: Any, wanted: bool = False) -> Job:
         """Run ``fn(*args)`` on one of the service's threads as soon as one is free (queued
-        until then); returns at once, from any thread. ``job.future`` gets the result."""
-        job = Job()
-        job.future = self._pool.submit(self._run, job, fn, *args)
+        until then); returns at once, from any thread. With ``wanted``, ``job.future`` gets the
+        result (else ``fn`` deals with its own, and an exception it lets out is logged)."""
+        job = Job(fn, args, Future() if wanted else None)
+        with self._lock:
+            if self._idle:
+                self._idle -= 1  # that thread takes it
+                grow = False
+            else:
+                grow = self._serving < self._room()
+                self._serving += grow
+        self._jobs.put(job)
+        if grow:
+            self._start_thread()
         return job
+
+    def _room(self) -> int:
+        """How many threads may serve the queue now (hold the lock)."""
+        return min(self.max_workers, 2 * self.max_workers - self._stuck)
+
+    def _start_thread(self) -> None:
+        with self._lock:
+            self._started += 1
+            name = f"tghost-{self.service_id}_{self._started}"
+        threading.Thread(target=self._serve, name=name, daemon=True).start()
+
+    def _serve(self) -> None:
+        """A thread's life: take jobs and run them, until the executor closes or this thread
+        was stuck in one and another has taken its place meanwhile."""
+        while (job := self._jobs.get()) is not None:
+            with self._lock:
+                if job.abandoned:  # while it waited for a thread
+                    self._idle += 1
+                    continue
+                job.started = True
+                self._running += 1
+            try:
+                result = job.fn(*job.args)
+            except BaseException as exc:
+                if job.future is None:
+                    log.exception("service %s: unhandled exception in a worker thread", self.service_id)
+                else:
+                    job.future.set_exception(exc)
+            else:
+                if job.future is not None:
+                    job.future.set_result(result)
+            if not self._after(job):
+                return
+
+    def _after(self, job: Job) -> bool:
+        """A thread finished ``job``: whether it goes on serving the queue."""
+        with self._lock:
+            self._running -= 1
+            job.finished = True
+            if job.abandoned:  # it was stuck, and stopped serving then
+                self._stuck -= 1
+                if self._closed or self._serving >= self._room():
+                    return False  # another thread took its place
+                self._serving += 1
+            self._idle += 1
+            return True
 
     def abandon(self, job: Job) -> None:
         """The caller of ``job`` stopped waiting (its timeout, a cancel, a shutdown): a job not
         started yet never starts; one running gives its slot back at once and is counted stuck
         until the plugin returns."""
         with self._lock:
-            if job.future.cancel() or job.finished or job.abandoned:
+            if job.finished or job.abandoned:
                 return
             job.abandoned = True
             if not job.started:
                 return
             self._stuck += 1
-            self._slots.release()
+            self._serving -= 1  # this thread serves no more until the plugin returns
+            grow = self._serving < self._room() and not self._jobs.empty()
+            self._serving += grow
             stuck = self._stuck
+        if grow:  # calls wait in the queue: a thread takes the stuck one's place now
+            self._start_thread()
         log.warning("service %s: a call's thread runs on in plugin code after its caller was answered (a timeout "
                     "or a cancel); %d thread(s) stuck of %d. A long plain def should return when ctx.cancelled is "
                     "set; --isolation process kills such calls", self.service_id, stuck, 2 * self.max_workers)
@@ -149,30 +218,22 @@ class ThreadExecutor(Executor):
                 "they free when the plugin returns. Retry later; the host's operator can serve it with "
                 "--isolation process to have such calls killed")
 
-    def _run(self, job: Job, fn: Callable[..., Any], *args: Any) -> Any:
-        self._slots.acquire()
-        with self._lock:
-            if job.abandoned:  # while it waited for a slot
-                self._slots.release()
-                return None
-            job.started = True
-            self._running += 1
-        try:
-            return fn(*args)
-        finally:
-            with self._lock:
-                self._running -= 1
-                job.finished = True
-                if job.abandoned:
-                    self._stuck -= 1
-                else:
-                    self._slots.release()
-
     def stats(self) -> WorkerStats:
         with self._lock:
-            running, stuck = self._running, self._stuck
-        return WorkerStats(THREAD, self.max_workers, workers=len(self._pool._threads), busy=running - stuck,
-                           stuck=stuck)
+            running, stuck, serving = self._running, self._stuck, self._serving
+        return WorkerStats(THREAD, self.max_workers, workers=serving + stuck, busy=running - stuck, stuck=stuck)
 
     async def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        """Let the threads go: each ends after the job it runs (calls still queued never start)."""
+        with self._lock:
+            self._closed = True
+            serving = self._serving
+        while True:  # drop what waits: its callers are answered by the lane or were cancelled
+            try:
+                job = self._jobs.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None and job.future is not None:
+                job.future.cancel()
+        for _ in range(serving):
+            self._jobs.put(None)
