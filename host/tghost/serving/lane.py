@@ -188,9 +188,9 @@ class ThreadLane:
                     if due:
                         break
                     self._wake.wait(wait)
-            for request in due:
-                self._abandon(request)
+            for request in due:  # answered first, then its thread let go: the caller hears at once
                 self._refuse(request, wire.TIMEOUT, self._terms.refusal(wire.TIMEOUT))
+                self._abandon(request)
 
     def running(self, request_id: str) -> Request | None:
         """The call of ``request_id`` in the lane (waiting or running), if any."""
@@ -200,8 +200,8 @@ class ThreadLane:
         """The caller cancelled ``request``: answer it ``cancelled`` and free its slot at once;
         a plain ``def`` still in its thread is told (``tghost.Context.cancelled``) and counted
         stuck until it returns."""
-        self._abandon(request)
         self._refuse(request, wire.CANCELLED, self._terms.refusal(wire.CANCELLED))
+        self._abandon(request)
 
     def _abandon(self, request: Request) -> None:
         if request.job is not None:

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import inspect
 import os
+import pickle
 import resource
 import signal
 import sys
@@ -166,41 +167,46 @@ class _Runner:
         try:
             self._invoke(call._replace(report=self._report))
         except MemoryError:
-            self.conn.send(("oom", "MemoryError: the call needed more memory than this worker may have "
+            self._say(("oom", "MemoryError: the call needed more memory than this worker may have "
                                    "(tghost run --max-worker-memory); the worker was replaced"))
             return False
         except ToolError as exc:
-            self.conn.send(("error", exc.error_type, str(exc), None, self.rss()))
+            self._say(("error", exc.error_type, str(exc), None, self.rss()))
         except Exception as exc:
-            self.conn.send(("error", wire.TOOL_SERVICE_ERROR, f"{type(exc).__name__}: {exc}",
+            self._say(("error", wire.TOOL_SERVICE_ERROR, f"{type(exc).__name__}: {exc}",
                             traceback.format_exc(), self.rss()))
         return True
 
+    def _say(self, message: tuple[Any, ...]) -> None:
+        """Send ``message`` to the host: plain ``pickle`` of plain data (multiprocessing's own
+        pickler copies its dispatch table for every message; the host's ``recv`` reads both)."""
+        self.conn.send_bytes(pickle.dumps(message, pickle.HIGHEST_PROTOCOL))
+
     def _report(self, update: wire.Progress) -> None:
         """A progress update of the call, to the host (which sends it on if the caller asked)."""
-        self.conn.send(("progress", tuple(update)))
+        self._say(("progress", tuple(update)))
 
     def _invoke(self, call: Call) -> None:
         result = invoke(self.service, call)
         if inspect.isawaitable(result):
             result = self.loop.run_until_complete(result)
         if inspect.isasyncgen(result):
-            self.conn.send(("stream",))
+            self._say(("stream",))
             try:
                 while True:
                     try:
                         chunk = self.loop.run_until_complete(result.__anext__())
                     except StopAsyncIteration:
                         break
-                    self.conn.send(("chunk", wire.observation(chunk)))
+                    self._say(("chunk", wire.observation(chunk)))
             finally:
                 self.loop.run_until_complete(result.aclose())
-            self.conn.send(("end", self.rss()))
+            self._say(("end", self.rss()))
         elif inspect.isgenerator(result):
-            self.conn.send(("stream",))
+            self._say(("stream",))
             with contextlib.closing(result):
                 for chunk in result:
-                    self.conn.send(("chunk", wire.observation(chunk)))
-            self.conn.send(("end", self.rss()))
+                    self._say(("chunk", wire.observation(chunk)))
+            self._say(("end", self.rss()))
         else:
-            self.conn.send(("result", wire.observation(result), self.rss()))
+            self._say(("result", wire.observation(result), self.rss()))

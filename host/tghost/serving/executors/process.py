@@ -19,11 +19,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import pickle
 from collections import deque
 from collections.abc import AsyncGenerator, Callable
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from multiprocessing.reduction import ForkingPickler
 from typing import TYPE_CHECKING, Any
 
 from tghost.author.service import Call, ToolError
@@ -70,18 +70,20 @@ def _error_type(exc: BaseException) -> str:
     return "cancelled" if isinstance(exc, asyncio.CancelledError | GeneratorExit) else type(exc).__name__
 
 
-def _wake(ready: asyncio.Future[None]) -> None:
-    if not ready.done():
-        ready.set_result(None)
-
-
 class _Worker:
-    """One worker process and the host's end of its pipe."""
+    """One worker process and the host's end of its pipe.
+
+    The event loop watches the pipe from the first wait to the worker's end, not once per call
+    (two ``epoll_ctl`` system calls a call saved). While nothing waits, a readable pipe can only
+    be the worker's end (EOF, or a message after its call was given up): the loop stops
+    watching then, so it never spins on it."""
 
     def __init__(self, process: BaseProcess, conn: Connection) -> None:
         self.process = process
         self.conn = conn
         self.calls = 0
+        self._loop: asyncio.AbstractEventLoop | None = None  # watching the pipe, when not None
+        self._waiter: asyncio.Future[None] | None = None
 
     @property
     def pid(self) -> int | None:
@@ -94,21 +96,38 @@ class _Worker:
         Raises:
             EOFError: the worker died (its end of the pipe closed).
         """
-        loop = asyncio.get_running_loop()
         while True:
             while not self.conn.poll():
-                ready: asyncio.Future[None] = loop.create_future()
-                fd = self.conn.fileno()
-                loop.add_reader(fd, _wake, ready)
-                try:
-                    await ready
-                finally:
-                    loop.remove_reader(fd)
+                await self._readable()
             message = self.conn.recv()
             if message[0] != "progress":
                 return message
             if report is not None:
                 report(wire.Progress(*message[1]))
+
+    async def _readable(self) -> None:
+        """Wait until the pipe is readable."""
+        loop = asyncio.get_running_loop()
+        self._waiter = loop.create_future()
+        if self._loop is None:
+            loop.add_reader(self.conn.fileno(), self._on_readable)
+            self._loop = loop
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+
+    def _on_readable(self) -> None:
+        if self._waiter is None:
+            self._unwatch()  # nobody waits: see the class doc
+        elif not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def _unwatch(self) -> None:
+        if self._loop is not None:
+            with contextlib.suppress(Exception):  # the loop or the pipe is already closed
+                self._loop.remove_reader(self.conn.fileno())
+            self._loop = None
 
     async def exit_code(self, timeout: float = KILL_AFTER) -> int | None:
         """Wait up to ``timeout`` seconds for the process to end; its exit code (negative: signal)."""
@@ -120,6 +139,7 @@ class _Worker:
 
     async def stop(self, kill: bool) -> None:
         """End the process: ask it to (its pipe says ``None``), or terminate it; kill it if it lingers."""
+        self._unwatch()
         with contextlib.suppress(OSError):
             if kill:
                 self.process.terminate()
@@ -165,7 +185,9 @@ class ProcessExecutor(Executor):
 
     async def run(self, call: Call, span: Span | None = None) -> Outcome:
         try:
-            request = ForkingPickler.dumps(call._replace(cancelled=None, report=None))  # the worker is killed instead
+            # plain pickle: a call is plain data (multiprocessing's pickler costs twice as much);
+            # its cancel flag and progress line stay here (the worker is killed; its updates cross the pipe)
+            request = pickle.dumps(call._replace(cancelled=None, report=None), pickle.HIGHEST_PROTOCOL)
         except Exception as exc:
             raise ToolError(f"the arguments cannot be sent to a worker process of service {self.service_id!r}: "
                             f"{type(exc).__name__}: {exc}", wire.TOOL_SERVICE_ERROR) from None
