@@ -80,6 +80,7 @@ COMMANDS = {
     "plugins": Entry("plugins", "List every installed plugin: what it serves, what failed and why, and what was "
                                 "blocked (by --load-plugins/--disable-plugins or their env vars) and by which "
                                 "setting."),
+    "pulsar": Entry("deploy", "Set up an Apache Pulsar cluster for tghost."),
     "run": Entry("run", "Serve every installed tool-service plugin on Pulsar."),
     "status": Entry("status", "Ask a running 'tghost run --metrics-port PORT' how it is: connected to Pulsar or "
                               "not, the services it serves and their workers (isolation, stuck threads, restarted "

@@ -1,0 +1,54 @@
+"""cli.deploy: ``tghost pulsar policies``, what an Apache Pulsar cluster needs before tghost
+hosts announce on it (docs/protocol.md §4.10).
+"""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from tghost.cli.app import cli
+from tghost.protocol.deployment import DEFAULT_NAMESPACE, Policies, admin_commands, check_role, rest_calls
+
+
+@cli.group()
+def pulsar() -> None:
+    """Set up an Apache Pulsar cluster for tghost."""
+
+
+@pulsar.command()
+@click.option("--namespace", default=DEFAULT_NAMESPACE, show_default=True, metavar="TENANT/NAMESPACE",
+              help="The namespace of the announcement topics (that of --descriptors-topic).")
+@click.option("--host-role", default="<host-role>", show_default=True,
+              help="The Pulsar role of the hosts: they produce and consume announcements.")
+@click.option("--agent-role", default="<agent-role>", show_default=True,
+              help="The Pulsar role of the agents (directories): they only consume.")
+@click.option("--format", "fmt", type=click.Choice(["admin", "rest"]), default="admin", show_default=True,
+              help="pulsar-admin command lines, or admin REST calls (METHOD PATH [JSON body]).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for programs: the namespace and the lines.")
+def policies(namespace: str, host_role: str, agent_role: str, fmt: str, as_json: bool) -> None:
+    """Print what docs/protocol.md §4.10 asks of the announcement namespace.
+
+    It creates the namespace if it is missing (Pulsar never creates namespaces), then sets
+    retention, compaction and inactive-topic deletion, and lets hosts produce and agents
+    consume there. The pulsar-admin lines are safe to run twice: a set-up job runs exactly
+    what this prints. Without --host-role and --agent-role the roles are placeholders, which a
+    shell refuses. Talks to nothing; exits 2 for a namespace that is not TENANT/NAMESPACE or a
+    role name a shell line cannot carry.
+    """
+    try:
+        wanted = Policies(namespace=namespace)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--namespace") from None
+    for role, option in ((host_role, "--host-role"), (agent_role, "--agent-role")):
+        if not (role.startswith("<") and role.endswith(">")):  # a placeholder is printed as it is
+            try:
+                check_role(role)
+            except ValueError as exc:
+                raise click.BadParameter(str(exc), param_hint=option) from None
+    lines = (admin_commands if fmt == "admin" else rest_calls)(wanted, host_role, agent_role)
+    if as_json:
+        click.echo(json.dumps({"namespace": wanted.namespace, "format": fmt, "lines": lines}, indent=2))
+        return
+    click.echo("\n".join(lines))
