@@ -158,8 +158,17 @@ NOT_RUN = {
         "configures the GitHub module above; plugins/tghost-amplifier/tests pass the same table to local modules",
     ("README.md", "tools:"): "an Amplifier session's mount plan; plugins/tghost-amplifier/tests/test_session.py "
                              "mounts tool-tghost with the same config keys",
+    ("README.md", "helm repo add apache https://pulsar.apache.org/charts"):
+        "needs a Kubernetes cluster, Helm, Docker and a registry; tests/deploy validates every manifest against "
+        "Kubernetes 1.31's schemas, checks the Dockerfile's entry point and runs 'tghost pulsar policies' as the "
+        "Job does",
     ("docs/benchmarks.md", "python3 -m pip install tox && python3 -m tox -e bench"):
         "the benchmarks (minutes, and timing goes into bench/, never into tests)",
+    ("docs/scale.md", ".venv/bin/python bench/run.py scale"):
+        "the scale benchmark (minutes at full size; timing goes into bench/, never into tests)",
+    ("docs/scale.md", "pulsar-admin namespaces set-retention tg/config --time 1h --size 4G"):
+        "needs an Apache Pulsar cluster (pulsar-lite has no retention policies); tests/protocol/test_deployment.py "
+        "checks the 1G line that 'tghost pulsar policies' prints against docs/protocol.md §4.10",
 }
 
 
