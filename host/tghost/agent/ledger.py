@@ -234,6 +234,9 @@ class Ledger:
                                     report_interval, self.rejections, silent=frozenset({DUPLICATE}))
         self._instances: dict[Ref, _Instance] = {}
         self._host_instances: dict[str, list[str]] = defaultdict(list)
+        self._holders: dict[Key, set[str]] = defaultdict(set)
+        """Key -> the host ids whose remembered instances may hold a descriptor of it (a superset:
+        :meth:`remembered` checks each), so that it never scans every host (docs/scale.md)."""
         self._clashing: dict[str, frozenset[str]] = {}
         self._logged_clashes: dict[str, frozenset[str]] = {}
         self.quiet = False
@@ -300,13 +303,22 @@ class Ledger:
         return dirty
 
     def _forget(self, ref: Ref) -> None:
-        del self._instances[ref]
+        state = self._instances.pop(ref)
         host_id, instance = ref
         siblings = self._host_instances[host_id]
         siblings.remove(instance)
         if not siblings:
             del self._host_instances[host_id]
             self._seen.pop(host_id, None)
+            for key in state.entries:
+                self._drop_holder(key, host_id)
+
+    def _drop_holder(self, key: Key, host_id: str) -> None:
+        holders = self._holders.get(key)
+        if holders is not None:
+            holders.discard(host_id)
+            if not holders:
+                del self._holders[key]
 
     def apply(self, data: bytes, publish_time: float, key: str) -> set[Key]:
         """Apply one message: its payload ``data``, the broker's ``publish_time`` (unix seconds;
@@ -460,6 +472,7 @@ class Ledger:
             self._applied += 1
             state.entries[key] = _Entry(descriptor, announcement.plugin, True, announcement.external, self._applied,
                                         ToolAccess.from_json(announcement.access))
+            self._holders[key].add(announcement.host.id)
         return {key}
 
     def _meet(self, ref: Ref, state: _Instance) -> set[Key]:
@@ -531,7 +544,11 @@ class Ledger:
         even while one side is withdrawn or expired. Kept until the ledger forgets the instance
         (``max_clock_skew`` twice after its lease ended)."""
         found: dict[str, ToolDescriptor | ToolServiceDescriptor] = {}
-        for host_id, instances in self._host_instances.items():
+        for host_id in list(self._holders.get(key, ())):
+            instances = self._host_instances.get(host_id)
+            if not instances:  # forgotten meanwhile
+                self._drop_holder(key, host_id)
+                continue
             for instance in reversed(instances):
                 entry = self._instances[(host_id, instance)].entries.get(key)
                 if entry is not None and entry.descriptor is not None:
