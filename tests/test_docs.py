@@ -166,9 +166,6 @@ NOT_RUN = {
         "the benchmarks (minutes, and timing goes into bench/, never into tests)",
     ("docs/scale.md", ".venv/bin/python bench/run.py scale"):
         "the scale benchmark (minutes at full size; timing goes into bench/, never into tests)",
-    ("docs/scale.md", "pulsar-admin namespaces set-retention tg/config --time 1h --size 4G"):
-        "needs an Apache Pulsar cluster (pulsar-lite has no retention policies); tests/protocol/test_deployment.py "
-        "checks the 1G line that 'tghost pulsar policies' prints against docs/protocol.md §4.10",
 }
 
 

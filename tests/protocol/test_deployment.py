@@ -55,8 +55,17 @@ def test_rest_calls_carry_the_same_figures_and_json_is_for_programs() -> None:
     assert json.loads(bodies["hosts"]) == ["produce", "consume"] and json.loads(bodies["agents"]) == ["consume"]
 
 
+def test_the_retention_size_grows_with_the_fleet_as_docs_scale_advises() -> None:
+    printed = tghost_cli("pulsar", "policies", "--retention-size", "4G")
+    assert printed.returncode == 0, printed.stderr
+    assert "pulsar-admin namespaces set-retention tg/config --time 1h --size 4G" in printed.stdout.splitlines()
+    rest = tghost_cli("pulsar", "policies", "--retention-size", "1536M", "--format", "rest")
+    assert '"retentionSizeInMB": 1536' in rest.stdout
+
+
 @pytest.mark.parametrize(("option", "value", "says"), [
     ("--namespace", "config", "is not TENANT/NAMESPACE"),
+    ("--retention-size", "4 GB", "is not a size"),
     ("--host-role", "hosts; rm -rf /", "is not a role name"),
 ])
 def test_a_namespace_or_role_a_shell_line_cannot_carry_is_a_usage_error(option: str, value: str, says: str) -> None:

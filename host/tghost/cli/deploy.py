@@ -5,6 +5,7 @@ hosts announce on it (docs/protocol.md §4.10).
 from __future__ import annotations
 
 import json
+import re
 
 import click
 
@@ -24,10 +25,13 @@ def pulsar() -> None:
               help="The Pulsar role of the hosts: they produce and consume announcements.")
 @click.option("--agent-role", default="<agent-role>", show_default=True,
               help="The Pulsar role of the agents (directories): they only consume.")
+@click.option("--retention-size", default="1G", show_default=True, metavar="SIZE",
+              help="The retention's size bound per topic, in M or G (e.g. 4G): at least twice one epoch's "
+                   "announcements, about 0.2 MB per host of 100 tools (docs/scale.md).")
 @click.option("--format", "fmt", type=click.Choice(["admin", "rest"]), default="admin", show_default=True,
               help="pulsar-admin command lines, or admin REST calls (METHOD PATH [JSON body]).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for programs: the namespace and the lines.")
-def policies(namespace: str, host_role: str, agent_role: str, fmt: str, as_json: bool) -> None:
+def policies(namespace: str, host_role: str, agent_role: str, retention_size: str, fmt: str, as_json: bool) -> None:
     """Print what docs/protocol.md §4.10 asks of the announcement namespace.
 
     It creates the namespace if it is missing (Pulsar never creates namespaces), then sets
@@ -37,8 +41,12 @@ def policies(namespace: str, host_role: str, agent_role: str, fmt: str, as_json:
     shell refuses. Talks to nothing; exits 2 for a namespace that is not TENANT/NAMESPACE or a
     role name a shell line cannot carry.
     """
+    size = re.fullmatch(r"([1-9][0-9]*)([MG])", retention_size)
+    if size is None:
+        raise click.BadParameter(f"{retention_size!r} is not a size: write e.g. 1G or 512M",
+                                 param_hint="--retention-size")
     try:
-        wanted = Policies(namespace=namespace)
+        wanted = Policies(namespace=namespace, retention_mb=int(size[1]) * (1024 if size[2] == "G" else 1))
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--namespace") from None
     for role, option in ((host_role, "--host-role"), (agent_role, "--agent-role")):
