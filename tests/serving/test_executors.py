@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import AsyncIterator
@@ -434,3 +435,28 @@ def alive(pid: int) -> bool:
             return stat.read().split(")")[-1].split()[0] != "Z"
     except (ProcessLookupError, FileNotFoundError):  # gone, also between the two looks
         return False
+
+
+async def test_a_stuck_thread_on_the_loop_path_is_freed_when_its_plugin_returns(pulsar_broker: EmbeddedBroker) -> None:
+    # A persistent request topic takes the event loop's path (not the thread lane): the timed-out
+    # call's future is given up there, and the thread must still come back when the plugin returns.
+    release = threading.Event()
+
+    @tghost.tool(timeout=0.2, persistent=True)
+    def held() -> str:
+        """Return once released."""
+        release.wait(30)
+        return "released"
+
+    async with LocalHost(pulsar_broker.url, [held]) as host:
+        with pytest.raises(ToolCallError) as info:
+            await host.call("held", timeout=10)
+        [endpoint] = host.server.endpoints
+        stuck = endpoint.executor.stats().stuck
+        release.set()
+        deadline = time.monotonic() + 10
+        while endpoint.executor.stats().stuck:
+            assert time.monotonic() < deadline, "the stuck thread never came back"
+            await asyncio.sleep(0.02)
+        assert await host.call("held", timeout=10) == "released"
+    assert info.value.error_type == "timeout" and stuck == 1

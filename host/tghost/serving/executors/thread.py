@@ -157,7 +157,9 @@ class ThreadExecutor(Executor):
         was stuck in one and another has taken its place meanwhile."""
         while (job := self._jobs.get()) is not None:
             with self._lock:
-                if job.abandoned:  # while it waited for a thread
+                # abandoned, or its future cancelled, while it waited; once running, its future
+                # can no longer be cancelled, so the result always has a place to go
+                if job.abandoned or (job.future is not None and not job.future.set_running_or_notify_cancel()):
                     self._idle += 1
                     continue
                 job.started = True
