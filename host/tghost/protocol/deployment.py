@@ -18,8 +18,6 @@ from tghost.protocol.announcement import DEFAULT_TOPIC, EPOCH_SECONDS, RESTATEME
 
 __all__ = ["DEFAULT_NAMESPACE", "Policies", "admin_commands", "check_role", "namespace_of", "rest_calls"]
 
-#: The namespace of the default announcement topic: ``tg/config``.
-DEFAULT_NAMESPACE = "/".join(DEFAULT_TOPIC.split("://", 1)[1].split("/")[:2])
 #: The clock skew a directory allows by default (seconds; docs/protocol.md §4.6).
 _DEFAULT_SKEW = 60.0
 _NAMESPACE = re.compile(r"[A-Za-z0-9_.=:-]+/[A-Za-z0-9_.=:-]+")
@@ -37,6 +35,10 @@ def namespace_of(topic: str) -> str:
     if len(parts) != 3 or not all(parts):
         raise ValueError(f"{topic!r} is not a full topic name (persistent://tenant/namespace/name)")
     return f"{parts[0]}/{parts[1]}"
+
+
+#: The namespace of the default announcement topic: ``tg/config``.
+DEFAULT_NAMESPACE = namespace_of(DEFAULT_TOPIC)
 
 
 @dataclass(frozen=True)
