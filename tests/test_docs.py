@@ -139,6 +139,7 @@ RUN_BY = {
     ("docs/plugin-api.md", "# tghost_units.py, continued"): "test_plugin_api",
     ("docs/plugin-api.md", "# tests/test_units.py"): "test_plugin_api",
     ("docs/plugin-api.md", "# tghost_crawl.py"): "test_progress",
+    ("docs/agent-api.md", "# agent.py"): "test_agent_api",
 }
 
 #: Blocks no test runs here, and why.

@@ -3,11 +3,10 @@ serving the three example plugins the README's set-up command installs."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import subprocess
-import textwrap
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -52,17 +51,23 @@ def test_every_try_it_command_answers(env: dict[str, str], host_process: Callabl
     assert host.finish() == 0
 
 
-async def test_the_agent_snippet_offers_invokes_and_follows(
-    pulsar_broker: EmbeddedBroker, env: dict[str, str], host_process: Callable[..., HostProcess],
-    capsys: pytest.CaptureFixture[str],
+def test_the_agent_snippet_runs_as_a_script_offers_invokes_and_follows(
+    pulsar_broker: EmbeddedBroker, env: dict[str, str], host_process: Callable[..., HostProcess], tmp_path: Path,
 ) -> None:
     host = host_process(env=env)
-    await asyncio.to_thread(host.wait_for, "announced")
-    source = block(README, "# an agent").replace("pulsar://localhost:6650", pulsar_broker.url)
-    namespace: dict[str, object] = {}
-    exec("async def agent():\n" + textwrap.indent(source, "    ") + "\n    return offered, answer", namespace)
-    with pytest.raises(TimeoutError):  # it follows the changes until stopped
-        await asyncio.wait_for(namespace["agent"](), 20)  # type: ignore[operator]
-    assert "added query-customers" in capsys.readouterr().out.splitlines()
+    host.wait_for("announced")
+    script = tmp_path / "agent.py"
+    source = block(README, "# an agent, as a script: python agent.py")
+    script.write_text(source.replace("pulsar://localhost:6650", pulsar_broker.url))
+    agent = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE, text=True)
+    assert agent.stdout is not None
+    lines = []
+    for line in agent.stdout:  # it follows the changes until stopped
+        lines.append(line.rstrip("\n"))
+        if line == "added query-customers\n":
+            break
+    agent.kill()
+    agent.wait()
+    assert "query-customers" in lines[0] and lines[1].startswith("answer: ") and len(lines[1]) > len("answer: ")
     host.process.send_signal(signal.SIGINT)
-    assert await asyncio.to_thread(host.finish) == 0
+    assert host.finish() == 0
