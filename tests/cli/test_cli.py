@@ -249,7 +249,9 @@ def test_tools_json_lists_what_a_running_host_announced(env: dict[str, str],
     assert set(tools) == {"echo", "unhurried", "failing", "ask-staff"}
     assert tools["ask-staff"]["service"] == "kb" and tools["ask-staff"]["providers"] == ["alpha"]
     assert tools["ask-staff"]["config"] == {"collection": "staff"} and tools["ask-staff"]["group"] == ["hr"]
-    assert tools["ask-staff"]["collection"] == "staff"  # the whole descriptor: config values at the top level
+    assert "collection" not in tools["ask-staff"]  # config values only under "config"
+    assert tools["ask-staff"]["state"] == "answered" and "state" not in tools["echo"]  # unset: left out, never null
+    assert not [(name, key) for name, row in tools.items() for key, value in row.items() if value is None]
     assert tools["ask-staff"]["input-schema"] == {
         "type": "object", "title": "lookupArguments", "additionalProperties": False, "required": ["question"],
         "properties": {"question": {"type": "string", "title": "Question"}}}
@@ -314,13 +316,20 @@ def test_watch_shows_a_second_host_arriving_and_leaving(env: dict[str, str], plu
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in watcher.stdout], daemon=True).start()  # type: ignore[union-attr]
 
-    def changes(n: int) -> list[tuple[str, str]]:
-        return [(c["change"], c["tool"]) for c in (json.loads(lines.get(timeout=20)) for _ in range(n))]
+    def rows(n: int) -> list[dict[str, object]]:
+        return [json.loads(lines.get(timeout=20)) for _ in range(n)]
+
+    def changes(n: int) -> list[tuple[object, object]]:
+        return [(c["change"], c["name"]) for c in rows(n)]
 
     try:
         first = host_process("--host-id", "first", env=env)
         first.wait_for("announced")
-        assert sorted(changes(4)) == sorted(("added", t) for t in ("echo", "unhurried", "failing", "ask-staff"))
+        added = {row.pop("name"): row for row in rows(4)}
+        assert {name: row.pop("change") for name, row in added.items()} == dict.fromkeys(
+            ("echo", "unhurried", "failing", "ask-staff"), "added")
+        listed = live_tools(env)  # one shape for a tool: watch adds only "change"
+        assert added == {name: {k: v for k, v in row.items() if k != "name"} for name, row in listed.items()}
         plugin_dir.add("shout", SHOUT)  # "pip install" a plugin, then start a second host
         second = host_process("--host-id", "second", env=env)
         second.wait_for("announced")
@@ -509,7 +518,7 @@ def test_watch_started_before_the_broker_waits_for_it(plugin_dir: PluginDir, tmp
         with EmbeddedBroker(tmp_path / "broker", port):
             host = host_process(env=env)
             host.wait_for("announced")
-            assert {json.loads(watch.stdout.readline())["tool"] for _ in range(4)} == {
+            assert {json.loads(watch.stdout.readline())["name"] for _ in range(4)} == {
                 "echo", "unhurried", "failing", "ask-staff"}
             host.process.send_signal(signal.SIGINT)
             assert host.finish() == 0
