@@ -63,7 +63,7 @@ async def test_the_directory_json_has_each_tool_with_its_schema_and_each_host_wi
         snap = (await http.get(f"{base}/api/directory")).json()
     tools = {tool["name"]: tool for tool in snap["tools"]}
     assert sorted(tools) == ["count", "shout"]
-    assert tools["shout"]["input_schema"]["required"] == ["text"] and tools["shout"]["providers"] == ["inspected"]
+    assert tools["shout"]["input-schema"]["required"] == ["text"] and tools["shout"]["providers"] == ["inspected"]
     [host] = snap["hosts"]
     assert host["host"]["id"] == "inspected" and host["state"] == "active" and host["signed_by"] is None
     assert host["lease_end"] > snap["now"] and host["seconds"] == 30.0

@@ -203,3 +203,20 @@ def test_a_value_signed_for_another_topic_is_refused() -> None:
     home = Ledger("persistent://tg/config/team-a", TrustedKeys([signer.public_key]))
     feed(home, *host._messages("available"))
     assert len(home.claims) == 2 and home.rejections == {}
+
+
+def test_a_host_message_announces_the_hosts_health_url_and_no_other_message_may() -> None:
+    """docs/protocol.md §4.3 ``health``: an OPTIONAL field of host messages, kept per instance;
+    a host without one (an older host) is as before, and on a tool message it is ``invalid``."""
+    ledger, older = Ledger("t"), announcer("older")
+    watched = Announcer(catalog_of([count]), HostIdentity("watched", "localhost", os.getpid()), lease=30.0,
+                        health_url="http://127.0.0.1:9464/health")
+    feed(ledger, *older._messages("available"), *watched._messages("available"))
+    assert {v.host["id"]: v.health for v in ledger.instances()} == {"older": None,
+                                                                      "watched": "http://127.0.0.1:9464/health"}
+    assert "health" not in dict(older._messages("available"))["host/older@older"]
+    assert ledger.instances()[1].to_json()["health"] == "http://127.0.0.1:9464/health"
+    key, value = watched._message("tool", "count", None, None, "available")
+    feed(ledger, (key, {**value, "health": "http://elsewhere/health", "lease": {**value["lease"],
+                                                                                "sent_at": time.time() + 1}}))
+    assert ledger.rejections["invalid"] == 1

@@ -249,7 +249,9 @@ def test_tools_json_lists_what_a_running_host_announced(env: dict[str, str],
     assert set(tools) == {"echo", "unhurried", "failing", "ask-staff"}
     assert tools["ask-staff"]["service"] == "kb" and tools["ask-staff"]["providers"] == ["alpha"]
     assert tools["ask-staff"]["config"] == {"collection": "staff"} and tools["ask-staff"]["group"] == ["hr"]
-    assert tools["ask-staff"]["collection"] == "staff"  # the whole descriptor: config values at the top level
+    assert "collection" not in tools["ask-staff"]  # config values only under "config"
+    assert tools["ask-staff"]["state"] == "answered" and "state" not in tools["echo"]  # unset: left out, never null
+    assert not [(name, key) for name, row in tools.items() for key, value in row.items() if value is None]
     assert tools["ask-staff"]["input-schema"] == {
         "type": "object", "title": "lookupArguments", "additionalProperties": False, "required": ["question"],
         "properties": {"question": {"type": "string", "title": "Question"}}}
@@ -314,13 +316,20 @@ def test_watch_shows_a_second_host_arriving_and_leaving(env: dict[str, str], plu
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in watcher.stdout], daemon=True).start()  # type: ignore[union-attr]
 
-    def changes(n: int) -> list[tuple[str, str]]:
-        return [(c["change"], c["tool"]) for c in (json.loads(lines.get(timeout=20)) for _ in range(n))]
+    def rows(n: int) -> list[dict[str, object]]:
+        return [json.loads(lines.get(timeout=20)) for _ in range(n)]
+
+    def changes(n: int) -> list[tuple[object, object]]:
+        return [(c["change"], c["name"]) for c in rows(n)]
 
     try:
         first = host_process("--host-id", "first", env=env)
         first.wait_for("announced")
-        assert sorted(changes(4)) == sorted(("added", t) for t in ("echo", "unhurried", "failing", "ask-staff"))
+        added = {row.pop("name"): row for row in rows(4)}
+        assert {name: row.pop("change") for name, row in added.items()} == dict.fromkeys(
+            ("echo", "unhurried", "failing", "ask-staff"), "added")
+        listed = live_tools(env)  # one shape for a tool: watch adds only "change"
+        assert added == {name: {k: v for k, v in row.items() if k != "name"} for name, row in listed.items()}
         plugin_dir.add("shout", SHOUT)  # "pip install" a plugin, then start a second host
         second = host_process("--host-id", "second", env=env)
         second.wait_for("announced")
@@ -483,9 +492,44 @@ def test_status_reports_a_running_host_and_exits_1_once_it_stops(
     assert gone.returncode == 1 and f"no tghost host answers at {url}" in gone.stderr
 
 
-def test_status_without_a_url_says_how_to_give_one() -> None:
-    result = tghost_cli("status", env={k: v for k, v in os.environ.items() if not k.startswith("TGHOST_")})
-    assert result.returncode == 2 and "TGHOST_METRICS_PORT" in result.stderr
+def test_status_shows_every_live_host_and_the_health_its_host_message_names(
+    env: dict[str, str], host_process: Callable[..., HostProcess]
+) -> None:
+    """No flag needed: a default host (no metrics port) is listed from its announcements, and one
+    with --metrics-port also with the health its host message points to."""
+    port = free_port()
+    watched = host_process("--host-id", "alpha", "--metrics-port", str(port), env=env)
+    plain = host_process("--host-id", "beta", env=env)
+    watched.wait_for("announced")
+    plain.wait_for("announced")
+    deadline = time.monotonic() + 15
+    while (status := tghost_cli("status", "--json", env=env)).returncode and time.monotonic() < deadline:
+        time.sleep(0.1)  # alpha's health is "starting" until it watches its connection, just after announcing
+    assert status.returncode == 0, status.stderr
+    hosts = {host["id"]: host for host in json.loads(status.stdout)["hosts"]}
+    alpha, beta = hosts["alpha"], hosts["beta"]
+    assert alpha["health_url"] == f"http://127.0.0.1:{port}/health" and alpha["health"]["status"] == "ok"
+    assert "health" not in beta and "health_url" not in beta and "signed_by" not in beta  # no nulls
+    assert (beta["services"], beta["external"], beta["tools"], beta["signed"], beta["conflicts"]) == (
+        ["echo", "failing", "kb", "unhurried"], [], 4, False, [])
+    assert 0 < beta["lease_remaining"] <= beta["lease_seconds"] == 30.0
+    table = tghost_cli("status", env=env)
+    assert table.returncode == 0, table.stderr
+    rows = {line.split()[0]: line.split() for line in table.stdout.splitlines()[1:] if not line.startswith(" ")}
+    assert table.stdout.split()[:7] == ["HOST", "SERVICES", "TOOLS", "LEASE", "SIGNED", "CONFLICTS", "HEALTH"]
+    assert rows["alpha"][-1] == "ok" and rows["beta"][-1] == "-" and rows["beta"][1:3] == [
+        "echo,failing,kb,unhurried", "4"]
+    for host in (watched, plain):
+        host.process.send_signal(signal.SIGINT)
+        assert host.finish() == 0
+
+
+def test_status_with_no_live_host_exits_3_and_without_a_broker_1(env: dict[str, str]) -> None:
+    none = tghost_cli("status", "--json", env=env)
+    assert none.returncode == 3 and json.loads(none.stdout)["hosts"] == [] and "no live host" in none.stderr
+    unset = {k: v for k, v in os.environ.items() if not k.startswith("TGHOST_")}
+    nowhere = tghost_cli("status", "--pulsar-url", f"pulsar://127.0.0.1:{free_port()}", env=unset)
+    assert nowhere.returncode == 1 and "no Pulsar broker answers" in nowhere.stderr
 
 
 def test_connect_timeout_comes_from_the_flag_or_the_environment() -> None:
@@ -509,7 +553,7 @@ def test_watch_started_before_the_broker_waits_for_it(plugin_dir: PluginDir, tmp
         with EmbeddedBroker(tmp_path / "broker", port):
             host = host_process(env=env)
             host.wait_for("announced")
-            assert {json.loads(watch.stdout.readline())["tool"] for _ in range(4)} == {
+            assert {json.loads(watch.stdout.readline())["name"] for _ in range(4)} == {
                 "echo", "unhurried", "failing", "ask-staff"}
             host.process.send_signal(signal.SIGINT)
             assert host.finish() == 0

@@ -9,11 +9,11 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from tghost.agent.directory import DirectoryTool, ToolDirectory
-from tghost.author.arguments import schema_of_arguments
+from tghost.agent.entries import input_schema
 from tghost.protocol.descriptors import ToolDescriptor
 
 __all__ = [
-    "FORMATS", "input_schema", "mcp_tool", "mcp_tools", "openai_tools", "select_tools", "title", "tool_row",
+    "FORMATS", "input_schema", "mcp_tool", "mcp_tools", "openai_tools", "select_tools", "title",
     "trustgraph_config", "trustgraph_tool",
 ]
 
@@ -31,33 +31,6 @@ def select_tools(
     else:
         tools = [directory.tools[d.name] for d in directory.available(["*"] if groups is None else groups, state)]
     return [t for t in tools if not (t.contested and directory.calls.refuse_conflicts)]
-
-
-def tool_row(tool: DirectoryTool) -> dict[str, Any]:
-    """A row of ``tghost tools --json``: the whole announced tool descriptor (seed 000/001 JSON:
-    ``arguments``, ``input-schema``, config values at the top level ...), plus ``config`` (the
-    config values alone), ``available_in_states`` and ``state`` (``null`` when unset),
-    ``providers`` (host ids), ``external``, ``conflicts`` (the other side of each conflict
-    over its name or service: :class:`tghost.agent.entries.Side` as JSON) and ``access`` (who
-    its hosts admit: ``everyone``, ``anonymous`` and/or caller key ids)."""
-    d = tool.descriptor
-    return {**d.to_json_dict(), "name": d.name, "service": d.service, "description": d.description,
-            "group": list(d.group), "state": d.state,
-            "available_in_states": list(d.available_in_states) if d.available_in_states else None,
-            "config": d.config, "arguments": [a.model_dump() for a in d.arguments],
-            "providers": [p.host["id"] for p in tool.providers],
-            "external": any(p.external for p in tool.service.providers),
-            "conflicts": [side.to_json() for side in tool.sides()[1:]] if tool.contested else [],
-            "access": tool.access()}
-
-
-def input_schema(tool: ToolDescriptor) -> dict[str, Any]:
-    """The JSON Schema (draft 2020-12 object schema) of the tool's arguments: its ``input-schema``
-    if it has one (a tghost host announces the schema it checks, :attr:`tghost.ToolService.arguments_schema`),
-    else built from its seed 000 ``arguments`` list (:func:`tghost.author.arguments.schema_of_arguments`)."""
-    if tool.input_schema is not None:
-        return dict(tool.input_schema)
-    return schema_of_arguments(tool.arguments)
 
 
 def title(tool: ToolDescriptor) -> str:

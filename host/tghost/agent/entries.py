@@ -1,6 +1,8 @@
 """entries: what a directory holds once it has resolved the hosts' claims: a live tool service
 (:class:`ServiceEntry`), a live tool (:class:`DirectoryTool`), and a change to the live tool set
-(:class:`Change`). Plain data, shared by the directory and its calls.
+(:class:`Change`). Plain data, shared by the directory and its calls. :meth:`DirectoryTool.to_json`
+is the one JSON shape of a tool for programs (``tghost tools --json``, ``tghost watch --json``,
+the inspector).
 """
 
 from __future__ import annotations
@@ -9,9 +11,19 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from tghost.agent.ledger import Provider
+from tghost.author.arguments import schema_of_arguments
 from tghost.protocol.descriptors import ToolDescriptor, ToolServiceDescriptor
 
-__all__ = ["Change", "DirectoryTool", "ServiceEntry", "Side"]
+__all__ = ["Change", "DirectoryTool", "ServiceEntry", "Side", "input_schema"]
+
+
+def input_schema(tool: ToolDescriptor) -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12 object schema) of the tool's arguments: its ``input-schema``
+    if it has one (a tghost host announces the schema it checks, :attr:`tghost.ToolService.arguments_schema`),
+    else built from its seed 000 ``arguments`` list (:func:`tghost.author.arguments.schema_of_arguments`)."""
+    if tool.input_schema is not None:
+        return dict(tool.input_schema)
+    return schema_of_arguments(tool.arguments)
 
 
 @dataclass(frozen=True)
@@ -29,7 +41,9 @@ class Side:
         return f"service {self.service!r}{where} from host {self.host}"
 
     def to_json(self) -> dict[str, str]:
-        return {"host": self.host, "service": self.service, "request_queue": self.request_queue}
+        """``{"host", "service", "request_queue"}``, ``request_queue`` only for a claim on a service id."""
+        side = {"host": self.host, "service": self.service}
+        return {**side, "request_queue": self.request_queue} if self.request_queue else side
 
 
 @dataclass(frozen=True)
@@ -77,6 +91,26 @@ class DirectoryTool:
                      self.service.descriptor.request_queue)
         return [first, *self.rivals, *self.service.rivals]
 
+    def to_json(self) -> dict[str, Any]:
+        """The tool for programs, the one shape every command and API gives:
+        ``name``, ``description``, ``service``, ``arguments``, ``input-schema`` (:func:`input_schema`),
+        ``group``, ``state`` and ``available_in_states`` (seed 001; left out when unset), ``config``
+        (its config values, only there), ``providers`` (host ids), ``external`` (a provider
+        announces its service as served elsewhere), ``access`` (:meth:`access`) and ``conflicts``
+        (the other side of each conflict over its name or service: :meth:`Side.to_json`). No
+        ``null``: a field without a value is left out."""
+        d = self.descriptor
+        shape: dict[str, Any] = {
+            "name": d.name, "description": d.description, "service": d.service,
+            "arguments": [a.model_dump() for a in d.arguments], "input-schema": input_schema(d),
+            "group": list(d.group), "state": d.state,
+            "available_in_states": None if d.available_in_states is None else list(d.available_in_states),
+            "config": d.config, "providers": [p.host["id"] for p in self.providers],
+            "external": any(p.external for p in self.service.providers), "access": self.access(),
+            "conflicts": [side.to_json() for side in self.sides()[1:]] if self.contested else [],
+        }
+        return {key: value for key, value in shape.items() if value is not None}
+
 
 @dataclass(frozen=True)
 class Change:
@@ -87,7 +121,6 @@ class Change:
     tool: DirectoryTool | None
 
     def to_json(self) -> dict[str, Any]:
-        tool = self.tool
-        return {"change": self.kind, "tool": self.name,
-                "descriptor": tool.descriptor.to_json_dict() if tool else None,
-                "providers": [p.host["id"] for p in tool.providers] if tool else []}
+        """``{"change": kind, ...}`` and the tool (:meth:`DirectoryTool.to_json`; for ``removed`` and
+        ``expired`` as it was last), or only its ``name`` when the tool is unknown."""
+        return {"change": self.kind, **(self.tool.to_json() if self.tool else {"name": self.name})}

@@ -149,6 +149,8 @@ class _Instance:
     """Whether it sent a message whose lease had not ended when applied (it was alive lately)."""
     signer: str | None = None
     """The key id the signature of its last applied message names (``None``: unsigned)."""
+    health: str | None = None
+    """The health URL its last host message announced (``None``: none)."""
 
     @property
     def active(self) -> bool:
@@ -164,7 +166,9 @@ class InstanceView:
     ``active``, ``withdrawn`` (it said it stopped), ``superseded`` (a newer instance of its host id
     took over) or ``expired`` (its lease ran out); ``signed_by`` the key id its last message's
     signature names (``None``: unsigned), which ``verified`` says was checked against trusted
-    keys; ``entries`` (kind, name, available) of everything it announced, withdrawn included.
+    keys; ``entries`` (kind, name, available) of everything it announced, withdrawn included;
+    ``external`` the ids of the tool services it announces available but serves elsewhere, and
+    ``health`` the URL of its health JSON, if its host message announces one.
     """
 
     host: dict[str, Any]
@@ -174,11 +178,15 @@ class InstanceView:
     signed_by: str | None
     verified: bool
     entries: tuple[tuple[str, str, bool], ...]
+    external: tuple[str, ...] = ()
+    health: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"host": self.host, "lease_end": self.lease_end, "seconds": self.seconds, "state": self.state,
+        view = {"host": self.host, "lease_end": self.lease_end, "seconds": self.seconds, "state": self.state,
                 "signed_by": self.signed_by, "verified": self.verified,
-                "entries": [{"kind": k, "name": n, "available": a} for k, n, a in self.entries]}
+                "entries": [{"kind": k, "name": n, "available": a} for k, n, a in self.entries],
+                "external": list(self.external)}
+        return view if self.health is None else {**view, "health": self.health}
 
 
 def _state_of(state: _Instance) -> str:
@@ -263,7 +271,10 @@ class Ledger:
         """Every host instance this ledger remembers, live or not, by host id then instance."""
         return [InstanceView(dict(state.host), state.lease_end, state.seconds, _state_of(state), state.signer,
                              self.trusted is not None,
-                             tuple(sorted((kind, name, e.available) for (kind, name), e in state.entries.items())))
+                             tuple(sorted((kind, name, e.available) for (kind, name), e in state.entries.items())),
+                             tuple(sorted(name for (kind, name), e in state.entries.items()
+                                          if kind == "tool-service" and e.available and e.external)),
+                             state.health)
                 for _, state in sorted(self._instances.items())]
 
     @property
@@ -460,6 +471,7 @@ class Ledger:
         """Record what one message says about the instance's entries; returns those that changed."""
         if announcement.kind == "host":
             state.withdrawn = announcement.status == "withdrawn"
+            state.health = announcement.health
             if state.withdrawn or announcement.entries is None:
                 return set()
             return _apply_manifest(state, announcement.entries.keys())

@@ -149,7 +149,8 @@ class Announcer:
     every :data:`CONNECTION_CHECK` seconds (or lease/3 if shorter): once it is back after any
     disconnect, everything is announced again, since a directory may have expired this host
     meanwhile. With a ``signer`` every value is signed (:mod:`tghost.protocol.trust` gives the format);
-    ``sent`` counts the messages published.
+    ``sent`` counts the messages published. ``health_url``, if given, is announced in the host
+    message (docs/protocol.md §4.3 ``health``).
 
     An announcement the broker has not confirmed after :data:`UNCONFIRMED_AFTER` seconds (or
     lease/3) while it accepts connections sets :attr:`problem` and logs it once at ERROR; its
@@ -166,6 +167,7 @@ class Announcer:
         signer: Signer | None = None,
         *,
         epoch_seconds: float = EPOCH_SECONDS,
+        health_url: str | None = None,
     ) -> None:
         """Raises:
             ValueError: ``lease`` is not above 0 and at most
@@ -180,6 +182,7 @@ class Announcer:
         self.lease = lease
         self.signer = signer
         self.epoch_seconds = epoch_seconds
+        self.health_url = health_url
         self.sent = 0
         self._started_at = time.time()
         #: What this instance announces now, and since when (unix seconds): the manifest.
@@ -260,6 +263,8 @@ class Announcer:
         }
         if kind == "host" and status == "available":
             value["entries"] = self._manifest()
+            if self.health_url is not None:
+                value["health"] = self.health_url  # where 'tghost status' reads this host's health (§4.3)
         if kind == "tool-service" and name in self.catalog.external:
             value["external"] = True  # announced here, served elsewhere (config.py; docs/protocol.md §4.3)
         if kind == "tool" and status == "available" and self.catalog.access is not None:

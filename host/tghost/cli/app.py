@@ -82,9 +82,7 @@ COMMANDS = {
                                 "setting."),
     "pulsar": Entry("deploy", "Set up an Apache Pulsar cluster for tghost."),
     "run": Entry("run", "Serve every installed tool-service plugin on Pulsar."),
-    "status": Entry("status", "Ask a running 'tghost run --metrics-port PORT' how it is: connected to Pulsar or "
-                              "not, the services it serves and their workers (isolation, stuck threads, restarted "
-                              "processes by reason), its uptime and the last error it logged."),
+    "status": Entry("status", "Show every live host: its services, tools, lease, signature, conflicts and health."),
     "tools": Entry("directory", "List the live tools every agent can see, as announced by running hosts."),
     "trustgraph": Entry("trustgraph", "Work with a TrustGraph deployment on the same Pulsar cluster."),
     "uninstall": Entry("plugins", "pip uninstall -y plugins from the environment tghost runs in."),

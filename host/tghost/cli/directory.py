@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import click
 
-from tghost.adapters.export import FORMATS, select_tools, tool_row
+from tghost.adapters.export import FORMATS, select_tools
 from tghost.agent.directory import Change
 from tghost.agent.entries import Side
 from tghost.agent.search import SearchError, check_limit, words_of
@@ -71,8 +71,8 @@ def tools(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...
                 names = sorted(directory.tools)
             listed = [n for n in names if show_all or directory.calls.admits(directory.tools[n])]
             if query is None:
-                return [tool_row(directory.tools[name]) for name in listed]
-            return [{**tool_row(directory.tools[name]), "score": round(score, 4)}
+                return [directory.tools[name].to_json() for name in listed]
+            return [{**directory.tools[name].to_json(), "score": round(score, 4)}
                     for name, score in directory.index.ranked(query, set(listed).__contains__, limit)]
 
     rows = asyncio.run(fetch())
@@ -87,8 +87,8 @@ def tools(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...
     table = [("TOOL", "SERVICE", "PROVIDERS", "GROUPS", "STATES", "-> STATE", *(("ACCESS",) if show_all else ()),
               *(("SCORE",) if scored else ()))] + [
         (r["name"] + (" CONFLICT" if r["conflicts"] else ""), r["service"] + (" (external)" if r["external"] else ""),
-         ",".join(r["providers"]), ",".join(r["group"]), ",".join(r["available_in_states"] or ["*"]),
-         r["state"] or "-", *((r["access"],) if show_all else ()), *((f"{r['score']:.2f}",) if scored else ()))
+         ",".join(r["providers"]), ",".join(r["group"]), ",".join(r.get("available_in_states") or ["*"]),
+         r.get("state", "-"), *((r["access"],) if show_all else ()), *((f"{r['score']:.2f}",) if scored else ()))
         for r in rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     for row in table:
@@ -135,7 +135,9 @@ def _print_conflicts(rows: list[dict[str, Any]], refused: bool) -> None:
 @cli.command()
 @pulsar_options
 @trust_options
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object per change (JSON Lines).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON object per change (JSON Lines): the tool as 'tghost tools --json' gives it, "
+                   "plus \"change\" (added, updated, removed or expired).")
 def watch(pulsar: PulsarSettings, descriptors_topic: str, trusted: TrustedKeys | None, as_json: bool) -> None:
     """Follow the live tool set: tools added, updated, removed or expired, until Ctrl-C.
 

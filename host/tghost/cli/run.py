@@ -134,14 +134,14 @@ def run(pulsar: PulsarSettings, descriptors_topic: str, data_dir: Path | None, t
     try:
         _start_broker_if_needed(pulsar.url, data_dir)
         session = HostSessionKey() if catalog.access is not None else None
-        with HostIdentity.claim(app_dir(), host_id, session) as identity:
-            announcer = Announcer(catalog, identity, descriptors_topic, lease, signer)
-            with operations.open() as (listeners, monitor):
-                sys.setswitchinterval(hop.SWITCH_INTERVAL)  # the Pulsar client's threads get the GIL sooner
-                asyncio.run(run_host(catalog, pulsar, settings, announcer, listeners=listeners, monitor=monitor,
-                                     watch=WatchSettings(watch_interval, selection, document or {},
-                                                         isolation == PROCESS)
-                                     if watch_plugins else None))
+        with HostIdentity.claim(app_dir(), host_id, session) as identity, operations.open() as (listeners, monitor):
+            announcer = Announcer(catalog, identity, descriptors_topic, lease, signer,
+                                  health_url=monitor.http.health_url() if monitor is not None else None)
+            sys.setswitchinterval(hop.SWITCH_INTERVAL)  # the Pulsar client's threads get the GIL sooner
+            asyncio.run(run_host(catalog, pulsar, settings, announcer, listeners=listeners, monitor=monitor,
+                                 watch=WatchSettings(watch_interval, selection, document or {},
+                                                     isolation == PROCESS)
+                                 if watch_plugins else None))
     except BrokerError as exc:
         raise click.ClickException(str(exc)) from None
     except PulsarException as exc:

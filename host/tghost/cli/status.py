@@ -1,18 +1,33 @@
-"""cli.status: ``tghost status``, the health of a running ``tghost run --metrics-port``.
+"""cli.status: ``tghost status``: every live host as the announcements show it, with the health
+its host message points to (:mod:`tghost.agent.hosts`); or, given --url (or TGHOST_METRICS_PORT),
+the health of one running ``tghost run --metrics-port``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import socket
 import sys
+import time
 import urllib.error
+import urllib.parse
 import urllib.request
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from tghost.cli.app import cli
+from tghost.cli.options import open_directory, pulsar_options, trust_options
+from tghost.pulsar.clients import PulsarSettings, is_loopback
+
+if TYPE_CHECKING:
+    from tghost.agent.hosts import LiveHost
+    from tghost.protocol.trust import TrustedKeys
+
+#: ``tghost status`` exit code when the directory knows of no live host.
+NO_HOSTS = 3
 
 
 def default_status_url() -> str | None:
@@ -43,24 +58,65 @@ def _default_status_url() -> str | None:
 
 
 @cli.command()
+@pulsar_options
+@trust_options
 @click.option("--url", envvar="TGHOST_STATUS_URL", default=None,
-              help="The host's health URL (env TGHOST_STATUS_URL) [default: http://TGHOST_METRICS_HOST:"
-                   "TGHOST_METRICS_PORT/health].")
+              help="Ask only this host's health URL (env TGHOST_STATUS_URL), as before hosts announced it; "
+                   "TGHOST_METRICS_PORT (and TGHOST_METRICS_HOST) set does the same for http://HOST:PORT/health "
+                   "[default: every live host the announcements show].")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=5.0, show_default=True,
-              help="Seconds to wait for the answer.")
-@click.option("--json", "as_json", is_flag=True, help="Print the health JSON for programs.")
-def status(url: str | None, timeout: float, as_json: bool) -> None:
-    """Ask a running 'tghost run --metrics-port PORT' how it is: connected to Pulsar or not,
-    the services it serves and their workers (isolation, stuck threads, restarted processes by
-    reason), its uptime and the last error it logged.
+              help="Seconds to wait for each health answer.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for programs.")
+def status(pulsar: PulsarSettings, descriptors_topic: str, trusted: TrustedKeys | None, url: str | None,
+           timeout: float, as_json: bool) -> None:
+    """Show every live host: its services, tools, lease, signature, conflicts and health.
 
-    Exits 1 when the host is degraded (not connected to Pulsar, or worker threads stuck), still
-    starting, or does not answer.
+    One row per host id the announcements show live: its services (external ones marked), tool
+    count, lease left, the key its announcements are signed with, its contested tools and
+    services, and its health where its host message names a health URL ('tghost run
+    --metrics-port'). A loopback health URL is asked only on the host's own machine.
+
+    With --json: {"topic", "trusted", "clashes", "hosts": [{"id", "instances", "hostname", "version", "lease_seconds",
+    "lease_remaining", "signed", "signed_by", "verified", "services", "external", "tools" (a count),
+    "conflicts", "health_url", "health"}]}; a field with no value is left out. "health" is the
+    host's /health JSON, or {"status": "unreachable", "error"}, or {"status": "elsewhere"} for a
+    loopback URL of another machine.
+
+    With --url (or TGHOST_METRICS_PORT), ask that one host how it is, as 'tghost run
+    --metrics-port' serves it: connected to Pulsar or not, the services it serves and their
+    workers (isolation, stuck threads, restarted processes by reason), its uptime and the last
+    error it logged.
+
+    \b
+    Exit codes:
+      0  live hosts found, none with a problem (with --url: the host is ok)
+      1  a host has a problem: its health is not ok or does not answer, a tool or service of
+         it is contested, or two processes share its id; or no broker answers
+      2  usage error
+      3  no live host (is a 'tghost run' up on this broker and --descriptors-topic?)
     """
     url = url or _default_status_url()
-    if url is None:
-        raise click.UsageError("give --url http://HOST:PORT/health, or set TGHOST_METRICS_PORT to the port "
-                               "'tghost run --metrics-port' serves on")
+    if url is not None:
+        _one_host(url, timeout, as_json)
+        return
+    hosts, report = asyncio.run(_fleet(pulsar, descriptors_topic, trusted, timeout))
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+    else:
+        _print_fleet(report)
+    if not hosts:
+        click.echo("no live host on this broker and topic: is a 'tghost run' up? (check --pulsar-url and "
+                   "--descriptors-topic)", err=True)
+        sys.exit(NO_HOSTS)
+    problems = [problem for host in report["hosts"] for problem in _problems(host, report["clashes"])]
+    for problem in problems:
+        click.echo(f"error: {problem}", err=True)
+    if problems:
+        sys.exit(1)
+
+
+def _one_host(url: str, timeout: float, as_json: bool) -> None:
+    """``tghost status --url``: the health of one host; exits 1 unless it is ok."""
     health = _fetch_health(url, timeout, as_json)
     if as_json:
         click.echo(json.dumps(health, indent=2))
@@ -74,6 +130,83 @@ def status(url: str | None, timeout: float, as_json: bool) -> None:
             click.echo(_STATUS_ADVICE.get(str(health.get("status")),
                                           f"error: unknown status {health.get('status')!r}"), err=True)
         sys.exit(1)
+
+
+async def _fleet(pulsar: PulsarSettings, topic: str, trusted: TrustedKeys | None,
+                 timeout: float) -> tuple[list[LiveHost], dict[str, Any]]:
+    """The live hosts of the directory on ``topic``, and the ``--json`` report, health included."""
+    from tghost.agent.hosts import live_hosts
+
+    async with open_directory(pulsar, topic, trusted) as directory:
+        hosts, now = live_hosts(directory), time.time()
+        clashes = {host: list(instances) for host, instances in directory.clashes.items()}
+    rows = [host.to_json(now) for host in hosts]
+    healths = await asyncio.gather(*(asyncio.to_thread(_announced_health, host, timeout) for host in hosts))
+    for row, health in zip(rows, healths, strict=True):
+        if health is not None:
+            row["health"] = health
+    return hosts, {"topic": topic, "trusted": trusted is not None, "hosts": rows, "clashes": clashes}
+
+
+def _announced_health(host: LiveHost, timeout: float) -> dict[str, Any] | None:
+    """The health JSON at the URL ``host`` announces (``None``: none announced), without asking
+    a loopback URL of another machine (``{"status": "elsewhere"}``) or a URL that is not http(s)."""
+    if host.health is None:
+        return None
+    parsed = urllib.parse.urlsplit(host.health)
+    if parsed.scheme not in ("http", "https"):
+        return {"status": "unreachable", "error": "not an http(s) URL"}
+    if is_loopback(parsed.hostname or "") and host.host.get("hostname") != socket.gethostname():
+        return {"status": "elsewhere"}
+    try:
+        return read_health(host.health, timeout)
+    except OSError as exc:
+        return {"status": "unreachable", "error": str(getattr(exc, "reason", exc))}
+    except ValueError:
+        return {"status": "unreachable", "error": "the answer is not health JSON"}
+
+
+def _problems(host: dict[str, Any], clashes: dict[str, list[str]]) -> list[str]:
+    """What is wrong with one host of the ``--json`` report, in words."""
+    who, health = f"host {host['id']}", host.get("health") or {}
+    problems = [f"{who}: {problem}" for problem in health.get("problems") or []]
+    if health.get("status") == "unreachable":
+        problems.append(f"{who}: its health URL {host.get('health_url')} does not answer ({health.get('error')})")
+    elif health.get("status") not in (None, "ok", "elsewhere") and not problems:
+        problems.append(f"{who}: health {health.get('status')}")
+    if host["conflicts"]:
+        problems.append(f"{who}: contested by another host: {', '.join(host['conflicts'])} (see 'tghost tools')")
+    if host["id"] in clashes:
+        problems.append(f"{who}: {len(clashes[host['id']])} live processes share this host id: give each its own "
+                        "--host-id (env TGHOST_HOST_ID)")
+    return problems
+
+
+def _print_fleet(report: dict[str, Any]) -> None:
+    """The live hosts as a table: one row per host."""
+    if not report["hosts"]:
+        return
+    table = [("HOST", "SERVICES", "TOOLS", "LEASE", "SIGNED", "CONFLICTS", "HEALTH")] + [
+        (host["id"] + (f" ({len(host['instances'])} processes)" if len(host["instances"]) > 1 else ""),
+         ",".join([*host["services"], *(f"{sid} (external)" for sid in host["external"])]) or "-",
+         str(host["tools"]), f"{host['lease_remaining']:.0f}s of {host['lease_seconds']:g}s",
+         host.get("signed_by", "no"), str(len(host["conflicts"])) if host["conflicts"] else "-",
+         _health_cell(host))
+        for host in report["hosts"]]
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    for row in table:
+        click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    for host in report["hosts"]:
+        for sid, stats in ((host.get("health") or {}).get("workers") or {}).items():
+            click.echo(f"  {host['id']} {sid}: {describe_workers(stats)}")
+
+
+def _health_cell(host: dict[str, Any]) -> str:
+    """``ok``, ``degraded``, ``unreachable``, ``on HOSTNAME only`` (a loopback URL elsewhere) or ``-``."""
+    status = (host.get("health") or {}).get("status")
+    if status == "elsewhere":
+        return f"on {host.get('hostname', '?')} only"
+    return str(status) if status is not None else "-"
 
 
 _STATUS_ADVICE = {

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from socketserver import ThreadingMixIn
@@ -225,6 +226,13 @@ class MetricsServer:
         self.port = self._httpd.server_port
         threading.Thread(target=self._httpd.serve_forever, name="tghost-metrics", daemon=True).start()
         return self
+
+    def health_url(self) -> str:
+        """The URL of ``/health`` to announce (docs/protocol.md §4.3 ``health``): on the bound address,
+        or on this machine's host name when bound to every interface. A loopback one is only of use
+        on this machine."""
+        host = socket.gethostname() if self.host in ("0.0.0.0", "::", "") else self.host
+        return f"http://{f'[{host}]' if ':' in host else host}:{self.port}/health"
 
     def stop(self) -> None:
         """Stop serving and close the socket. Idempotent."""

@@ -121,7 +121,8 @@ class Announcement(BaseModel):
     ``since`` (unix seconds) is when this host instance first announced the entry (for a host
     message: when the instance started), for people to read: a directory never orders claims
     by it (docs/protocol.md §4.8). ``entries`` is the
-    manifest and belongs on ``host`` messages only.
+    manifest and ``health`` the URL of the host's health endpoint (OPTIONAL); both belong on
+    ``host`` messages only.
     """
 
     kind: Literal["host", "tool-service", "tool"]
@@ -133,6 +134,9 @@ class Announcement(BaseModel):
     lease: Lease
     since: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     entries: Entries | None = None
+    health: str | None = Field(default=None, min_length=1, max_length=2048)
+    """Host messages only, OPTIONAL: the URL of the host's health JSON (``tghost run --metrics-port``'s
+    ``/health``), for ``tghost status``. A loopback address is only of use on the host's own machine."""
     external: bool = False
     access: dict[str, Any] | None = None
     """Tool messages of a host with an ``[access]`` policy: who may call the tool,
@@ -140,8 +144,9 @@ class Announcement(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> Announcement:
-        if self.entries is not None and self.kind != "host":
-            raise ValueError(f"a {self.kind} announcement carries 'entries': only host messages do")
+        for name in ("entries", "health"):
+            if getattr(self, name) is not None and self.kind != "host":
+                raise ValueError(f"a {self.kind} announcement carries {name!r}: only host messages do")
         if self.kind == "host" and self.name != self.host.id:
             raise ValueError(f"a host announcement names {self.name!r}, not its host id {self.host.id!r}")
         return self

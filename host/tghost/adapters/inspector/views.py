@@ -6,17 +6,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from tghost.adapters.export import input_schema, tool_row
 from tghost.agent.directory import DirectoryTool, ToolDirectory
 
 __all__ = ["hosts_view", "snapshot", "tool_view"]
 
 
 def tool_view(tool: DirectoryTool, admitted: bool) -> dict[str, Any]:
-    """One tool: its ``tghost tools --json`` row (:func:`tghost.adapters.export.tool_row`), plus
-    ``input_schema`` (the JSON Schema its form is drawn from), ``plugins`` (each provider's host
-    id and plugin name and version) and ``admitted`` (whether the directory's identity may call it)."""
-    return {**tool_row(tool), "input_schema": input_schema(tool.descriptor), "admitted": admitted,
+    """One tool: its JSON (:meth:`tghost.agent.entries.DirectoryTool.to_json`, as ``tghost tools
+    --json`` gives it; the form is drawn from its ``input-schema``), plus ``plugins`` (each
+    provider's host id and plugin name and version) and ``admitted`` (whether the directory's
+    identity may call it)."""
+    return {**tool.to_json(), "admitted": admitted,
             "plugins": [{"host": p.host.get("id"), "plugin": (p.plugin or {}).get("name"),
                          "version": (p.plugin or {}).get("version")} for p in tool.providers]}
 

@@ -165,7 +165,7 @@
       ...fact("providers", tool.plugins.map((p) => `${p.host}${p.plugin ? ` (${p.plugin}${p.version ? " " + p.version : ""})` : ""}`).join(", ")),
       ...fact("access", tool.access),
       ...fact("conflicts", tool.conflicts.length ? tool.conflicts.map((c) => c.host || JSON.stringify(c)).join("; ") : null));
-    view.form = window.SchemaForm.build(tool.input_schema);
+    view.form = window.SchemaForm.build(tool["input-schema"]);
     $("fields").replaceChildren(view.form.node);
     $("raw-toggle").checked = false;
     $("raw-wrap").hidden = true;
