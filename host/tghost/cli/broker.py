@@ -19,7 +19,7 @@ import click
 from click.core import ParameterSource
 
 from tghost.cli.app import cli
-from tghost.cli.options import setup_logging
+from tghost.cli.options import LogLevel, setup_logging
 from tghost.pulsar.clients import BrokerError, endpoints, is_loopback
 from tghost.pulsar.embedded import (
     DEFAULT_PORT,
@@ -38,6 +38,8 @@ from tghost.pulsar.store import MIB
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+#: pulsar-lite's log levels (:data:`LOG_LEVELS`), with ``warning`` for its ``warn`` as every tghost command spells it.
+PULSAR_LITE_LEVELS = tuple("warning" if level == "warn" else level for level in LOG_LEVELS)
 #: ``tghost broker status`` exit code when no embedded broker runs (LSB init scripts' "not running").
 NOT_RUNNING = 3
 
@@ -133,8 +135,9 @@ def _run_options(fn: F) -> F:
     fn = click.option("--metrics-port", type=click.IntRange(1, 65535), default=None,
                       help="Serve pulsar-lite's Prometheus metrics on http://127.0.0.1:PORT/metrics "
                            "[default: off].")(fn)
-    return click.option("--log-level", type=click.Choice(LOG_LEVELS), default="warn", show_default=True,
-                        help="pulsar-lite's log level.")(fn)
+    return click.option("--log-level", type=LogLevel(PULSAR_LITE_LEVELS), default="warning", show_default=True,
+                        callback=lambda ctx, param, value: "warn" if value == "warning" else value,
+                        help="pulsar-lite's log level ('warn' works too).")(fn)
 
 
 @cli.group(invoke_without_command=True)
