@@ -84,13 +84,13 @@ def test_a_pip_installed_amplifier_tool_module_is_served_called_and_exported_as_
     assert (listing.returncode, listing.stdout) == (0, "DIR  docs\nFILE big.txt\nFILE notes.txt\n")
     outside = tghost_cli("call", "read_file", "file_path=../audit.jsonl", env=env)
     assert outside.returncode == 1
-    assert "error: tool-service-error: Access denied: ../audit.jsonl is outside the workspace" in outside.stderr
+    assert "Error: tool-service-error: Access denied: ../audit.jsonl is outside the workspace" in outside.stderr
     too_big = tghost_cli("call", "read_file", "file_path=big.txt", env=env)  # max_bytes from the config file
     assert too_big.returncode == 1
-    assert "error: FileTooLarge: big.txt is 100 bytes, over the limit of 64" in too_big.stderr
+    assert "Error: FileTooLarge: big.txt is 100 bytes, over the limit of 64" in too_big.stderr
     invalid = tghost_cli("call", "read_file", "file_path=notes.txt", "offset:=0", env=env)
     assert invalid.returncode == 1
-    assert "error: invalid-arguments: argument 'offset': 0 is less than the minimum of 1" in invalid.stderr
+    assert "Error: invalid-arguments: argument 'offset': 0 is less than the minimum of 1" in invalid.stderr
 
     exported = tghost_cli("export", "--format", "mcp", env=env)
     assert exported.returncode == 0, exported.stderr

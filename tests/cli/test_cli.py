@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -24,6 +25,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.conftest import READY, HostProcess, PluginDir, live_tools, tghost_cli
 from tests.discovery.test_discover import GREETER
 from tghost.cli import pulsar_options
+from tghost.cli.app import cli
+from tghost.cli.options import LogLevel
 from tghost.pulsar.clients import PulsarSettings, free_port
 from tghost.pulsar.embedded import EmbeddedBroker
 from tghost.serving.settings import ServeSettings
@@ -116,7 +119,7 @@ def test_plugins_lists_added_plugins_with_their_kind_and_gives_the_config_file_t
     config.write_text("[greeter\n")
     unreadable = tghost_cli("plugins", env=plugin_dir.env(TGHOST_LOAD_PLUGINS="greeter", TGHOST_CONFIG=str(config)))
     assert unreadable.returncode == 1
-    assert f"error: cannot read {config}: " in unreadable.stderr
+    assert f"Error: cannot read {config}: " in unreadable.stderr
     assert "greeter-hello (? ?) loaded" in unreadable.stdout  # listed as without a config file
 
 
@@ -134,9 +137,10 @@ def test_run_serves_plugins_and_call_prints_the_observation(
     assert as_json.stdout == "from json\n"
     failed = tghost_cli("call", "--service", "failing", env=env)
     assert failed.returncode == 1
-    assert "error: tool-service-error: RuntimeError: out of coffee" in failed.stderr
+    assert "Error: tool-service-error: RuntimeError: out of coffee" in failed.stderr
     host.process.send_signal(signal.SIGINT)
     assert host.finish() == 0
+    assert "no call in flight" in host.log and "waiting up to" not in host.log
 
 
 def test_sigterm_lets_in_flight_calls_finish_then_exits_0(
@@ -206,7 +210,7 @@ def test_call_of_a_service_neither_announced_nor_installed_fails_at_once_unless_
     assert "--topic T" in typo.stderr
     anyway = tghost_cli("call", "--service", "no-such-svc", "--topic", f"nobody-{uuid.uuid4().hex[:8]}",
                     "--timeout", "0.5", "text=hi", env=env)  # sent: nobody answers
-    assert anyway.returncode == 1 and "error: timeout: no complete answer" in anyway.stderr
+    assert anyway.returncode == 1 and "Error: timeout: no complete answer" in anyway.stderr
 
 
 def test_call_waits_as_long_as_the_service_says_else_as_long_as_a_host_does(
@@ -592,3 +596,33 @@ def test_help_lists_every_command_by_its_own_first_line_without_importing_any() 
     listed, imported = shown.rsplit("\n", 2)[0], shown.rsplit("\n", 2)[1]
     assert all(f"  {name} " in listed for name in COMMANDS)
     assert imported == "['tghost.cli.app']"  # no command module, and none of the heavy libraries
+
+
+def _help(*command: str) -> str:
+    result = CliRunner().invoke(cli, [*command, "--help"], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_connect_timeout_is_in_the_help_of_the_commands_that_wait_only() -> None:
+    for command in ("tools", "call", "export"):
+        assert "--connect-timeout" not in _help(command), command
+    for command in ("run", "watch", "mcp"):
+        assert "--connect-timeout" in _help(command), command
+
+
+def test_log_levels_are_spelt_warning_everywhere_and_described() -> None:
+    assert re.search(r"--log-level \[debug\|info\|warning\|error\]\s+Least severe log line", _help("run"))
+    assert "--log-level [debug|info|warning|error]" in _help("mcp")
+    assert "--log-level [error|warning|info|debug|trace]" in _help("broker")
+    assert LogLevel().convert("warn", None, None) == "warning"
+    port = str(free_port())
+    result = CliRunner().invoke(cli, ["broker", "--log-level", "warn", "status", "--port", port])
+    assert result.exit_code == 3, result.output  # accepted: not running there
+
+
+def test_errors_start_with_click_s_error(tmp_path: Path) -> None:
+    config = tmp_path / "tools.toml"
+    config.write_text("not toml [")
+    result = CliRunner().invoke(cli, ["plugins", "--config", str(config)], env={"TGHOST_LOAD_PLUGINS": ""})
+    assert result.exit_code == 1 and "Error: " in result.output and "\nerror: " not in "\n" + result.output

@@ -25,8 +25,10 @@ from pathlib import Path
 
 import pulsar
 import pytest
+from click.testing import CliRunner
 
 from tests.conftest import HostProcess, PluginDir, tghost_cli
+from tghost.cli.app import cli
 from tghost.pulsar import broker_log, embedded
 from tghost.pulsar.clients import free_port, is_reachable
 from tghost.pulsar.embedded import EmbeddedBroker, default_data_dir, stop_broker
@@ -243,7 +245,59 @@ def test_broker_start_status_stop_with_json_and_exit_codes(local: Local) -> None
     after = local.tghost("broker", "status", "--port", port)
     assert after.returncode == 3 and "no embedded broker runs" in after.stdout
     nothing = local.tghost("broker", "stop", "--port", port, "--json")
-    assert nothing.returncode == 0 and json.loads(nothing.stdout)["stopped"] is False
+    assert nothing.returncode == 3 and json.loads(nothing.stdout)["stopped"] is False
+
+
+def test_broker_status_and_stop_follow_tghost_pulsar_url(local: Local) -> None:
+    """The user's env names the broker (TGHOST_PULSAR_URL, as for every other command): status
+    and stop act there, and 'nothing to stop' at a URL the user named is exit 3, not success."""
+    started = local.tghost("broker", "start", "--port", str(local.port), "--json")
+    assert started.returncode == 0, started.stderr
+    assert local.env["TGHOST_PULSAR_URL"] == local.url
+    status = local.tghost("broker", "status")
+    assert status.returncode == 0 and f"the embedded broker at {local.url} runs" in status.stdout
+    stopped = local.tghost("broker", "stop")
+    assert stopped.returncode == 0 and f"stopped the embedded broker at {local.url}" in stopped.stdout
+    assert not is_reachable(local.url)
+    again = local.tghost("broker", "stop")
+    assert again.returncode == 3 and again.stdout == ""
+    assert f"Error: nothing stopped (TGHOST_PULSAR_URL={local.url}): no embedded broker runs at {local.url}" \
+        in again.stderr
+    unnamed = local.tghost("broker", "stop", "--port", str(free_port()))
+    assert unnamed.returncode == 3, "an explicit --port names the broker too"
+
+
+def test_a_broker_started_with_a_data_dir_is_found_from_its_port(local: Local, tmp_path: Path) -> None:
+    data_dir = tmp_path / "elsewhere"
+    local.cleanup(local.port, data_dir)
+    started = local.tghost("broker", "start", "--port", str(local.port), "--data-dir", str(data_dir), "--json")
+    assert started.returncode == 0, started.stderr
+    status = local.tghost("broker", "status", "--port", str(local.port), "--json")
+    assert status.returncode == 0 and json.loads(status.stdout)["data_dir"] == str(data_dir)
+    stopped = local.tghost("broker", "stop", "--port", str(local.port))
+    assert stopped.returncode == 0 and f"stopped the embedded broker at {local.url}" in stopped.stdout
+    assert not is_reachable(local.url) and not (local.data_dir() / embedded.ELSEWHERE).exists()
+
+
+@pytest.mark.parametrize(("args", "env", "error"), [
+    (["--pulsar-url", "pulsar+ssl://broker.example:6651"], {},
+     "--pulsar-url pulsar+ssl://broker.example:6651 is not a local pulsar:// URL"),
+    ([], {"TGHOST_PULSAR_URL": "pulsar://broker.example:6650"},
+     "TGHOST_PULSAR_URL=pulsar://broker.example:6650 is not a local pulsar:// URL"),
+    (["--port", "6651", "--pulsar-url", "pulsar://localhost:6652"], {},
+     "--port 6651 and --pulsar-url pulsar://localhost:6652 name two brokers"),
+], ids=["cluster-flag", "cluster-env", "two-ports"])
+def test_broker_commands_refuse_a_url_they_cannot_act_on(args: list[str], env: dict[str, str], error: str) -> None:
+    for command in (["broker", "stop", *args], ["broker", *args, "status"], ["broker", *args]):
+        result = CliRunner().invoke(cli, command, env=env)
+        assert result.exit_code == 2 and error in result.output, (command, result.output)
+
+
+def test_an_explicit_port_wins_over_tghost_pulsar_url(local: Local) -> None:
+    """A cluster in the env does not stop 'tghost broker stop --port P' (exit 3: nothing runs there)."""
+    result = CliRunner().invoke(cli, ["broker", "stop", "--port", str(local.port)],
+                                env={"TGHOST_PULSAR_URL": "pulsar+ssl://broker.example:6651"})
+    assert result.exit_code == 3 and f"(--port {local.port}): no embedded broker runs at {local.url}" in result.output
 
 
 def test_two_brokers_on_two_ports_get_their_own_data_dirs(local: Local) -> None:

@@ -4,6 +4,7 @@ start, see and stop the detached one that ``tghost run`` starts on a local URL.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -11,13 +12,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
+from urllib.parse import urlsplit
 
 import click
+from click.core import ParameterSource
 
 from tghost.cli.app import cli
-from tghost.cli.options import setup_logging
-from tghost.pulsar.clients import BrokerError
+from tghost.cli.options import LogLevel, setup_logging
+from tghost.pulsar.clients import BrokerError, endpoints, is_loopback
 from tghost.pulsar.embedded import (
     DEFAULT_PORT,
     LOG_LEVELS,
@@ -35,28 +38,92 @@ from tghost.pulsar.store import MIB
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+#: pulsar-lite's log levels (:data:`LOG_LEVELS`), with ``warning`` for its ``warn`` as every tghost command spells it.
+PULSAR_LITE_LEVELS = tuple("warning" if level == "warn" else level for level in LOG_LEVELS)
 #: ``tghost broker status`` exit code when no embedded broker runs (LSB init scripts' "not running").
 NOT_RUNNING = 3
 
 
+#: Where a URL for ``tghost broker`` came from: the flag, or the environment.
+_URL_FLAG, _URL_ENV = "--pulsar-url", "TGHOST_PULSAR_URL"
+_URL_FROM = {ParameterSource.COMMANDLINE: _URL_FLAG, ParameterSource.ENVIRONMENT: _URL_ENV}
+
+
 @dataclass(frozen=True)
 class _Where:
-    """--port and --data-dir as given to ``tghost broker`` itself, for its subcommands."""
+    """--port, --pulsar-url (or TGHOST_PULSAR_URL: ``url_from`` says which) and --data-dir, as
+    given to a ``tghost broker`` command (:meth:`within`: merged with the group's)."""
 
-    port: int | None
-    data_dir: Path | None
+    port: int | None = None
+    data_dir: Path | None = None
+    url: str | None = None
+    url_from: str | None = None
 
-    def resolve(self, port: int | None, data_dir: Path | None) -> tuple[int, Path]:
-        port = port or self.port or DEFAULT_PORT
-        return port, Path(data_dir or self.data_dir or default_data_dir(port))
+    def within(self, outer: _Where | None) -> _Where:
+        """These options, else the group's (``outer``); a URL on the command line over one from the environment."""
+        if outer is None:
+            return self
+        inner_url = self.url_from == _URL_FLAG or (self.url is not None and outer.url_from != _URL_FLAG)
+        url, url_from = (self.url, self.url_from) if inner_url else (outer.url, outer.url_from)
+        return _Where(self.port or outer.port, self.data_dir or outer.data_dir, url, url_from)
+
+    def resolve(self) -> tuple[int, Path | None, str | None]:
+        """The port; the data dir (``None``: the one of the broker running there, else the
+        default); and what named the broker (``"--port 6750"``, ``"TGHOST_PULSAR_URL=URL"``;
+        ``None``: nothing did, it is the default port). An explicit --port wins over
+        TGHOST_PULSAR_URL; with --pulsar-url it must name the same port.
+
+        Raises:
+            click.UsageError: the URL is not a loopback pulsar:// URL, or names another port than --port.
+        """
+        url = self.url if self.url_from == _URL_FLAG or self.port is None else None
+        if url is None:
+            return self.port or DEFAULT_PORT, self.data_dir, None if self.port is None else f"--port {self.port}"
+        named = f"{_URL_FLAG} {url}" if self.url_from == _URL_FLAG else f"{_URL_ENV}={url}"
+        port = _local_port(url, named)
+        if self.port not in (None, port):
+            raise click.UsageError(f"--port {self.port} and {named} name two brokers: give one of them")
+        return port, self.data_dir, named
+
+
+def _local_port(url: str, named: str) -> int:
+    """The port of a loopback ``pulsar://`` URL, the only kind whose broker ``tghost broker`` runs.
+
+    Raises:
+        click.UsageError: any other URL (``named`` says where it came from, in the message).
+    """
+    found = endpoints(url)
+    if urlsplit(url).scheme != "pulsar" or len(found) != 1 or not is_loopback(found[0][0]):
+        raise click.UsageError(f"{named} is not a local pulsar:// URL: 'tghost broker' runs, shows and stops only "
+                               "the embedded broker on this machine (pulsar://localhost:PORT). Pass --port, or a "
+                               "local --pulsar-url")
+    return found[0][1]
 
 
 def _where_options(fn: F) -> F:
-    fn = click.option("--data-dir", type=click.Path(path_type=Path, file_okay=False), default=None,
-                      help="The broker's data directory: messages, log, record [default: "
-                           f"{default_data_dir(DEFAULT_PORT).parent}/PORT].")(fn)
-    return click.option("--port", type=click.IntRange(1, 65535), default=None,
-                        help=f"Port on 127.0.0.1 [default: {DEFAULT_PORT}].")(fn)
+    """--port, --pulsar-url and --data-dir; the command gets ``where: _Where``, merged with the group's."""
+    @functools.wraps(fn)
+    def with_where(*args: Any, port: int | None, data_dir: Path | None, pulsar_url: str | None, **kwargs: Any) -> Any:
+        ctx = click.get_current_context()
+        url_from = _URL_FROM.get(ctx.get_parameter_source("pulsar_url") or ParameterSource.DEFAULT)
+        where = _Where(port, data_dir, pulsar_url if url_from else None, url_from)
+        return fn(*args, where=where.within(ctx.find_object(_Where)), **kwargs)
+
+    options = [
+        click.option("--port", type=click.IntRange(1, 65535), default=None,
+                     help=f"Port on 127.0.0.1; wins over env TGHOST_PULSAR_URL [default: {DEFAULT_PORT}, or the "
+                          "URL's port]."),
+        click.option("--pulsar-url", envvar=_URL_ENV, default=None, show_envvar=False,
+                     help="The broker's local URL, pulsar://localhost:PORT, instead of --port (env "
+                          "TGHOST_PULSAR_URL); with --port, both must name one port."),
+        click.option("--data-dir", type=click.Path(path_type=Path, file_okay=False), default=None,
+                     help="The broker's data directory: messages, log, record [default: the running broker's, "
+                          f"else {default_data_dir(DEFAULT_PORT).parent}/PORT]."),
+    ]
+    wrapped: Any = with_where
+    for option in reversed(options):
+        wrapped = option(wrapped)
+    return cast(F, wrapped)
 
 
 def _run_options(fn: F) -> F:
@@ -68,8 +135,9 @@ def _run_options(fn: F) -> F:
     fn = click.option("--metrics-port", type=click.IntRange(1, 65535), default=None,
                       help="Serve pulsar-lite's Prometheus metrics on http://127.0.0.1:PORT/metrics "
                            "[default: off].")(fn)
-    return click.option("--log-level", type=click.Choice(LOG_LEVELS), default="warn", show_default=True,
-                        help="pulsar-lite's log level.")(fn)
+    return click.option("--log-level", type=LogLevel(PULSAR_LITE_LEVELS), default="warning", show_default=True,
+                        callback=lambda ctx, param, value: "warn" if value == "warning" else value,
+                        help="pulsar-lite's log level ('warn' works too).")(fn)
 
 
 @cli.group(invoke_without_command=True)
@@ -79,8 +147,8 @@ def _run_options(fn: F) -> F:
               help="Run as the detached broker 'tghost broker start' makes: report readiness on stderr, "
                    "then close stdout and stderr.")
 @click.pass_context
-def broker(ctx: click.Context, port: int | None, data_dir: Path | None, log_level: str, metrics_port: int | None,
-           ready_timeout: float, low_space: float | None, detached: bool) -> None:
+def broker(ctx: click.Context, where: _Where, log_level: str, metrics_port: int | None, ready_timeout: float,
+           low_space: float | None, detached: bool) -> None:
     """Run the embedded pulsar-lite broker here until Ctrl-C, SIGTERM or SIGHUP.
 
     \b
@@ -101,10 +169,11 @@ def broker(ctx: click.Context, port: int | None, data_dir: Path | None, log_leve
     hosts announce again when they reconnect. A start does the same with a damaged store.
     """
     if ctx.invoked_subcommand is not None:
-        ctx.obj = _Where(port, data_dir)
+        ctx.obj = where
         return
     setup_logging("info")
-    port, data_dir = _Where(port, data_dir).resolve(None, None)
+    port, given_dir, _ = where.resolve()
+    data_dir = given_dir or default_data_dir(port)
     embedded = EmbeddedBroker(data_dir, port, log_level=log_level, metrics_port=metrics_port,
                               echo=None if detached else sys.stderr, die_with_parent=True,
                               low_space=None if low_space is None else round(low_space * MIB))
@@ -144,20 +213,19 @@ def _status_options(fn: F) -> F:
 @broker.command()
 @_status_options
 @_run_options
-@click.pass_obj
-def start(where: _Where, port: int | None, data_dir: Path | None, as_json: bool, log_level: str,
-          metrics_port: int | None, ready_timeout: float, low_space: float | None) -> None:
+def start(where: _Where, as_json: bool, log_level: str, metrics_port: int | None, ready_timeout: float,
+          low_space: float | None) -> None:
     """Start the embedded broker detached: it keeps running after this command, the terminal and
     any 'tghost run' end, and every host and agent on its URL shares it.
 
     Exits 0 when it runs (started now, or already running), 1 when it cannot start. A damaged
     store is moved aside first (DATA/store.corrupt-TIME), with a note on stderr.
     """
-    port, data_dir = where.resolve(port, data_dir)
+    port, data_dir, _ = where.resolve()
     before = broker_status(port, data_dir)
     if before.answering and not before.running:
         raise click.ClickException(f"something already answers at {before.url}, and it is not an embedded broker "
-                                   f"with data dir {data_dir}: pass another --port, or its --data-dir")
+                                   f"with data dir {before.data_dir}: pass another --port, or its --data-dir")
     try:
         # One still starting holds the data dir before it answers and writes its record: then
         # start_detached waits for its starter (the start lock) and reports it once it runs.
@@ -177,13 +245,13 @@ def start(where: _Where, port: int | None, data_dir: Path | None, as_json: bool,
 
 @broker.command()
 @_status_options
-@click.pass_obj
-def status(where: _Where, port: int | None, data_dir: Path | None, as_json: bool) -> None:
+def status(where: _Where, as_json: bool) -> None:
     """Show whether the embedded broker runs: its URL, pids, data dir, log and how to stop it.
 
     Exits 0 when it runs, 3 when it does not.
     """
-    found = broker_status(*where.resolve(port, data_dir))
+    port, data_dir, _ = where.resolve()
+    found = broker_status(port, data_dir)
     click.echo(json.dumps(found.to_json()) if as_json else _describe(found))
     if not found.running:
         sys.exit(NOT_RUNNING)
@@ -193,14 +261,15 @@ def status(where: _Where, port: int | None, data_dir: Path | None, as_json: bool
 @_status_options
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True,
               help="Seconds to wait for it to stop before killing it.")
-@click.pass_obj
-def stop(where: _Where, port: int | None, data_dir: Path | None, as_json: bool, timeout: float) -> None:
+def stop(where: _Where, as_json: bool, timeout: float) -> None:
     """Stop the detached embedded broker. Every host and agent using it loses its broker.
 
-    Exits 0 when it stopped or was not running, 1 when it could not be stopped.
+    Exits 0 when it stopped, or when none runs on the default port; 3 when none runs where
+    --port, --pulsar-url or TGHOST_PULSAR_URL said; 1 when it could not be stopped.
     """
+    port, data_dir, named = where.resolve()
     try:
-        before = stop_broker(*where.resolve(port, data_dir), timeout=timeout)
+        before = stop_broker(port, data_dir, timeout=timeout)
     except BrokerError as exc:
         raise click.ClickException(str(exc)) from None
     if as_json:
@@ -208,8 +277,12 @@ def stop(where: _Where, port: int | None, data_dir: Path | None, as_json: bool, 
     elif before.running:
         pid = before.record.pid if before.record else "?"
         click.echo(f"stopped the embedded broker at {before.url} (pid {pid})")
-    else:
+    elif named is None:
         click.echo(f"nothing to stop: {_describe(before)}")
+    else:
+        click.echo(f"Error: nothing stopped ({named}): {_not_running(before)}", err=True)
+    if not before.running and named is not None:
+        sys.exit(NOT_RUNNING)
 
 
 def _describe(status: BrokerStatus) -> str:
@@ -225,10 +298,16 @@ def _describe(status: BrokerStatus) -> str:
         return (f"an embedded broker run inside another program holds {status.data_dir} "
                 f"({'answering' if status.answering else 'not answering'} at {status.url})")
     if status.answering:
+        return _not_running(status)
+    return f"{_not_running(status)}; 'tghost broker start' or 'tghost run' starts one"
+
+
+def _not_running(status: BrokerStatus) -> str:
+    """Why no embedded broker runs at ``status``'s URL with its data dir."""
+    if status.answering:
         return (f"no embedded broker runs with data dir {status.data_dir}, but something answers at {status.url}: "
-                "a broker started with another --data-dir, or another program")
-    return (f"no embedded broker runs at {status.url} (data dir {status.data_dir}); 'tghost broker start' "
-            "or 'tghost run' starts one")
+                "a broker started with another --data-dir (pass it with --data-dir), or another program")
+    return f"no embedded broker runs at {status.url} (data dir {status.data_dir})"
 
 
 def _disk_line(status: BrokerStatus) -> str:

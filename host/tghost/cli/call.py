@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 
 @cli.command()
-@pulsar_options
+@pulsar_options(waits=False)
 @filter_options
 @trust_options
 @identity_options
@@ -93,7 +93,7 @@ def call(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...]
     except ToolCallError as exc:
         line.clear()
         line.end_line()
-        click.echo(f"error: {exc}", err=True)
+        click.echo(f"Error: {exc}", err=True)
         sys.exit(1)
     except KeyboardInterrupt:  # the call was cancelled on its host as asyncio.run unwound (docs/protocol.md §2.11)
         line.clear()

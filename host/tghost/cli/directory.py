@@ -21,6 +21,7 @@ from tghost.agent.entries import Side
 from tghost.agent.search import SearchError, check_limit, words_of
 from tghost.cli.app import cli
 from tghost.cli.options import (
+    LogLevel,
     filter_options,
     identity_options,
     open_directory,
@@ -37,7 +38,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 @cli.command()
-@pulsar_options
+@pulsar_options(waits=False)
 @filter_options
 @trust_options
 @identity_options
@@ -165,7 +166,7 @@ def _print_change(change: Change, as_json: bool) -> None:
 
 
 @cli.command("export")
-@pulsar_options
+@pulsar_options(waits=False)
 @filter_options
 @trust_options
 @click.option("--format", "fmt", type=click.Choice(list(FORMATS)), required=True,
@@ -226,7 +227,7 @@ def _host_names(ctx: click.Context, param: click.Parameter, values: tuple[str, .
               help="List two tools instead of every tool: search_tools(query, limit), which ranks the live tools "
                    "for a request, and call_tool(name, arguments), which calls one; for clients with a limit on "
                    "tools.")
-@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="warning",
+@click.option("--log-level", type=LogLevel(), default="warning",
               show_default=True, help="Log level; the log always goes to stderr.")
 def mcp_bridge(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...], state: str | None,
                trusted: TrustedKeys | None, identity: Signer | None, transport: str, http_host: str, http_port: int,
@@ -268,7 +269,7 @@ def mcp_bridge(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str
               help="A file holding the secret every request must carry: open /?token=SECRET once (it is kept in "
                    "a cookie), or send 'Authorization: Bearer SECRET' (env TGHOST_INSPECT_TOKEN_FILE). Required "
                    "when --host is not a loopback address.")
-@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="warning",
+@click.option("--log-level", type=LogLevel(), default="warning",
               show_default=True, help="Log level; the log always goes to stderr.")
 def inspect(pulsar: PulsarSettings, descriptors_topic: str, trusted: TrustedKeys | None, identity: Signer | None,
             http_host: str, http_port: int, open_browser: bool, allowed_hosts: tuple[str, ...],

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
 import click
 
@@ -29,6 +29,16 @@ if TYPE_CHECKING:  # imported when used, by the commands that use them (start-up
 
 F = TypeVar("F", bound=Callable[..., Any])
 log = logging.getLogger("tghost")
+
+
+class LogLevel(click.Choice[str]):
+    """A log level, spelt as Python's logging spells it; ``warn`` is accepted for ``warning``."""
+
+    def __init__(self, levels: tuple[str, ...] = ("debug", "info", "warning", "error")) -> None:
+        super().__init__(levels, case_sensitive=False)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        return super().convert("warning" if str(value).lower() == "warn" else value, param, ctx)
 
 
 def setup_logging(level: str) -> None:
@@ -69,11 +79,24 @@ def read_token_file(path: Path, hint: str) -> str:
     return text
 
 
-def pulsar_options(fn: F) -> F:
+@overload
+def pulsar_options(fn: F) -> F: ...
+
+
+@overload
+def pulsar_options(*, waits: bool) -> Callable[[F], F]: ...
+
+
+def pulsar_options(fn: F | None = None, *, waits: bool = True) -> Any:
     """The connection options every command that talks to Pulsar takes. The command gets one
     ``pulsar: PulsarSettings`` built from --pulsar-url, --pulsar-token or --pulsar-token-file
-    (:func:`pulsar_token`) and the TLS options, and ``descriptors_topic``.
+    (:func:`pulsar_token`) and the TLS options, and ``descriptors_topic``. A one-shot command,
+    which fails at once when no broker answers, uses ``@pulsar_options(waits=False)``: its help
+    does not show --connect-timeout (which it still accepts).
     """
+    if fn is None:
+        return functools.partial(pulsar_options, waits=waits)
+
     @functools.wraps(fn)
     def with_settings(*args: Any, pulsar_url: str, pulsar_token_given: str | None, pulsar_token_file: Path | None,
                       tls_trust_certs: Path | None, tls_allow_insecure: bool, tls_validate_hostname: bool,
@@ -105,7 +128,7 @@ def pulsar_options(fn: F) -> F:
         click.option("--tls-validate-hostname", envvar="TGHOST_TLS_VALIDATE_HOSTNAME", is_flag=True,
                      help="Check the broker certificate names the URL's host (env TGHOST_TLS_VALIDATE_HOSTNAME)."),
         click.option("--connect-timeout", envvar="TGHOST_CONNECT_TIMEOUT", type=click.FloatRange(min=0),
-                     default=PulsarSettings.connect_timeout, show_default=True,
+                     default=PulsarSettings.connect_timeout, show_default=True, hidden=not waits,
                      help="Seconds 'run', 'watch' and 'mcp' wait for a broker that is not up yet, with a log line "
                           "every 2 s (env TGHOST_CONNECT_TIMEOUT); 'tools', 'call' and 'export' fail at once."),
         click.option("--descriptors-topic", envvar="TGHOST_DESCRIPTORS_TOPIC", default=DEFAULT_TOPIC,

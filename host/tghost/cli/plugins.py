@@ -132,7 +132,7 @@ def plugins(as_json: bool, url: str | None, config_path: Path | None, selection:
     else:
         _print_plugins(catalog.plugins, workers)
     if config_error is not None:
-        click.echo(click.style(f"error: {config_error} (plugins were loaded without it)", fg="red"), err=True)
+        click.echo(click.style(f"Error: {config_error} (plugins were loaded without it)", fg="red"), err=True)
     if config_error is not None or any(report.errors for report in catalog.plugins):
         sys.exit(1)
 

@@ -16,6 +16,7 @@ from pulsar.asyncio import PulsarException
 from tghost.announcing.announcer import Announcer, HostIdentity
 from tghost.cli.app import cli
 from tghost.cli.options import (
+    LogLevel,
     Operations,
     config_option,
     operations_options,
@@ -89,8 +90,8 @@ log = logging.getLogger("tghost")
                    "(env TGHOST_WATCH_PLUGINS). An upgraded plugin is logged as 'restart needed'.")
 @click.option("--watch-interval", type=click.FloatRange(min=0, min_open=True), default=2.0, show_default=True,
               help="With --watch-plugins: seconds between two looks at the installed plugins.")
-@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
-              show_default=True)
+@click.option("--log-level", type=LogLevel(), default="info", show_default=True,
+              help="Least severe log line printed on stderr ('warn' works too).")
 @selection_options
 @operations_options
 def run(pulsar: PulsarSettings, descriptors_topic: str, data_dir: Path | None, timeout: float, max_concurrency: int,

@@ -133,9 +133,11 @@ async def run_host(
             await watcher.stop()
         if announcer is not None:
             await announcer.withdraw()
-        log.info("stopping: no new requests; waiting up to %ss for %d in-flight call(s) (a second Ctrl-C ends "
-                 "the wait)",
-                 serve_settings.grace, sum(w.in_flight for w in server.endpoints))
+        if in_flight := sum(w.in_flight for w in server.endpoints):
+            log.info("stopping: no new requests; waiting up to %ss for %d in-flight call(s) (a second Ctrl-C ends "
+                     "the wait)", serve_settings.grace, in_flight)
+        else:
+            log.info("stopping: no new requests; no call in flight")
         received = _received(server)
         cancelled = await server.drain()
         if cancelled:

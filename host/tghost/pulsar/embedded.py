@@ -58,6 +58,7 @@ __all__ = [
     "ensure_broker",
     "local_disk_trouble",
     "run_until_stopped",
+    "running_data_dir",
     "start_detached",
     "stop_broker",
 ]
@@ -113,6 +114,9 @@ class BrokerRecord:
 
 
 RECORD = "broker.json"
+#: In the port's default data dir, while a broker on that port runs with another data dir: that
+#: data dir, so ``tghost broker status|stop --port P`` finds it without ``--data-dir``.
+ELSEWHERE = "elsewhere"
 #: How the detached ``tghost broker`` marks a note for its starter on stderr (:attr:`BrokerStatus.notes`).
 NOTE = "note: "
 _LOCK = "broker.lock"
@@ -183,11 +187,42 @@ def _where_args(port: int, data_dir: Path) -> str:
 
 
 def broker_status(port: int = DEFAULT_PORT, data_dir: Path | None = None) -> BrokerStatus:
-    """The embedded broker on ``port`` whose data is in ``data_dir`` (default: :func:`default_data_dir`)."""
-    data_dir = Path(data_dir or default_data_dir(port))
+    """The embedded broker on ``port`` whose data is in ``data_dir``; without one, the data dir of
+    the broker running on ``port`` (:func:`running_data_dir`)."""
+    data_dir = Path(data_dir or running_data_dir(port))
     running = _DataDirLock.is_held(data_dir)
     return BrokerStatus(port, data_dir, running, is_reachable(f"pulsar://127.0.0.1:{port}", timeout=0.5),
                         BrokerRecord.read(data_dir) if running else None)
+
+
+def running_data_dir(port: int = DEFAULT_PORT) -> Path:
+    """The data dir of the embedded broker running on ``port``: :func:`default_data_dir`, unless
+    a broker runs there with another data dir (``tghost broker --data-dir``), which leaves its
+    path in the default one (:data:`ELSEWHERE`) while it runs."""
+    default = default_data_dir(port)
+    try:
+        elsewhere = Path((default / ELSEWHERE).read_text().strip())
+    except OSError:
+        return default
+    record = BrokerRecord.read(elsewhere) if elsewhere.is_absolute() else None
+    if record is None or _port_of(record.url) != port or not _DataDirLock.is_held(elsewhere):
+        return default  # a stale pointer: that broker was killed, or moved on to another port
+    return elsewhere
+
+
+def _point_to(record: BrokerRecord) -> Path | None:
+    """Leave the path of ``record``'s data dir in its port's default data dir, unless it is that
+    one; returns the pointer written (``None``: none needed, or it could not be written)."""
+    data_dir = Path(record.data_dir)
+    default = default_data_dir(_port_of(record.url))
+    if data_dir == default:
+        return None
+    try:
+        default.mkdir(parents=True, exist_ok=True)
+        (default / ELSEWHERE).write_text(f"{data_dir}\n")
+    except OSError:
+        return None  # best effort: without it, 'tghost broker stop' needs --data-dir
+    return default / ELSEWHERE
 
 
 def ensure_broker(url: str, data_dir: Path | None = None, *, log_level: str = "warn") -> BrokerStatus | None:
@@ -203,7 +238,7 @@ def ensure_broker(url: str, data_dir: Path | None = None, *, log_level: str = "w
     if len(found) != 1 or not is_loopback(found[0][0]):
         return None
     port = found[0][1]
-    data_dir = Path(data_dir or default_data_dir(port))
+    data_dir = Path(data_dir or running_data_dir(port))
     status = broker_status(port, data_dir)
     if status.answering:
         return status
@@ -264,7 +299,8 @@ def start_detached(port: int = DEFAULT_PORT, data_dir: Path | None = None, *, lo
 
 
 def stop_broker(port: int = DEFAULT_PORT, data_dir: Path | None = None, timeout: float = 10.0) -> BrokerStatus:
-    """Stop the embedded broker on ``port`` with ``data_dir``: SIGTERM its ``tghost broker``
+    """Stop the embedded broker on ``port`` with ``data_dir`` (default: the one running there,
+    :func:`running_data_dir`): SIGTERM its ``tghost broker``
     process, which stops pulsar-lite and removes its record; after ``timeout`` seconds, SIGKILL
     both. Returns the status before the stop (``running`` False: there was nothing to stop).
 
@@ -335,11 +371,13 @@ def run_until_stopped(broker: EmbeddedBroker, *, detached: bool, on_ready: Calla
     """
     handlers = {sig: signal.signal(sig, _raise_stop) for sig in _STOP_SIGNALS}
     record: BrokerRecord | None = None
+    pointer: Path | None = None
     try:
         broker.start(ready_timeout)
         assert broker.process is not None
         record = _write_record(BrokerRecord(os.getpid(), broker.process.pid, broker.url, str(broker.data_dir),
                                             str(broker.log_path), time.time(), detached))
+        pointer = _point_to(record)
         on_ready(record)
         while (code := broker.wait(WATCH_INTERVAL)) is None:
             if broker.watch():
@@ -356,6 +394,10 @@ def run_until_stopped(broker: EmbeddedBroker, *, detached: bool, on_ready: Calla
         broker.stop()
         if record is not None and BrokerRecord.read(broker.data_dir) == record:
             (broker.data_dir / RECORD).unlink()
+        if pointer is not None:
+            with contextlib.suppress(OSError):
+                if Path(pointer.read_text().strip()) == broker.data_dir:
+                    pointer.unlink()
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
         signal.signal(signal.SIGINT, signal.default_int_handler)
