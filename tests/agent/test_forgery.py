@@ -172,7 +172,7 @@ async def test_the_host_of_a_contested_tool_says_so_in_its_health_and_tghost_sta
                 await asyncio.sleep(0.2)
     finally:
         await client.close()
-    assert ("error: tool 'tell-joke' is contested by service 'rogue-svc' from host rogue-host: directories without "
+    assert ("Error: tool 'tell-joke' is contested by service 'rogue-svc' from host rogue-host: directories without "
             "trusted keys refuse to call it") in status.stderr
     health = json.loads((await asyncio.to_thread(tghost_cli, "status", "--json", "--url", url, env=env)).stdout)
     assert health["status"] == "degraded" and health["connected"] is True

@@ -16,6 +16,7 @@ import urllib.request
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Literal
 
 import click
 import pytest
@@ -26,7 +27,9 @@ from tests.conftest import READY, HostProcess, PluginDir, live_tools, tghost_cli
 from tests.discovery.test_discover import GREETER
 from tghost.cli import pulsar_options
 from tghost.cli.app import cli
+from tghost.cli.directory import WATCH_WIDTHS
 from tghost.cli.options import LogLevel
+from tghost.protocol.descriptors import ToolDescriptor, ToolServiceDescriptor
 from tghost.pulsar.clients import PulsarSettings, free_port
 from tghost.pulsar.embedded import EmbeddedBroker
 from tghost.serving.settings import ServeSettings
@@ -528,6 +531,33 @@ def test_status_shows_every_live_host_and_the_health_its_host_message_names(
         assert host.finish() == 0
 
 
+def test_status_asks_a_health_url_off_this_machines_loopback_only_when_a_trusted_key_signed_it(
+    env: dict[str, str], host_process: Callable[..., HostProcess], tmp_path: Path,
+) -> None:
+    """Anyone on the broker may announce a URL: unsigned, one on another address is shown, not asked."""
+    assert tghost_cli("keygen", "--out", str(tmp_path / "host"), env=env).returncode == 0
+    hosts = [host_process("--host-id", host_id, "--metrics-host", "0.0.0.0", "--metrics-port", str(free_port()),
+                          *extra, env=env)
+             for host_id, extra in (("open", ()), ("signed", ("--signing-key", str(tmp_path / "host.key"))))]
+    for host in hosts:
+        host.wait_for("announced")
+    deadline = time.monotonic() + 15
+    while True:
+        status = tghost_cli("status", "--json", "--trusted-key", str(tmp_path / "host.pub"), env=env)
+        signed = {host["id"]: host for host in json.loads(status.stdout)["hosts"]}.get("signed", {})
+        if signed.get("health", {}).get("status") == "ok" or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert signed["verified"] is True and signed["health"]["status"] == "ok", status.stdout
+    opened = json.loads(tghost_cli("status", "--json", env=env).stdout)["hosts"]
+    unsigned = next(host for host in opened if host["id"] == "open")
+    assert not unsigned["health_url"].startswith("http://127.") and unsigned["health"] == {"status": "unverified"}
+    assert "not asked (unsigned)" in tghost_cli("status", env=env).stdout
+    for host in hosts:
+        host.process.send_signal(signal.SIGINT)
+        assert host.finish() == 0
+
+
 def test_status_with_no_live_host_exits_3_and_without_a_broker_1(env: dict[str, str]) -> None:
     none = tghost_cli("status", "--json", env=env)
     assert none.returncode == 3 and json.loads(none.stdout)["hosts"] == [] and "no live host" in none.stderr
@@ -626,3 +656,22 @@ def test_errors_start_with_click_s_error(tmp_path: Path) -> None:
     config.write_text("not toml [")
     result = CliRunner().invoke(cli, ["plugins", "--config", str(config)], env={"TGHOST_LOAD_PLUGINS": ""})
     assert result.exit_code == 1 and "Error: " in result.output and "\nerror: " not in "\n" + result.output
+
+
+def test_watch_lines_keep_their_columns_whatever_the_names(capsys: pytest.CaptureFixture[str]) -> None:
+    from tghost.agent.entries import Change, DirectoryTool, ServiceEntry
+    from tghost.cli.directory import _print_change
+
+    def change(kind: Literal["added", "expired"], name: str, service: str) -> Change:
+        descriptor = ToolDescriptor.model_validate({"name": name, "description": "d", "service": service})
+        entry = ServiceEntry(ToolServiceDescriptor.model_validate(
+            {"id": service, "request-queue": f"non-persistent://tg/request/{service}",
+             "response-queue": f"non-persistent://tg/response/{service}"}), ())
+        return Change(kind, name, DirectoryTool(descriptor, entry, ()))
+
+    for kind, name, service in (("added", "x", "s"), ("expired", "tell-joke", "joke-service"),
+                                ("added", "summarise-a-long-document", "summaries")):
+        _print_change(change(kind, name, service), as_json=False)
+    lines = capsys.readouterr().out.splitlines()
+    assert {line.index(service) for line, service in zip(lines, ("s", "joke-service", "summaries"), strict=True)} \
+        == {sum(WATCH_WIDTHS[:2]) + 4}

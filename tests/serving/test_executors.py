@@ -341,7 +341,7 @@ async def test_thread_mode_counts_stuck_threads_and_reports_the_service_degraded
     assert 'tghost_stuck_workers{service="stuck"} 4.0' in text
     assert status.returncode == 1
     assert "stuck: thread, 4 worker threads for 2 calls at once, 0 busy, 4 stuck" in status.stdout
-    assert "error: service 'stuck': 4 of its 4 worker threads are stuck" in status.stderr
+    assert "Error: service 'stuck': 4 of its 4 worker threads are stuck" in status.stderr
 
 
 class PidService(tghost.ToolService):

@@ -19,6 +19,7 @@ from tghost.adapters.export import FORMATS, select_tools
 from tghost.agent.directory import Change
 from tghost.agent.entries import Side
 from tghost.agent.search import SearchError, check_limit, words_of
+from tghost.cli import output
 from tghost.cli.app import cli
 from tghost.cli.options import (
     LogLevel,
@@ -91,9 +92,8 @@ def tools(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...
          ",".join(r["providers"]), ",".join(r["group"]), ",".join(r.get("available_in_states") or ["*"]),
          r.get("state", "-"), *((r["access"],) if show_all else ()), *((f"{r['score']:.2f}",) if scored else ()))
         for r in rows]
-    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
-    for row in table:
-        click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    for line in output.table(table):
+        click.echo(line)
     _print_conflicts(rows, refused=trusted is None)
 
 
@@ -154,14 +154,20 @@ def watch(pulsar: PulsarSettings, descriptors_topic: str, trusted: TrustedKeys |
         asyncio.run(follow())
 
 
+#: ``tghost watch``'s columns (characters): change, tool, service, hosts. Lines print as changes
+#: come, so the widths are fixed; a longer name pushes the rest of its line right.
+WATCH_WIDTHS = (7, 28, 24, 0)
+
+
 def _print_change(change: Change, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(change.to_json()), nl=True)
         return
     tool = change.tool
-    detail = f"service {tool.descriptor.service} on {','.join(p.host['id'] for p in tool.providers)}" if tool else ""
+    service, hosts = (tool.descriptor.service, ",".join(p.host["id"] for p in tool.providers)) if tool else ("", "")
+    line = output.columns((change.kind, change.name, service, hosts), WATCH_WIDTHS)
     colour = {"added": "green", "updated": "yellow"}.get(change.kind, "red")
-    click.echo(f"{click.style(change.kind.ljust(7), fg=colour)} {change.name}  {detail}".rstrip())
+    click.echo(click.style(change.kind, fg=colour) + line[len(change.kind):])
     sys.stdout.flush()
 
 

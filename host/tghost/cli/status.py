@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from tghost.cli import output
 from tghost.cli.app import cli
 from tghost.cli.options import open_directory, pulsar_options, trust_options
 from tghost.pulsar.clients import PulsarSettings, is_loopback
@@ -80,7 +81,8 @@ def status(pulsar: PulsarSettings, descriptors_topic: str, trusted: TrustedKeys 
     "lease_remaining", "signed", "signed_by", "verified", "services", "external", "tools" (a count),
     "conflicts", "health_url", "health"}]}; a field with no value is left out. "health" is the
     host's /health JSON, or {"status": "unreachable", "error"}, or {"status": "elsewhere"} for a
-    loopback URL of another machine.
+    loopback URL of another machine, or {"status": "unverified"} for a URL on another machine that
+    no --trusted-key vouches for (not asked: anyone on the broker may announce a URL).
 
     With --url (or TGHOST_METRICS_PORT), ask that one host how it is, as 'tghost run
     --metrics-port' serves it: connected to Pulsar or not, the services it serves and their
@@ -110,7 +112,7 @@ def status(pulsar: PulsarSettings, descriptors_topic: str, trusted: TrustedKeys 
         sys.exit(NO_HOSTS)
     problems = [problem for host in report["hosts"] for problem in _problems(host, report["clashes"])]
     for problem in problems:
-        click.echo(f"error: {problem}", err=True)
+        click.echo(f"Error: {problem}", err=True)
     if problems:
         sys.exit(1)
 
@@ -125,10 +127,10 @@ def _one_host(url: str, timeout: float, as_json: bool) -> None:
     if health.get("status") != "ok":
         problems = health.get("problems") or []
         if health.get("status") == "degraded" and problems:
-            click.echo("\n".join(f"error: {problem}" for problem in problems), err=True)
+            click.echo("\n".join(f"Error: {problem}" for problem in problems), err=True)
         else:
             click.echo(_STATUS_ADVICE.get(str(health.get("status")),
-                                          f"error: unknown status {health.get('status')!r}"), err=True)
+                                          f"Error: unknown status {health.get('status')!r}"), err=True)
         sys.exit(1)
 
 
@@ -150,14 +152,19 @@ async def _fleet(pulsar: PulsarSettings, topic: str, trusted: TrustedKeys | None
 
 def _announced_health(host: LiveHost, timeout: float) -> dict[str, Any] | None:
     """The health JSON at the URL ``host`` announces (``None``: none announced), without asking
-    a loopback URL of another machine (``{"status": "elsewhere"}``) or a URL that is not http(s)."""
+    a loopback URL of another machine (``{"status": "elsewhere"}``), a URL that is not http(s),
+    or one that no trusted key vouches for and that is not this machine's loopback
+    (``{"status": "unverified"}``: anyone on the broker may announce a URL; docs/protocol.md §4.3)."""
     if host.health is None:
         return None
     parsed = urllib.parse.urlsplit(host.health)
     if parsed.scheme not in ("http", "https"):
         return {"status": "unreachable", "error": "not an http(s) URL"}
-    if is_loopback(parsed.hostname or "") and host.host.get("hostname") != socket.gethostname():
+    local = is_loopback(parsed.hostname or "")
+    if local and host.host.get("hostname") != socket.gethostname():
         return {"status": "elsewhere"}
+    if not (local or host.verified):
+        return {"status": "unverified"}
     try:
         return read_health(host.health, timeout)
     except OSError as exc:
@@ -172,7 +179,7 @@ def _problems(host: dict[str, Any], clashes: dict[str, list[str]]) -> list[str]:
     problems = [f"{who}: {problem}" for problem in health.get("problems") or []]
     if health.get("status") == "unreachable":
         problems.append(f"{who}: its health URL {host.get('health_url')} does not answer ({health.get('error')})")
-    elif health.get("status") not in (None, "ok", "elsewhere") and not problems:
+    elif health.get("status") not in (None, "ok", "elsewhere", "unverified") and not problems:
         problems.append(f"{who}: health {health.get('status')}")
     if host["conflicts"]:
         problems.append(f"{who}: contested by another host: {', '.join(host['conflicts'])} (see 'tghost tools')")
@@ -193,26 +200,28 @@ def _print_fleet(report: dict[str, Any]) -> None:
          host.get("signed_by", "no"), str(len(host["conflicts"])) if host["conflicts"] else "-",
          _health_cell(host))
         for host in report["hosts"]]
-    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
-    for row in table:
-        click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    for line in output.table(table):
+        click.echo(line)
     for host in report["hosts"]:
         for sid, stats in ((host.get("health") or {}).get("workers") or {}).items():
             click.echo(f"  {host['id']} {sid}: {describe_workers(stats)}")
 
 
 def _health_cell(host: dict[str, Any]) -> str:
-    """``ok``, ``degraded``, ``unreachable``, ``on HOSTNAME only`` (a loopback URL elsewhere) or ``-``."""
+    """``ok``, ``degraded``, ``unreachable``, ``on HOSTNAME only`` (a loopback URL elsewhere),
+    ``not asked (unsigned)`` or ``-``."""
     status = (host.get("health") or {}).get("status")
     if status == "elsewhere":
         return f"on {host.get('hostname', '?')} only"
+    if status == "unverified":
+        return "not asked (unsigned)"
     return str(status) if status is not None else "-"
 
 
 _STATUS_ADVICE = {
-    "degraded": "error: the host is not connected to Pulsar; check that the broker at its --pulsar-url is up "
+    "degraded": "Error: the host is not connected to Pulsar; check that the broker at its --pulsar-url is up "
                 "(the host reconnects and announces again by itself)",
-    "starting": "error: the host is still starting (not serving yet); try again in a moment, and see its log "
+    "starting": "Error: the host is still starting (not serving yet); try again in a moment, and see its log "
                 "if it stays so",
 }
 
@@ -225,7 +234,7 @@ def _fetch_health(url: str, timeout: float, as_json: bool) -> dict[str, Any]:
         reason = getattr(exc, "reason", exc)
         if as_json:
             click.echo(json.dumps({"status": "unreachable", "url": url, "error": str(reason)}, indent=2))
-        click.echo(f"error: no tghost host answers at {url} ({reason}): is 'tghost run --metrics-port PORT' "
+        click.echo(f"Error: no tghost host answers at {url} ({reason}): is 'tghost run --metrics-port PORT' "
                    "running? Check --url (env TGHOST_STATUS_URL or TGHOST_METRICS_PORT)", err=True)
         sys.exit(1)
     except ValueError:
