@@ -44,8 +44,8 @@ def test_every_try_it_command_answers(env: dict[str, str], host_process: Callabl
             result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
             assert result.returncode == 0 and result.stdout.strip(), (argv, result.stdout, result.stderr)
             ran.append(result.stdout)
-        if argv[3:5] == ["call", "calculate"]:
-            assert ran[-1] == "14\n"
+        if argv[3:5] == ["call", "calculate"]:  # the state move goes to stderr, as the README says
+            assert ran[-1] == "14\n" and result.stderr.splitlines()[-1] == "state: undefined -> results"
     assert len(ran) == 7 and "tell-joke" in ran[0]
     host.process.send_signal(signal.SIGINT)
     assert host.finish() == 0

@@ -22,7 +22,8 @@ import tghost
 from tests.conftest import HostProcess
 from tests.test_docs import block
 from tghost.agent import calls
-from tghost.agent.entries import Change
+from tghost.agent.entries import Change, DirectoryTool, ServiceEntry
+from tghost.agent.hosts import LiveHost
 from tghost.pulsar.embedded import EmbeddedBroker
 
 PAGE = "docs/agent-api.md"
@@ -106,3 +107,20 @@ def test_every_other_error_named_exists() -> None:
         module, _, name = dotted.rpartition(".")
         error = getattr(importlib.import_module(module or "builtins"), name)
         assert issubclass(error, Exception), dotted
+
+
+def test_every_key_of_a_tool_in_json_is_documented() -> None:
+    service = tghost.ToolServiceDescriptor.model_validate(
+        {"id": "svc", "request-queue": "non-persistent://tg/request/svc",
+         "response-queue": "non-persistent://tg/response/svc"})
+    descriptor = tghost.ToolDescriptor.model_validate(
+        {"name": "t", "description": "d", "service": "svc", "state": "s", "available_in_states": ["s"]})
+    shape = DirectoryTool(descriptor, ServiceEntry(service, ()), ()).to_json()
+    assert set(rows("A tool in JSON")) == set(shape) and None not in shape.values()
+
+
+def test_every_key_of_a_host_in_json_is_documented() -> None:
+    host = LiveHost(id="h", instances=("i",), host={"hostname": "m", "version": "1"}, lease_end=1.0,
+                    lease_seconds=30.0, signed_by="k", verified=True, services=(), external=(), tools=(),
+                    conflicts=(), health="http://127.0.0.1:9/health")
+    assert set(rows("A host in JSON")) == {*host.to_json(0.0), "health"}  # health: what tghost status fetched
