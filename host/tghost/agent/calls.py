@@ -17,7 +17,7 @@ from typing import Any
 
 import pulsar.asyncio
 
-from tghost.agent.client import ToolCallError, ToolServiceClient
+from tghost.agent.client import ToolCallError, ToolServiceClient, call_timeout
 from tghost.agent.entries import DirectoryTool, ServiceEntry
 from tghost.protocol import wire
 from tghost.protocol.descriptors import ToolServiceDescriptor
@@ -195,16 +195,17 @@ class ToolCalls:
         groups: Sequence[str] | None = None,
         state: str | None = None,
         allowed_groups: Sequence[str] | None = None,
-        timeout: float = 60.0,
+        timeout: float | None = None,
         progress: Callable[[wire.Progress], Any] | None = None,
     ) -> AsyncIterator[str]:
         """Invoke tool ``name`` and yield its observation chunks. The tool's config values go
         into the request's ``config``; ``groups``/``state``/``allowed_groups`` are checked as
-        in :meth:`check`. ``progress`` gets the tool's progress updates (a
-        :class:`tghost.protocol.wire.Progress` each; a coroutine function is awaited;
-        docs/protocol.md §2.12). Cancelling the task, or ``aclose()`` on the iterator, cancels
-        the call on its host (§2.11). Every listener gets one :class:`ToolCallRecord` when the
-        call ends.
+        in :meth:`check`. ``timeout`` is seconds for the whole call (``None``: the service's
+        announced timeout, else 30; :func:`tghost.agent.client.call_timeout`). ``progress`` gets
+        the tool's progress updates (a :class:`tghost.protocol.wire.Progress` each; a coroutine
+        function is awaited; docs/protocol.md §2.12). Cancelling the task, or ``aclose()`` on
+        the iterator, cancels the call on its host (§2.11). Every listener gets one
+        :class:`ToolCallRecord` when the call ends.
 
         Raises:
             ToolCallError: not allowed, unknown, an error reply, or a timeout (seconds).
@@ -216,8 +217,9 @@ class ToolCalls:
         try:
             tool = self.check(name, groups, state, allowed_groups)
             caller = await self.caller(tool.service.descriptor)
+            wait = call_timeout(tool.service.descriptor, timeout)
             async with contextlib.aclosing(caller.stream(tool.descriptor.config, arguments, user=user,
-                                                         timeout=timeout, tool=name, progress=progress)) as chunks:
+                                                         timeout=wait, tool=name, progress=progress)) as chunks:
                 async for chunk in chunks:  # closed with this one: a caller that stops reading cancels the call
                     yield chunk
         except ToolCallError as exc:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from tghost.agent.client import ToolCallError
+from tghost.agent.client import ToolCallError, call_timeout
 from tghost.cli.app import cli
 from tghost.cli.options import (
     filter_options,
@@ -22,12 +22,11 @@ from tghost.cli.options import (
     pulsar_options,
     trust_options,
 )
-from tghost.protocol.descriptors import ToolServiceDescriptor, request_queue, response_queue
+from tghost.protocol.descriptors import DEFAULT_TIMEOUT, ToolServiceDescriptor, request_queue, response_queue
 from tghost.protocol.groups import DEFAULT_STATE, next_state
 from tghost.protocol.trust import Signer, TrustedKeys
 from tghost.protocol.wire import Progress
 from tghost.pulsar.clients import PulsarSettings
-from tghost.serving.settings import ServeSettings
 
 if TYPE_CHECKING:
     from tghost.agent.directory import ToolDirectory
@@ -51,7 +50,7 @@ if TYPE_CHECKING:
 @click.option("--user", default=None, help="The request's user (omitted if not given).")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Seconds to wait for the whole answer [default: the service's announced timeout, else "
-                   f"{ServeSettings.timeout:g}, a host's default].")
+                   f"{DEFAULT_TIMEOUT:g}, a host's default].")
 @click.option("--progress/--no-progress", "show_progress", default=None,
               help="Show the tool's progress updates on stderr [default: when stderr is a terminal].")
 @click.argument("arguments", nargs=-1, metavar="[TOOL] [KEY=VALUE | KEY:=JSON]...")
@@ -111,11 +110,6 @@ def _json_object(text: str) -> dict[str, Any]:
     return value
 
 
-def _timeout(given: float | None, descriptor: ToolServiceDescriptor) -> float:
-    """Seconds to wait: as given, else the service's own timeout, else a host's default (as the host does)."""
-    return given or descriptor.timeout or ServeSettings.timeout
-
-
 class ProgressLine:
     """A call's progress updates on stderr (``shown``): one line rewritten in place on a
     terminal, else one line per update (``progress: 3/10 page 3``). On a terminal, an update
@@ -166,8 +160,7 @@ async def _call_tool(directory: ToolDirectory, name: str, arguments: dict[str, A
     async with directory:
         tool = directory.check(name, groups, state)
         await _echo_stream(directory.stream(name, arguments, user=user, groups=groups, state=state,
-                                            timeout=_timeout(timeout, tool.service.descriptor),
-                                            progress=line.report), line)
+                                            timeout=timeout, progress=line.report), line)
         if tool.descriptor.state is not None:
             click.echo(f"state: {state or DEFAULT_STATE} -> {next_state(tool.descriptor, state, True)}", err=True)
 
@@ -184,7 +177,7 @@ async def _call_service(directory: ToolDirectory, service_id: str, topic: str | 
                 "it: without trusted keys nothing proves which is real (--topic calls a topic you name)")
         descriptor = announced.descriptor if announced and not topic else _installed_service(service_id, topic)
         service = await directory.caller(descriptor)
-        await _echo_stream(service.stream(config, arguments, user=user, timeout=_timeout(timeout, descriptor),
+        await _echo_stream(service.stream(config, arguments, user=user, timeout=call_timeout(descriptor, timeout),
                                           progress=line.report), line)
 
 
