@@ -2,7 +2,8 @@
 
 This module is a plugin author's whole world: the ``hookimpl`` marker, the ``tool``
 decorator, the ``ToolService`` base class, errors, and the seed 000 descriptor models.
-An agent's world is here too: ``ToolDirectory``, ``PulsarSettings`` and ``ToolCallError``.
+An agent's world is here too: ``ToolDirectory``, ``PulsarSettings`` and ``ToolCallError``, with
+its refusals ``UnknownTool`` and ``NoProvider``.
 Each name is loaded on first use, so importing tghost costs nothing until one is needed.
 Internals are free to move behind it.
 """
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from tghost._version import __version__
 
 if TYPE_CHECKING:
+    from tghost.agent.calls import NoProvider, UnknownTool
     from tghost.agent.client import ToolCallError
     from tghost.agent.directory import ToolDirectory
     from tghost.author.hookspecs import hookimpl
@@ -31,7 +33,8 @@ if TYPE_CHECKING:
 #: modules, an agent's ``tghost.ToolDirectory`` the Pulsar client, and ``tghost --help`` neither.
 _LAZY = {
     "ToolDirectory": "tghost.agent.directory", "PulsarSettings": "tghost.pulsar.clients",
-    "ToolCallError": "tghost.agent.client", "hookimpl": "tghost.author.hookspecs", "Progress": "tghost.protocol.wire",
+    "ToolCallError": "tghost.agent.client", "NoProvider": "tghost.agent.calls", "UnknownTool": "tghost.agent.calls",
+    "hookimpl": "tghost.author.hookspecs", "Progress": "tghost.protocol.wire",
     **dict.fromkeys(("Context", "InvalidArguments", "ToolError", "ToolService", "current_caller", "tool"),
                     "tghost.author.service"),
     **dict.fromkeys(("Argument", "ConfigParam", "DescriptorError", "ToolDescriptor", "ToolServiceDescriptor"),
@@ -44,6 +47,7 @@ __all__ = [
     "Context",
     "DescriptorError",
     "InvalidArguments",
+    "NoProvider",
     "Progress",
     "PulsarSettings",
     "ToolCallError",
@@ -52,6 +56,7 @@ __all__ = [
     "ToolError",
     "ToolService",
     "ToolServiceDescriptor",
+    "UnknownTool",
     "__version__",
     "current_caller",
     "hookimpl",

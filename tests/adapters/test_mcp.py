@@ -106,6 +106,23 @@ async def test_calls_a_tool_over_pulsar_and_errors_come_back_as_is_error(
     assert host.finish() == 0
 
 
+async def test_a_tool_whose_host_left_is_an_error_saying_no_live_host_serves_it(
+        env: dict[str, str], host_process: Callable[..., HostProcess]) -> None:
+    host = host_process("--host-id", "gone", env=env)
+    host.wait_for("announced")
+    host.process.send_signal(signal.SIGINT)
+    assert host.finish() == 0  # withdrawn: the bridge's directory remembers who announced it
+    async with mcp_client(env) as session:
+        started = time.monotonic()
+        left = await session.call_tool("echo", {"text": "anyone?"})
+        typo = await session.call_tool("ecno", {"text": "anyone?"})
+    assert time.monotonic() - started < 10  # at once, not after the call's timeout
+    assert left.is_error and text(left).startswith(
+        "no-provider: no live host serves tool 'echo': host(s) gone announced it lately")
+    assert typo.is_error and text(typo) == ("unknown-tool: no live tool named 'ecno'; did you mean 'echo' (no live "
+                                            "host serves it)? find one with tools/list")
+
+
 async def test_a_tool_outside_the_bridges_groups_is_refused(
         env: dict[str, str], host_process: Callable[..., HostProcess]) -> None:
     host = host_process(env=env)

@@ -225,7 +225,7 @@ async def test_mcp_tool_search_lists_two_tools_that_find_and_call_any_tool(pulsa
     assert not called.is_error and text(called) == "5.0 JPY"
     assert wrong.is_error and text(wrong).startswith("invalid-arguments")
     assert unknown.is_error and text(unknown) == ("unknown-tool: no live tool named 'convert-curency'; "
-                                                   "find one with search_tools")
+                                                   "did you mean 'convert-currency'? find one with search_tools")
     assert bad.is_error and "no words to search for" in text(bad)
     assert not_text.is_error and "needs 'query', a string" in text(not_text)
     assert not_whole.is_error and "not 1.5" in text(not_whole)

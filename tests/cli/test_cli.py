@@ -23,7 +23,7 @@ import pytest
 from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import READY, HostProcess, PluginDir, live_tools, tghost_cli
+from tests.conftest import HostProcess, PluginDir, live_tools, tghost_cli
 from tests.discovery.test_discover import GREETER
 from tghost.cli import pulsar_options
 from tghost.cli.app import cli
@@ -133,7 +133,7 @@ def test_run_serves_plugins_and_call_prints_the_observation(
     env = plugin_dir.env(TGHOST_PULSAR_URL=pulsar_broker.url)
     host = host_process(env=env)
     assert "echo" in host.wait_for(r"serving echo on non-persistent://tg/request/echo")
-    host.wait_for(READY)
+    host.wait_for("announced")  # a caller finds it in the directory
     ok = tghost_cli("call", "--service", "echo", "text=hello there", env=env)
     assert (ok.returncode, ok.stdout) == (0, "hello there\n")
     as_json = tghost_cli("call", "--service", "echo", "--json", '{"text": "from json"}', env=env)
@@ -153,7 +153,7 @@ def test_sigterm_lets_in_flight_calls_finish_then_exits_0(
     env = plugin_dir.env(TGHOST_PULSAR_URL=pulsar_broker.url)
     port = free_port()
     host = host_process("--grace", "10", "--metrics-port", str(port), env=env)
-    host.wait_for(READY)
+    host.wait_for("announced")  # a caller finds it in the directory
     result: dict[str, subprocess.CompletedProcess[str]] = {}
     caller = threading.Thread(target=lambda: result.update(
         call=tghost_cli("call", "--service", "unhurried", "seconds:=1.5", env=env)))
@@ -185,7 +185,7 @@ def test_joke_service_tells_a_pun_about_cats(
 ) -> None:
     env = {**os.environ, "TGHOST_PULSAR_URL": pulsar_broker.url}
     host = host_process(env=env)
-    host.wait_for(READY)
+    host.wait_for("announced")  # a caller finds it in the directory
     result = tghost_cli("call", "--service", "joke-service", "--config", "style=pun", "topic=cats", env=env)
     assert result.returncode == 0, result.stderr
     assert "pun" in result.stdout and "cat" in result.stdout.lower()
@@ -214,6 +214,33 @@ def test_call_of_a_service_neither_announced_nor_installed_fails_at_once_unless_
     anyway = tghost_cli("call", "--service", "no-such-svc", "--topic", f"nobody-{uuid.uuid4().hex[:8]}",
                     "--timeout", "0.5", "text=hi", env=env)  # sent: nobody answers
     assert anyway.returncode == 1 and "Error: timeout: no complete answer" in anyway.stderr
+
+
+def test_a_call_that_no_live_host_serves_fails_at_once_saying_how_to_start_one(env: dict[str, str]) -> None:
+    started = time.monotonic()
+    service = tghost_cli("call", "--service", "unhurried", "seconds:=1", env=env)  # installed, not running
+    tool = tghost_cli("call", "echo", "text=hi", env=env)
+    typo = tghost_cli("call", "ecoh", "text=hi", env=env)
+    assert time.monotonic() - started < 25  # the service alone used to wait out its 30 s timeout
+    assert service.returncode == 1 and service.stdout == ""
+    assert ("error: no-provider: no live host serves tool service 'unhurried': its plugin is installed here, but "
+            "no host runs it. Start one ('tghost run'") in service.stderr
+    assert tool.returncode == 1 and "error: no-provider: no live host serves tool 'echo'" in tool.stderr
+    assert typo.returncode == 1 and ("error: unknown-tool: no live tool named 'ecoh'; did you mean 'echo' (no live "
+                                     "host serves it)? see 'tghost tools'") in typo.stderr
+
+
+def test_call_with_wait_waits_for_a_host_that_is_starting(env: dict[str, str],
+                                                           host_process: Callable[..., HostProcess]) -> None:
+    caller = subprocess.Popen([sys.executable, "-m", "tghost", "call", "--wait", "60", "--service", "echo",
+                               "text=worth the wait"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
+    host = host_process(env=env)
+    host.wait_for("announced")
+    out, err = caller.communicate(timeout=60)
+    assert (caller.returncode, out) == (0, "worth the wait\n"), err
+    host.process.send_signal(signal.SIGINT)
+    assert host.finish() == 0
 
 
 def test_call_waits_as_long_as_the_service_says_else_as_long_as_a_host_does(
@@ -393,7 +420,7 @@ def test_run_and_call_with_a_pulsar_token(env: dict[str, str], host_process: Cal
     anything. pulsar-lite 0.2.0 does not enforce auth: it accepts any token, so this cannot show
     that a wrong token is refused."""
     host = host_process("--pulsar-token", "x", env=env)
-    host.wait_for(READY)
+    host.wait_for("announced")  # a caller finds it in the directory
     result = tghost_cli("call", "--pulsar-token", "x", "--service", "echo", "text=with a token", env=env)
     assert (result.returncode, result.stdout) == (0, "with a token\n"), result.stderr
     by_env = tghost_cli("call", "--service", "echo", "text=token from env", env={**env, "TGHOST_PULSAR_TOKEN": "x"})
@@ -409,7 +436,7 @@ def test_run_and_call_with_a_pulsar_token_file(env: dict[str, str], tmp_path: Pa
     token = tmp_path / "pulsar-token"
     token.write_text("x\n")
     host = host_process("--pulsar-token-file", str(token), env=env)
-    host.wait_for(READY)
+    host.wait_for("announced")  # a caller finds it in the directory
     result = tghost_cli("call", "--pulsar-token-file", str(token), "--service", "echo", "text=token file", env=env)
     assert (result.returncode, result.stdout) == (0, "token file\n"), result.stderr
     by_env = tghost_cli("call", "--service", "echo", "text=token file from env",

@@ -29,7 +29,7 @@ from pydantic import AnyHttpUrl
 from tghost._version import __version__
 from tghost.adapters.export import mcp_tool
 from tghost.adapters.web import transport_security, warn_if_unreachable_by_name
-from tghost.agent.calls import UNKNOWN_TOOL
+from tghost.agent.calls import UNKNOWN_TOOL, UnknownTool
 from tghost.agent.client import ToolCallError
 from tghost.agent.directory import DirectoryTool, ToolDirectory
 from tghost.agent.search import MAX_LIMIT, SearchError
@@ -103,11 +103,11 @@ class Bridge:
 
     async def call_tool(self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams,
                         ) -> types.CallToolResult:
-        """Invoke the tool through the directory; an error reply or a refusal (``unknown-tool``,
-        ``not-allowed``, ``timeout``, ...) is a result with ``isError`` and ``type: message``
-        text; so is any other failure (e.g. the broker is unreachable), typed by its class name
-        and logged. With a progress token in the request's ``_meta``, the tool's progress
-        updates go to the client as ``notifications/progress``."""
+        """Invoke the tool through the directory; an error reply or a refusal (``unknown-tool``
+        with the closest names, ``no-provider``, ``not-allowed``, ``timeout``, ...) is a result
+        with ``isError`` and ``type: message`` text; so is any other failure (e.g. the broker is
+        unreachable), typed by its class name and logged. With a progress token in the request's
+        ``_meta``, the tool's progress updates go to the client as ``notifications/progress``."""
         name, arguments = params.name, dict(params.arguments or {})
         if self.tool_search and name == SEARCH_TOOLS:
             return self._search(arguments)
@@ -122,15 +122,19 @@ class Bridge:
         try:
             observation = await self.directory.invoke(name, arguments, groups=self.groups, state=self.state,
                                                       progress=progress)
-        except ToolCallError as exc:
-            if exc.error_type == UNKNOWN_TOOL:  # the directory's hint names a CLI an MCP client cannot run
-                listing = SEARCH_TOOLS if self.tool_search else "tools/list"
-                return _error(f"{UNKNOWN_TOOL}: no live tool named {name!r}; find one with {listing}")
+        except UnknownTool as exc:  # the directory's hint names a CLI an MCP client cannot run
+            return _error(f"{UNKNOWN_TOOL}: {exc.explain(f'find one with {self._listing}')}")
+        except ToolCallError as exc:  # no-provider included: it says that no live host serves the tool
             return _error(str(exc))
         except Exception as exc:
             log.exception("calling %r failed", name)
             return _error(f"{type(exc).__name__}: {exc}")
         return types.CallToolResult(content=[types.TextContent(text=observation)])
+
+    @property
+    def _listing(self) -> str:
+        """Where this bridge's clients find the tools they may call."""
+        return SEARCH_TOOLS if self.tool_search else "tools/list"
 
     async def follow(self) -> None:
         """Send ``notifications/tools/list_changed`` each time the listed tools change (a change

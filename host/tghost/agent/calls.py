@@ -8,17 +8,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import difflib
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pulsar.asyncio
 
-from tghost.agent.client import ToolCallError, ToolServiceClient
+from tghost.agent.client import ToolCallError, ToolServiceClient, call_timeout
 from tghost.agent.entries import DirectoryTool, ServiceEntry
+from tghost.agent.ledger import Key, Ledger
 from tghost.protocol import wire
 from tghost.protocol.descriptors import ToolServiceDescriptor
 from tghost.protocol.groups import DEFAULT_GROUPS, DEFAULT_STATE, WILDCARD, is_available, next_state
@@ -26,8 +28,8 @@ from tghost.protocol.sessions import SESSION_KEY
 from tghost.protocol.trust import Signer
 
 __all__ = [
-    "CONFLICT", "GROUPS_EXCEED_ALLOWED", "NOT_AVAILABLE", "UNAUTHORIZED", "UNKNOWN_TOOL",
-    "ToolCallListener", "ToolCallRecord", "ToolCalls",
+    "CONFLICT", "GROUPS_EXCEED_ALLOWED", "NOT_AVAILABLE", "NO_PROVIDER", "UNAUTHORIZED", "UNKNOWN_TOOL",
+    "Installed", "NoProvider", "ToolCallListener", "ToolCallRecord", "ToolCalls", "UnknownTool",
 ]
 
 log = logging.getLogger(__name__)
@@ -41,7 +43,60 @@ UNAUTHORIZED = "unauthorized"
 #: Also the error type: another host claims the tool's name or its service id differently, and
 #: nothing proves which claim is the real one (open mode; docs/protocol.md §4.8).
 CONFLICT = "conflict"
+#: Also the error type: the tool or service is known, but no live host serves it (:class:`NoProvider`).
+NO_PROVIDER = "no-provider"
+#: How many close names an :class:`UnknownTool` suggests, at most.
+SUGGESTIONS = 3
 
+#: What is installed where the caller runs: (kind, name) of each tool (``tool``) and tool
+#: service (``tool-service``) of the installed plugins, e.g. from :mod:`tghost.discovery`.
+Installed = Callable[[], Collection[Key]]
+
+
+class UnknownTool(ToolCallError):
+    """No live tool is named :attr:`name`, and no host that the directory remembers, nor any
+    installed plugin, has one (error type ``unknown-tool``).
+
+    :attr:`suggestions` are the closest names (:func:`difflib.get_close_matches`), best first:
+    live tools, and tools that no live host serves now (those are in :attr:`unserved` too).
+    """
+
+    def __init__(self, name: str, suggestions: Sequence[str] = (), unserved: Collection[str] = ()) -> None:
+        self.name = name
+        self.suggestions = tuple(suggestions)
+        """The closest tool names, best first (at most three; empty: nothing is close)."""
+        self.unserved = frozenset(unserved) & set(self.suggestions)
+        """The suggestions that no live host serves now (known lately, or installed here)."""
+        super().__init__(UNKNOWN_TOOL, self.explain("see 'tghost tools'"))
+
+    def explain(self, hint: str) -> str:
+        """The message, ending with ``hint`` (where to find the live tools)."""
+        names = [f"{name!r}{' (no live host serves it)' if name in self.unserved else ''}"
+                 for name in self.suggestions]
+        mean = f"did you mean {' or '.join(names)}? " if names else ""
+        return f"no live tool named {self.name!r}; {mean}{hint}"
+
+
+class NoProvider(ToolCallError):
+    """The tool (:attr:`kind` ``tool``) or tool service (``tool-service``) :attr:`name` is known,
+    but no live host serves it (error type ``no-provider``): every host that announced it
+    lately (:attr:`hosts`) withdrew it or let its lease expire, or (``hosts`` empty) its plugin
+    is installed here and no host runs it. Nothing was sent: start a host that serves it
+    (``tghost run``), or wait for one that is starting (:meth:`ToolDirectory.wait_for`,
+    ``tghost call --wait``).
+    """
+
+    def __init__(self, kind: str, name: str, hosts: Sequence[str] = ()) -> None:
+        self.kind = kind
+        self.name = name
+        self.hosts = tuple(hosts)
+        """The ids of the hosts that announced it lately (empty: it is only installed here)."""
+        what = "tool" if kind == "tool" else "tool service"
+        known = (f"host(s) {', '.join(self.hosts)} announced it lately, and none serves it now" if self.hosts
+                 else "its plugin is installed here, but no host runs it")
+        super().__init__(NO_PROVIDER, f"no live host serves {what} {name!r}: {known}. Start one ('tghost run' "
+                                      "where its plugin is installed), or wait for one that is starting "
+                                      "('tghost call --wait SECONDS', ToolDirectory.wait_for)")
 
 
 @dataclass(frozen=True)
@@ -93,13 +148,20 @@ class ToolCalls:
     ``client`` is the Pulsar client calls are made with, set by the directory once connected.
     ``services`` (id -> entry, kept current by the directory) name the hosts of each service, so
     a caller with an ``identity`` calls in sessions with them (docs/protocol.md §2.9).
+
+    A name that is not live is :class:`NoProvider` (:data:`NO_PROVIDER`) if the ``ledger``
+    remembers a host that announced it or it is ``installed`` here (asked only then), else
+    :class:`UnknownTool` with the closest names.
     """
 
     def __init__(self, tools: Mapping[str, DirectoryTool], listeners: Sequence[ToolCallListener] = (),
                  refuse_conflicts: bool = True, identity: Signer | None = None,
-                 services: Mapping[str, ServiceEntry] | None = None) -> None:
+                 services: Mapping[str, ServiceEntry] | None = None, ledger: Ledger | None = None,
+                 installed: Installed | None = None) -> None:
         self.tools = tools
         self.services = {} if services is None else services
+        self.ledger = ledger
+        self.installed = installed
         self.listeners = tuple(listeners)
         self.refuse_conflicts = refuse_conflicts
         self.identity = identity
@@ -132,9 +194,9 @@ class ToolCalls:
 
         Raises:
             ToolCallError: ``not-allowed`` if the request's groups exceed the allowed ones or
-                seed 001 filtering excludes the tool, ``unknown-tool`` if it is not live,
-                ``conflict`` if it is contested and conflicts are refused (the message says why
-                and names every side).
+                seed 001 filtering excludes the tool, :class:`NoProvider` if it is known but
+                not live, :class:`UnknownTool` if it is not known at all, ``conflict`` if it is
+                contested and conflicts are refused (the message says why and names every side).
         """
         requested = list(DEFAULT_GROUPS if groups is None else groups)
         if allowed_groups is not None and (excess := _excess_groups(requested, allowed_groups)):
@@ -142,7 +204,7 @@ class ToolCalls:
                 f"requested groups {requested} exceed allowed {list(allowed_groups)} (not allowed: {excess})"))
         tool = self.tools.get(name)
         if tool is None:
-            raise self._refuse(UNKNOWN_TOOL, UNKNOWN_TOOL, f"no live tool named {name!r}; see 'tghost tools'")
+            raise self._missing(name)
         if not is_available(tool.descriptor, groups, state):
             d = tool.descriptor
             raise self._refuse(NOT_AVAILABLE, wire.NOT_ALLOWED, (
@@ -165,6 +227,36 @@ class ToolCalls:
     def _refuse(self, reason: str, error_type: str, message: str) -> ToolCallError:
         self.refusals[reason] += 1
         return ToolCallError(error_type, message)
+
+    def _missing(self, name: str) -> ToolCallError:
+        """Why no live tool is named ``name`` (counted): :class:`NoProvider` or :class:`UnknownTool`."""
+        error = self.unserved("tool", name) or self._unknown(name)
+        self.refusals[error.error_type] += 1
+        return error
+
+    def unserved(self, kind: str, name: str) -> NoProvider | None:
+        """A :class:`NoProvider` for the ``tool`` or ``tool-service`` ``name`` if no live host
+        serves it but one announced it lately (the ledger remembers it) or it is installed
+        here; ``None`` if it is live, or not known at all."""
+        live = self.tools if kind == "tool" else self.services
+        if name in live:
+            return None
+        hosts = sorted(self.ledger.remembered((kind, name))) if self.ledger is not None else []
+        if hosts or (kind, name) in self._installed():
+            return NoProvider(kind, name, hosts)
+        return None
+
+    def _unknown(self, name: str) -> UnknownTool:
+        """An :class:`UnknownTool` suggesting the live or known tool names closest to ``name``."""
+        installed = {n for k, n in self._installed() if k == "tool"}
+        lately = self.ledger.remembered_names("tool") if self.ledger is not None else set()
+        close = difflib.get_close_matches(name, self.tools.keys() | installed | lately, 2 * SUGGESTIONS)
+        suggestions = [n for n in close if n in self.tools or n in installed
+                       or (self.ledger is not None and self.ledger.remembered(("tool", n)))][:SUGGESTIONS]
+        return UnknownTool(name, suggestions, [n for n in suggestions if n not in self.tools])
+
+    def _installed(self) -> Collection[Key]:
+        return () if self.installed is None else self.installed()
 
     async def caller(self, descriptor: ToolServiceDescriptor) -> ToolServiceClient:
         """A started client for a service's queues, cached per service id (for ``--service`` calls)."""
@@ -195,19 +287,21 @@ class ToolCalls:
         groups: Sequence[str] | None = None,
         state: str | None = None,
         allowed_groups: Sequence[str] | None = None,
-        timeout: float = 60.0,
+        timeout: float | None = None,
         progress: Callable[[wire.Progress], Any] | None = None,
     ) -> AsyncIterator[str]:
         """Invoke tool ``name`` and yield its observation chunks. The tool's config values go
         into the request's ``config``; ``groups``/``state``/``allowed_groups`` are checked as
-        in :meth:`check`. ``progress`` gets the tool's progress updates (a
-        :class:`tghost.protocol.wire.Progress` each; a coroutine function is awaited;
-        docs/protocol.md §2.12). Cancelling the task, or ``aclose()`` on the iterator, cancels
-        the call on its host (§2.11). Every listener gets one :class:`ToolCallRecord` when the
-        call ends.
+        in :meth:`check`. ``timeout`` is seconds for the whole call (``None``: the service's
+        announced timeout, else 30; :func:`tghost.agent.client.call_timeout`). ``progress`` gets
+        the tool's progress updates (a :class:`tghost.protocol.wire.Progress` each; a coroutine
+        function is awaited; docs/protocol.md §2.12). Cancelling the task, or ``aclose()`` on
+        the iterator, cancels the call on its host (§2.11). Every listener gets one
+        :class:`ToolCallRecord` when the call ends.
 
         Raises:
-            ToolCallError: not allowed, unknown, an error reply, or a timeout (seconds).
+            ToolCallError: not allowed, :class:`UnknownTool`, :class:`NoProvider`, an error reply, or
+                a timeout (seconds).
         """
         started = time.perf_counter()
         known = self.tools.get(name)
@@ -216,8 +310,9 @@ class ToolCalls:
         try:
             tool = self.check(name, groups, state, allowed_groups)
             caller = await self.caller(tool.service.descriptor)
+            wait = call_timeout(tool.service.descriptor, timeout)
             async with contextlib.aclosing(caller.stream(tool.descriptor.config, arguments, user=user,
-                                                         timeout=timeout, tool=name, progress=progress)) as chunks:
+                                                         timeout=wait, tool=name, progress=progress)) as chunks:
                 async for chunk in chunks:  # closed with this one: a caller that stops reading cancels the call
                     yield chunk
         except ToolCallError as exc:

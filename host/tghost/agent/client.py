@@ -22,6 +22,7 @@ import pulsar.asyncio
 
 from tghost.protocol import wire
 from tghost.protocol.callers import sign_request
+from tghost.protocol.descriptors import DEFAULT_TIMEOUT, ToolServiceDescriptor
 from tghost.protocol.sessions import CallerSession
 from tghost.protocol.trust import Signer
 from tghost.pulsar import hop
@@ -30,7 +31,7 @@ from tghost.system import tracing
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
 
-__all__ = ["ToolCallError", "ToolServiceClient"]
+__all__ = ["ToolCallError", "ToolServiceClient", "call_timeout"]
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,13 @@ class ToolCallError(Exception):
         super().__init__(f"{error_type}: {message}")
         self.error_type = error_type
         self.message = message
+
+
+def call_timeout(descriptor: ToolServiceDescriptor | None, given: float | None = None) -> float:
+    """Seconds a caller waits for a call of ``descriptor``'s service: ``given`` if any, else the
+    service's announced ``timeout``, else :data:`~tghost.protocol.descriptors.DEFAULT_TIMEOUT`
+    (30), as a host does."""
+    return given or (descriptor.timeout if descriptor else None) or DEFAULT_TIMEOUT
 
 
 #: Responses the client may buffer for its calls: a response topic is non-persistent, and the
@@ -118,13 +126,14 @@ class ToolServiceClient:
         arguments: dict[str, Any],
         *,
         user: str | None = None,
-        timeout: float = 60.0,
+        timeout: float = DEFAULT_TIMEOUT,
         tool: str | None = None,
         progress: Callable[[wire.Progress], Any] | None = None,
     ) -> AsyncGenerator[str, None]:
         """Send one request and yield each non-empty observation chunk until end of stream.
 
-        ``timeout`` is seconds for the whole call. ``tool`` names the call's span when tracing
+        ``timeout`` is seconds for the whole call (a client knows no descriptor: see
+        :func:`call_timeout` for the service's own). ``tool`` names the call's span when tracing
         is on (:mod:`tghost.system.tracing`; its ``traceparent`` goes with the request).
         ``progress`` asks the service for progress updates and gets each one (docs/protocol.md
         §2.12); it may be a coroutine function. Cancelling the task, or closing the iterator
@@ -216,7 +225,7 @@ class ToolServiceClient:
         arguments: dict[str, Any],
         *,
         user: str | None = None,
-        timeout: float = 60.0,
+        timeout: float = DEFAULT_TIMEOUT,
         tool: str | None = None,
         progress: Callable[[wire.Progress], Any] | None = None,
     ) -> str:

@@ -24,11 +24,15 @@ import pulsar.exceptions
 from tghost.agent.calls import (
     CONFLICT,
     GROUPS_EXCEED_ALLOWED,
+    NO_PROVIDER,
     NOT_AVAILABLE,
     UNKNOWN_TOOL,
+    Installed,
+    NoProvider,
     ToolCallListener,
     ToolCallRecord,
     ToolCalls,
+    UnknownTool,
 )
 from tghost.agent.client import ToolServiceClient
 from tghost.agent.entries import Change, DirectoryTool, ServiceEntry, Side
@@ -68,17 +72,21 @@ __all__ = [
     "MAX_ENTRIES",
     "MAX_LEASE",
     "NOT_AVAILABLE",
+    "NO_PROVIDER",
     "OVER_LIMIT",
     "STALE",
     "UNKNOWN_TOOL",
     "Change",
     "DirectoryTool",
     "HostLease",
+    "Installed",
+    "NoProvider",
     "Provider",
     "ServiceEntry",
     "ToolCallListener",
     "ToolCallRecord",
     "ToolDirectory",
+    "UnknownTool",
 ]
 
 log = logging.getLogger(__name__)
@@ -136,6 +144,10 @@ class ToolDirectory:
     Calls (:meth:`check`, :meth:`invoke`, :meth:`stream`, :meth:`caller`) are made by an
     :class:`~tghost.agent.calls.ToolCalls` over the live tools: ``listeners`` get one
     :class:`~tghost.agent.calls.ToolCallRecord` per call, and refusals are counted in :attr:`refusals`.
+    A call of a tool that no live host serves fails at once: :class:`~tghost.agent.calls.NoProvider`
+    if a host announced it lately (the ledger remembers it) or it is ``installed`` here
+    (:data:`~tghost.agent.calls.Installed`, asked only when a call names a tool that is not live),
+    else :class:`~tghost.agent.calls.UnknownTool`, with the closest names.
     """
 
     def __init__(
@@ -152,6 +164,7 @@ class ToolDirectory:
         max_lease: float = MAX_LEASE,
         max_entries: int = MAX_ENTRIES,
         identity: Signer | None = None,
+        installed: Installed | None = None,
     ) -> None:
         self.pulsar = pulsar_settings
         self.topic = topic
@@ -179,7 +192,7 @@ class ToolDirectory:
         self.index = ToolIndex()
         """The live tools for :meth:`search` (:mod:`tghost.agent.search`), kept in step with :attr:`tools`."""
         self.calls = ToolCalls(self.tools, listeners, refuse_conflicts=trusted is None, identity=identity,
-                               services=self.services)
+                               services=self.services, ledger=self.ledger, installed=installed)
         """Calls by tool name over :attr:`tools` (:mod:`tghost.agent.calls`)."""
         self._tasks: list[asyncio.Task[None]] = []
         self._client: pulsar.asyncio.Client | None = None
@@ -466,14 +479,17 @@ class ToolDirectory:
         allowed = {d.name for d in self.available(groups, state)}
         return [Found(self.tools[name], score) for name, score in self.index.ranked(query, allowed.__contains__, limit)]
 
-    async def wait_for(self, name: str, timeout: float = 10.0, present: bool = True) -> None:
-        """Wait (seconds) until tool ``name`` is live (or, with ``present=False``, gone).
+    async def wait_for(self, name: str, timeout: float = 10.0, present: bool = True,
+                       kind: Literal["tool", "tool-service"] = "tool") -> None:
+        """Wait (seconds) until tool ``name`` (with ``kind="tool-service"``: the tool service of
+        that id) is live (or, with ``present=False``, gone): e.g. for a host that is starting.
 
         Raises:
             TimeoutError: it did not happen in time.
         """
+        live: dict[str, Any] = self.tools if kind == "tool" else self.services
         async with asyncio.timeout(timeout):
-            while (name in self.tools) != present:
+            while (name in live) != present:
                 await asyncio.sleep(0.02)
 
     # -- calls (tghost.agent.calls) -------------------------------------------------------------

@@ -568,6 +568,12 @@ class Ledger:
                     break
         return found
 
+    def remembered_names(self, kind: str) -> set[str]:
+        """The names of ``kind`` (``tool``, ``tool-service``) that a remembered instance may have
+        announced: a superset of those :meth:`remembered` finds (check one with it), read from
+        its index, without walking the instances."""
+        return {name for (k, name) in self._holders if k == kind}
+
     def _first_seen(self, host_id: str, key: Key) -> int:
         """When this host id's claim on ``key`` was first seen (a count), kept while the ledger
         remembers any instance of the host, so that a restart keeps the host's place."""

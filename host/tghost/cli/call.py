@@ -4,13 +4,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import sys
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Collection
+from typing import TYPE_CHECKING, Any, Literal
 
 import click
 
-from tghost.agent.client import ToolCallError
+from tghost.agent.client import ToolCallError, call_timeout
 from tghost.cli.app import cli
 from tghost.cli.options import (
     filter_options,
@@ -22,12 +24,11 @@ from tghost.cli.options import (
     pulsar_options,
     trust_options,
 )
-from tghost.protocol.descriptors import ToolServiceDescriptor, request_queue, response_queue
+from tghost.protocol.descriptors import DEFAULT_TIMEOUT, ToolServiceDescriptor, request_queue, response_queue
 from tghost.protocol.groups import DEFAULT_STATE, next_state
 from tghost.protocol.trust import Signer, TrustedKeys
 from tghost.protocol.wire import Progress
 from tghost.pulsar.clients import PulsarSettings
-from tghost.serving.settings import ServeSettings
 
 if TYPE_CHECKING:
     from tghost.agent.directory import ToolDirectory
@@ -51,14 +52,17 @@ if TYPE_CHECKING:
 @click.option("--user", default=None, help="The request's user (omitted if not given).")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Seconds to wait for the whole answer [default: the service's announced timeout, else "
-                   f"{ServeSettings.timeout:g}, a host's default].")
+                   f"{DEFAULT_TIMEOUT:g}, a host's default].")
+@click.option("--wait", type=click.FloatRange(min=0), default=0.0, metavar="SECONDS",
+              help="Wait up to SECONDS for a live host to serve the tool or service (one that is starting) "
+                   "[default: 0, fail at once when none does].")
 @click.option("--progress/--no-progress", "show_progress", default=None,
               help="Show the tool's progress updates on stderr [default: when stderr is a terminal].")
 @click.argument("arguments", nargs=-1, metavar="[TOOL] [KEY=VALUE | KEY:=JSON]...")
 def call(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...], state: str | None,
          trusted: TrustedKeys | None, identity: Signer | None, service_id: str | None, topic: str | None,
          config_pairs: tuple[str, ...], json_args: str | None, user: str | None, timeout: float | None,
-         show_progress: bool | None, arguments: tuple[str, ...]) -> None:
+         wait: float, show_progress: bool | None, arguments: tuple[str, ...]) -> None:
     """Call a tool by name (through the live directory), or a service with --service.
 
     A tool call merges the tool's config values into the request and is refused, with the
@@ -66,9 +70,11 @@ def call(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...]
     --topic go with --service only (a usage error with a tool name, exit 2). The
     observation is printed as it streams in, and the tool's progress updates (if it reports
     any) on stderr, on one line rewritten in place on a terminal. Exits 1 on a refusal, an error reply or a
-    timeout (the error goes to stderr), and at once for a --service that is neither announced
-    nor installed here, unless --topic says where it is. Ctrl-C cancels the call on the host
-    that runs it, freeing its slot, and exits 130.
+    timeout (the error goes to stderr). A tool or --service that no live host serves fails at
+    once (exit 1), saying whether a host announced it lately or its plugin is installed here,
+    unless --wait gives a host time to start (or --topic says where a --service is). An unknown
+    tool name is answered with the closest names. Ctrl-C cancels the call on the host that runs
+    it, freeing its slot, and exits 130.
     """
     if service_id is None and not arguments:
         raise click.UsageError("give a TOOL name, or --service ID")
@@ -83,13 +89,13 @@ def call(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...]
         raise click.UsageError("give arguments as KEY=VALUE pairs or --json, not both")
     args = parse_pairs(arguments, "ARGUMENTS") if json_args is None else _json_object(json_args)
     config = parse_pairs(config_pairs, "--config")
-    directory = open_directory(pulsar, descriptors_topic, trusted, identity=identity)
+    directory = open_directory(pulsar, descriptors_topic, trusted, identity=identity, installed=_installed)
     line = ProgressLine(sys.stderr.isatty() if show_progress is None else show_progress)
     try:
         if tool_name is not None:
-            asyncio.run(_call_tool(directory, tool_name, args, user, list(groups) or None, state, timeout, line))
+            asyncio.run(_call_tool(directory, tool_name, args, user, list(groups) or None, state, timeout, wait, line))
         else:
-            asyncio.run(_call_service(directory, service_id or "", topic, config, args, user, timeout, line))
+            asyncio.run(_call_service(directory, service_id or "", topic, config, args, user, timeout, wait, line))
     except ToolCallError as exc:
         line.clear()
         line.end_line()
@@ -109,11 +115,6 @@ def _json_object(text: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise click.BadParameter("must be a JSON object", param_hint="--json")
     return value
-
-
-def _timeout(given: float | None, descriptor: ToolServiceDescriptor) -> float:
-    """Seconds to wait: as given, else the service's own timeout, else a host's default (as the host does)."""
-    return given or descriptor.timeout or ServeSettings.timeout
 
 
 class ProgressLine:
@@ -162,29 +163,32 @@ class ProgressLine:
 
 
 async def _call_tool(directory: ToolDirectory, name: str, arguments: dict[str, Any], user: str | None,
-                     groups: list[str] | None, state: str | None, timeout: float | None, line: ProgressLine) -> None:
+                     groups: list[str] | None, state: str | None, timeout: float | None, wait: float,
+                     line: ProgressLine) -> None:
     async with directory:
+        await _wait_for(directory, name, wait, "tool")
         tool = directory.check(name, groups, state)
         await _echo_stream(directory.stream(name, arguments, user=user, groups=groups, state=state,
-                                            timeout=_timeout(timeout, tool.service.descriptor),
-                                            progress=line.report), line)
+                                            timeout=timeout, progress=line.report), line)
         if tool.descriptor.state is not None:
             click.echo(f"state: {state or DEFAULT_STATE} -> {next_state(tool.descriptor, state, True)}", err=True)
 
 
 async def _call_service(directory: ToolDirectory, service_id: str, topic: str | None, config: dict[str, Any],
-                        arguments: dict[str, Any], user: str | None, timeout: float | None,
+                        arguments: dict[str, Any], user: str | None, timeout: float | None, wait: float,
                         line: ProgressLine) -> None:
     async with directory:
+        if not topic:
+            await _wait_for(directory, service_id, wait, "tool-service")
         announced = directory.services.get(service_id)
         if announced and announced.rivals and directory.calls.refuse_conflicts and not topic:
             sides = "; ".join(side.describe() for side in announced.rivals)
             raise click.ClickException(
                 f"service {service_id!r} on {announced.descriptor.request_queue} is contested: {sides}. Not calling "
                 "it: without trusted keys nothing proves which is real (--topic calls a topic you name)")
-        descriptor = announced.descriptor if announced and not topic else _installed_service(service_id, topic)
+        descriptor = announced.descriptor if announced and not topic else _unannounced(directory, service_id, topic)
         service = await directory.caller(descriptor)
-        await _echo_stream(service.stream(config, arguments, user=user, timeout=_timeout(timeout, descriptor),
+        await _echo_stream(service.stream(config, arguments, user=user, timeout=call_timeout(descriptor, timeout),
                                           progress=line.report), line)
 
 
@@ -200,22 +204,37 @@ async def _echo_stream(chunks: AsyncIterator[str], line: ProgressLine) -> None:
         click.echo()
 
 
-def _installed_service(service_id: str, topic: str | None) -> ToolServiceDescriptor:
-    """The service on --topic, else as an installed plugin declares it.
+async def _wait_for(directory: ToolDirectory, name: str, wait: float, kind: Literal["tool", "tool-service"]) -> None:
+    """Give a host that is starting ``wait`` seconds to serve ``name``; then the call goes on
+    (and is refused if none does)."""
+    if wait:
+        with contextlib.suppress(TimeoutError):
+            await directory.wait_for(name, wait, kind=kind)
+
+
+def _unannounced(directory: ToolDirectory, service_id: str, topic: str | None) -> ToolServiceDescriptor:
+    """The service on --topic.
 
     Raises:
-        click.ClickException: no --topic, and no installed plugin serves ``service_id`` (exit 1).
+        tghost.agent.calls.NoProvider: no --topic, and no live host serves ``service_id``, but one
+            announced it lately or its plugin is installed here (exit 1).
+        click.ClickException: no --topic, and ``service_id`` is neither announced nor installed (exit 1).
     """
     if topic:
         return ToolServiceDescriptor.model_validate(
             {"id": service_id, "request-queue": request_queue(topic), "response-queue": response_queue(topic)})
+    raise directory.calls.unserved("tool-service", service_id) or click.ClickException(
+        f"service {service_id!r} is neither announced nor installed here: check the id ('tghost tools' lists "
+        f"the live services), or give --topic T to call it on {request_queue('T')} anyway")
+
+
+@functools.cache
+def _installed() -> Collection[tuple[str, str]]:
+    """(kind, name) of every tool and tool service of the plugins installed here (they are loaded
+    to tell, once: only when a call names something that is not live)."""
     from tghost.discovery.discover import discover
 
     catalog = discover(strict=False)
     catalog.shutdown()  # only its descriptors are needed
-    descriptor = catalog.descriptors.get(service_id)
-    if descriptor is None:
-        raise click.ClickException(
-            f"service {service_id!r} is neither announced nor installed here: check the id ('tghost tools' lists "
-            f"the live services), or give --topic T to call it on {request_queue('T')} anyway")
-    return descriptor
+    return frozenset({("tool", name) for name in catalog.tools}
+                     | {("tool-service", sid) for sid in catalog.descriptors})

@@ -22,6 +22,7 @@ from tghost.pulsar.clients import DEFAULT_URL, PulsarSettings, is_reachable
 from tghost.system.paths import config_path, default_config_path
 
 if TYPE_CHECKING:  # imported when used, by the commands that use them (start-up: docs/benchmarks.md §14)
+    from tghost.agent.calls import Installed
     from tghost.agent.directory import ToolDirectory
     from tghost.operate.metrics import HostMonitor
     from tghost.protocol.trust import Signer, TrustedKeys
@@ -336,12 +337,14 @@ def require_broker(url: str) -> None:
 
 
 def open_directory(pulsar: PulsarSettings, topic: str, trusted: TrustedKeys | None,
-                   wait: bool = False, identity: Signer | None = None) -> ToolDirectory:
+                   wait: bool = False, identity: Signer | None = None,
+                   installed: Installed | None = None) -> ToolDirectory:
     """A directory (not started yet). A one-shot command fails at once when no broker answers;
-    with ``wait`` (a follower: watch, mcp) starting it waits up to ``--connect-timeout``."""
+    with ``wait`` (a follower: watch, mcp) starting it waits up to ``--connect-timeout``.
+    ``installed``: :class:`~tghost.agent.directory.ToolDirectory`'s."""
     from tghost.agent.directory import ToolDirectory
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if not wait:
         require_broker(pulsar.url)
-    return ToolDirectory(pulsar, topic, trusted=trusted, identity=identity)
+    return ToolDirectory(pulsar, topic, trusted=trusted, identity=identity, installed=installed)

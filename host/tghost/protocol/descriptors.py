@@ -11,6 +11,7 @@ from typing import Any, Literal
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 __all__ = [
+    "DEFAULT_TIMEOUT",
     "Argument",
     "ConfigParam",
     "DescriptorError",
@@ -23,6 +24,9 @@ __all__ = [
 
 #: Service ids and tool names: what Pulsar topics and MCP tool names both accept.
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
+#: Seconds a call may take when its service announces no ``timeout``: what a host serves with
+#: unless told otherwise (``tghost run --timeout``), and what a caller waits.
+DEFAULT_TIMEOUT = 30.0
 
 
 def request_queue(topic: str) -> str:

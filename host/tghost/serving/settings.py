@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tghost.protocol.descriptors import DEFAULT_TIMEOUT
 from tghost.serving.executors.base import THREAD, WorkerLimits
 
 __all__ = ["ServeSettings"]
@@ -29,7 +30,7 @@ class ServeSettings:
     - ``worker_limits``: when worker processes are recycled (:class:`tghost.serving.executors.base.WorkerLimits`).
     """
 
-    timeout: float = 30.0
+    timeout: float = DEFAULT_TIMEOUT
     max_concurrency: int = 16
     max_queue: int = 64
     grace: float = 10.0

@@ -104,7 +104,7 @@ async def test_error_replies_and_refusals_become_failed_tool_results(
             assert invalid.error["type"] == "invalid-arguments" and "text" in invalid.error["message"]
         await eventually(lambda: "echo" not in tools(coordinator), "echo unmounted")
         gone = await mounted["echo"].execute({"text": "anyone?"})  # a Tool object kept after its withdrawal
-        assert (gone.success, gone.error and gone.error["type"]) == (False, "unknown-tool")
+        assert (gone.success, gone.error and gone.error["type"]) == (False, "no-provider")
     finally:
         await cleanup()
 

@@ -109,7 +109,7 @@ class TghostTool:
 
     async def execute(self, input: dict[str, Any]) -> ToolResult:
         """Call the tool; never raises. The observation is the ``output``; an error reply, a
-        refusal (``not-allowed``, ``unknown-tool``) or a timeout is ``success=False`` with
+        refusal (``not-allowed``, ``unknown-tool``, ``no-provider``) or a timeout is ``success=False`` with
         ``error={"type": <wire error type>, "message": ...}``."""
         settings = self._settings
         try:

@@ -65,8 +65,6 @@ SETTLE = 0.1
 REFRESH = 2.0
 #: The cookie that carries the token after ``GET /?token=...``.
 COOKIE = "tghost-inspect-token"
-#: Seconds a call waits when its service announces no timeout (a host's default).
-CALL_TIMEOUT = 30.0
 
 _STATIC = ("tghost.adapters.inspector", "static")
 
@@ -170,10 +168,8 @@ class Inspector:
         def ms(since: float = started) -> float:
             return round((time.perf_counter() - since) * 1000, 1)
 
-        known = self.directory.tools.get(tool)
-        timeout = (known.service.descriptor.timeout if known else None) or CALL_TIMEOUT
-        events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
-        calling = asyncio.create_task(self._pump(events, tool, arguments, dict(options, timeout=timeout)))
+        events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()  # the call waits as long as its service says
+        calling = asyncio.create_task(self._pump(events, tool, arguments, options))
         try:
             while True:
                 kind, value = await events.get()
