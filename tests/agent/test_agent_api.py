@@ -71,12 +71,16 @@ def test_every_field_of_a_change_is_documented() -> None:
 
 
 def test_every_refusal_before_sending_is_documented() -> None:
-    """The error types ``ToolCalls`` refuses with (the second argument of each ``_refuse``)."""
+    """The error types ``ToolCalls`` refuses with: the second argument of each ``_refuse``, and
+    those of its own ``ToolCallError`` classes (a name nothing serves)."""
     source = inspect.getsource(calls)
     names = re.findall(r"self\._refuse\(\w+, ([\w.]+),", source)
     namespace = vars(calls)
     types = {getattr(namespace[n.split(".")[0]], n.split(".")[1]) if "." in n else namespace[n] for n in names}
-    assert set(rows("Errors")) == types
+    raised = {calls.UnknownTool("x").error_type, calls.NoProvider("tool", "x").error_type}
+    assert {cls for cls in vars(calls).values() if isinstance(cls, type) and issubclass(cls, tghost.ToolCallError)
+            and cls.__module__ == calls.__name__} == {calls.UnknownTool, calls.NoProvider}
+    assert set(rows("Errors")) == types | raised
 
 
 def test_the_exports_named_for_agents_exist() -> None:

@@ -223,10 +223,10 @@ def test_a_call_that_no_live_host_serves_fails_at_once_saying_how_to_start_one(e
     typo = tghost_cli("call", "ecoh", "text=hi", env=env)
     assert time.monotonic() - started < 25  # the service alone used to wait out its 30 s timeout
     assert service.returncode == 1 and service.stdout == ""
-    assert ("error: no-provider: no live host serves tool service 'unhurried': its plugin is installed here, but "
+    assert ("Error: no-provider: no live host serves tool service 'unhurried': its plugin is installed here, but "
             "no host runs it. Start one ('tghost run'") in service.stderr
-    assert tool.returncode == 1 and "error: no-provider: no live host serves tool 'echo'" in tool.stderr
-    assert typo.returncode == 1 and ("error: unknown-tool: no live tool named 'ecoh'; did you mean 'echo' (no live "
+    assert tool.returncode == 1 and "Error: no-provider: no live host serves tool 'echo'" in tool.stderr
+    assert typo.returncode == 1 and ("Error: unknown-tool: no live tool named 'ecoh'; did you mean 'echo' (no live "
                                      "host serves it)? see 'tghost tools'") in typo.stderr
 
 
