@@ -27,7 +27,7 @@ from tghost.announcing.announcer import Announcer, HostIdentity
 from tghost.author.service import ToolService
 from tghost.conformance import Conformance, Finding, RawWire, check_conformance
 from tghost.discovery.discover import Catalog, catalog_of, catalog_of_plugin
-from tghost.protocol.announcement import DEFAULT_TOPIC, EPOCH_SECONDS, epoch_of, epoch_topic
+from tghost.protocol.epochs import DEFAULT_TOPIC, EPOCH_SECONDS, epoch_of, epoch_topic
 from tghost.protocol.sessions import HostSessionKey
 from tghost.protocol.trust import Signer
 from tghost.protocol.wire import Progress

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import json
 import os
@@ -654,6 +655,35 @@ def test_help_lists_every_command_by_its_own_first_line_without_importing_any() 
     assert all(f"  {name} " in listed for name in COMMANDS)
     assert imported == "['tghost.cli.app']"  # no command module, and none of the heavy libraries
 
+
+
+#: What each command loads before it runs (its module's imports, as ``COMMAND --help`` shows them),
+#: among the libraries that cost start-up: only what it uses. The rest load where they are used
+#: (tracing, signing keys, search, the web and MCP adapters).
+HEAVY = ("pydantic", "pulsar", "pluggy", "cryptography", "opentelemetry", "tantivy", "starlette", "uvicorn", "mcp",
+         "jinja2", "prometheus_client")
+LOADS = {
+    "new": set(), "install": set(), "uninstall": set(), "keygen": set(), "pulsar": set(),  # no plugin, no broker
+    "broker": {"pulsar"},  # asks the port with the client's handshake
+    **dict.fromkeys(("tools", "call", "watch", "export", "inspect", "mcp", "trustgraph"),
+                    frozenset({"pulsar", "pydantic"})),  # the directory: Pulsar and the descriptor models
+    "status": {"pulsar"},  # the directory's models once it asks the announcements, not for --url
+    "plugins": {"pulsar", "pydantic", "pluggy"}, "run": {"pulsar", "pydantic", "pluggy"},  # plugins too
+}
+
+
+@pytest.mark.parametrize("command", sorted(LOADS))
+def test_no_command_loads_a_library_it_does_not_use(command: str) -> None:
+    probe = (f"import sys\nfrom tghost.cli.app import cli\ntry:\n    cli([{command!r}, '--help'])\n"
+             f"except SystemExit:\n    pass\nprint(sorted(m for m in sys.modules if m in {HEAVY!r}))")
+    shown = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert set(ast.literal_eval(shown.splitlines()[-1])) == LOADS[command]
+
+
+def test_every_command_has_its_loads_stated() -> None:
+    from tghost.cli.app import COMMANDS
+
+    assert set(LOADS) == set(COMMANDS)
 
 def _help(*command: str) -> str:
     result = CliRunner().invoke(cli, [*command, "--help"], terminal_width=200)

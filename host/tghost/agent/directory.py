@@ -55,8 +55,8 @@ from tghost.agent.ledger import (
 )
 from tghost.agent.search import Found, ToolIndex
 from tghost.agent.window import TopicWindow
-from tghost.protocol.announcement import DEFAULT_TOPIC, EPOCH_SECONDS
 from tghost.protocol.descriptors import ToolDescriptor, ToolServiceDescriptor
+from tghost.protocol.epochs import DEFAULT_TOPIC, EPOCH_SECONDS
 from tghost.protocol.groups import select
 from tghost.protocol.trust import Signer, TrustedKeys
 from tghost.pulsar.clients import BrokerError, PulsarSettings

@@ -18,7 +18,7 @@ import pulsar
 import pulsar.asyncio
 import pulsar.exceptions
 
-from tghost.protocol.announcement import EPOCH_SECONDS, epoch_topic, read_window
+from tghost.protocol.epochs import EPOCH_SECONDS, epoch_topic, read_window
 
 __all__ = ["CATCH_UP_BATCH", "CATCH_UP_POLL_MS", "CATCH_UP_STALL", "CatchUpStalled", "TopicWindow"]
 

@@ -11,11 +11,11 @@ from tghost.cli.app import cli, main
 
 if TYPE_CHECKING:
     from tghost.cli.options import pulsar_options
-    from tghost.cli.plugins import pip_command
+    from tghost.cli.packages import pip_command
 
 __all__ = ["cli", "main", "pip_command", "pulsar_options"]
 
-_LAZY = {"pulsar_options": "options", "pip_command": "plugins"}
+_LAZY = {"pulsar_options": "options", "pip_command": "packages"}
 
 
 def __getattr__(name: str) -> Any:

@@ -72,11 +72,11 @@ COMMANDS = {
     "call": Entry("call", "Call a tool by name (through the live directory), or a service with --service."),
     "export": Entry("directory", "Write the live tools as JSON on stdout, in the shape another agent loads."),
     "inspect": Entry("directory", "See and try the live directory in a web browser, until Ctrl-C."),
-    "install": Entry("plugins", "pip install plugins into the environment tghost runs in, as 'llm install' does."),
+    "install": Entry("packages", "pip install plugins into the environment tghost runs in, as 'llm install' does."),
     "keygen": Entry("keys", "Write an Ed25519 key pair for signed announcements."),
     "mcp": Entry("directory", "Serve the live tools to MCP clients (Model Context Protocol), until Ctrl-C or the "
                               "client leaves."),
-    "new": Entry("plugins", "Write a new plugin distribution, tghost-NAME/, ready to install, test and serve."),
+    "new": Entry("packages", "Write a new plugin distribution, tghost-NAME/, ready to install, test and serve."),
     "plugins": Entry("plugins", "List every installed plugin: what it serves, what failed and why, and what was "
                                 "blocked (by --load-plugins/--disable-plugins or their env vars) and by which "
                                 "setting."),
@@ -85,7 +85,7 @@ COMMANDS = {
     "status": Entry("status", "Show every live host: its services, tools, lease, signature, conflicts and health."),
     "tools": Entry("directory", "List the live tools every agent can see, as announced by running hosts."),
     "trustgraph": Entry("trustgraph", "Work with a TrustGraph deployment on the same Pulsar cluster."),
-    "uninstall": Entry("plugins", "pip uninstall -y plugins from the environment tghost runs in."),
+    "uninstall": Entry("packages", "pip uninstall -y plugins from the environment tghost runs in."),
     "watch": Entry("directory", "Follow the live tool set: tools added, updated, removed or expired, until Ctrl-C."),
 }
 

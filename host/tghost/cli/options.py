@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
 import click
 
-from tghost.protocol.announcement import DEFAULT_TOPIC
+from tghost.protocol.epochs import DEFAULT_TOPIC
 from tghost.pulsar.clients import DEFAULT_URL, PulsarSettings, is_reachable
 from tghost.system.paths import config_path, default_config_path
 

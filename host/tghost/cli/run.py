@@ -29,7 +29,7 @@ from tghost.discovery.config import ConfigError, load_access, load_config_tools,
 from tghost.discovery.discover import Catalog, PluginLoadError, PluginSelection, discover
 from tghost.operate.plugin_watch import WatchSettings
 from tghost.operate.run import run_host
-from tghost.protocol.announcement import MAX_LEASE
+from tghost.protocol.epochs import MAX_LEASE
 from tghost.protocol.sessions import HostSessionKey
 from tghost.protocol.trust import KeyFileError, Signer
 from tghost.pulsar import hop

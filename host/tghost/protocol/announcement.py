@@ -1,18 +1,27 @@
 """announcement: the announcement message format and the epoch topics it travels on
 (docs/protocol.md §4). Shared by the announcer (host side) and the directory (agent side).
+The topics and their epochs are :mod:`tghost.protocol.epochs`' (re-exported here).
 
 Pure data: never does I/O, never knows about Pulsar clients, hosts or directories.
 """
 
 from __future__ import annotations
 
-import math
-import time
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tghost.protocol.descriptors import ToolDescriptor, ToolServiceDescriptor
+from tghost.protocol.epochs import (
+    DEFAULT_TOPIC,
+    EPOCH_SECONDS,
+    MAX_LEASE,
+    RESTATEMENT_MARGIN,
+    current_topic,
+    epoch_of,
+    epoch_topic,
+    read_window,
+)
 
 __all__ = [
     "DEFAULT_TOPIC",
@@ -32,46 +41,8 @@ __all__ = [
     "read_window",
 ]
 
-#: The base name of the announcement topics (docs/protocol.md §4.1); messages go to its epoch topics.
-DEFAULT_TOPIC = "persistent://tg/config/tool-descriptors"
-#: Seconds per epoch: every host restates everything it announces on each new epoch's topic
-#: (docs/protocol.md §4.1). Every host and directory on one base topic must use the same value.
-EPOCH_SECONDS = 300.0
-#: Seconds a host may take, after its epoch begins, to finish restating on the new topic.
-RESTATEMENT_MARGIN = 30.0
-#: Seconds: the longest lease a directory honours by default (docs/protocol.md §4.7); a longer
-#: ``lease.seconds`` counts as this, so a flood of fake entries is gone this long after its
-#: last message. A host's lease must not be longer.
-MAX_LEASE = 600.0
 #: What an announcement may announce: a host (its lease and manifest), a tool service or a tool.
 KINDS = ("host", "tool-service", "tool")
-
-
-def epoch_of(t: float, epoch_seconds: float = EPOCH_SECONDS) -> int:
-    """The epoch of unix time ``t`` (seconds): ``floor(t / epoch_seconds)``."""
-    return math.floor(t / epoch_seconds)
-
-
-def epoch_topic(base: str, epoch: int) -> str:
-    """The topic of one epoch: ``<base>-epoch-<epoch>``, for example
-    ``persistent://tg/config/tool-descriptors-epoch-5904321``."""
-    return f"{base}-epoch-{epoch}"
-
-
-def current_topic(base: str, epoch_seconds: float = EPOCH_SECONDS, now: float | None = None) -> str:
-    """The topic a host sends to at unix time ``now`` (seconds; default: the time now)."""
-    return epoch_topic(base, epoch_of(time.time() if now is None else now, epoch_seconds))
-
-
-def read_window(now: float, max_clock_skew: float, epoch_seconds: float = EPOCH_SECONDS) -> range:
-    """The epochs a directory reads at unix time ``now`` (seconds), oldest first: those of
-    ``now - max_clock_skew - RESTATEMENT_MARGIN`` up to ``now + max_clock_skew`` (docs/protocol.md §4.6).
-
-    Every live host whose clock is within ``max_clock_skew`` of ours has restated all it
-    announces on one of them.
-    """
-    first = epoch_of(now - max_clock_skew - RESTATEMENT_MARGIN, epoch_seconds)
-    return range(first, epoch_of(now + max_clock_skew, epoch_seconds) + 1)
 
 
 def announcement_key(kind: str, name: str, host_id: str) -> str:

@@ -14,7 +14,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from tghost.protocol.announcement import DEFAULT_TOPIC, EPOCH_SECONDS, RESTATEMENT_MARGIN
+from tghost.protocol.epochs import DEFAULT_TOPIC, EPOCH_SECONDS, RESTATEMENT_MARGIN
 
 __all__ = ["DEFAULT_NAMESPACE", "Policies", "admin_commands", "check_role", "namespace_of", "rest_calls"]
 

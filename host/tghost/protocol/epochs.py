@@ -1,0 +1,60 @@
+"""epochs: the topics announcements travel on (docs/protocol.md §4.1, §4.6): the base topic,
+its epoch topics, the window of epochs a directory reads, and the lease limit. Constants and
+arithmetic only, with no model and no third-party import, so a command that only names a topic
+(``tghost pulsar policies``, the CLI's options) loads nothing else.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+__all__ = [
+    "DEFAULT_TOPIC",
+    "EPOCH_SECONDS",
+    "MAX_LEASE",
+    "RESTATEMENT_MARGIN",
+    "current_topic",
+    "epoch_of",
+    "epoch_topic",
+    "read_window",
+]
+
+#: The base name of the announcement topics (docs/protocol.md §4.1); messages go to its epoch topics.
+DEFAULT_TOPIC = "persistent://tg/config/tool-descriptors"
+#: Seconds per epoch: every host restates everything it announces on each new epoch's topic
+#: (docs/protocol.md §4.1). Every host and directory on one base topic must use the same value.
+EPOCH_SECONDS = 300.0
+#: Seconds a host may take, after its epoch begins, to finish restating on the new topic.
+RESTATEMENT_MARGIN = 30.0
+#: Seconds: the longest lease a directory honours by default (docs/protocol.md §4.7); a longer
+#: ``lease.seconds`` counts as this, so a flood of fake entries is gone this long after its
+#: last message. A host's lease must not be longer.
+MAX_LEASE = 600.0
+
+
+def epoch_of(t: float, epoch_seconds: float = EPOCH_SECONDS) -> int:
+    """The epoch of unix time ``t`` (seconds): ``floor(t / epoch_seconds)``."""
+    return math.floor(t / epoch_seconds)
+
+
+def epoch_topic(base: str, epoch: int) -> str:
+    """The topic of one epoch: ``<base>-epoch-<epoch>``, for example
+    ``persistent://tg/config/tool-descriptors-epoch-5904321``."""
+    return f"{base}-epoch-{epoch}"
+
+
+def current_topic(base: str, epoch_seconds: float = EPOCH_SECONDS, now: float | None = None) -> str:
+    """The topic a host sends to at unix time ``now`` (seconds; default: the time now)."""
+    return epoch_topic(base, epoch_of(time.time() if now is None else now, epoch_seconds))
+
+
+def read_window(now: float, max_clock_skew: float, epoch_seconds: float = EPOCH_SECONDS) -> range:
+    """The epochs a directory reads at unix time ``now`` (seconds), oldest first: those of
+    ``now - max_clock_skew - RESTATEMENT_MARGIN`` up to ``now + max_clock_skew`` (docs/protocol.md §4.6).
+
+    Every live host whose clock is within ``max_clock_skew`` of ours has restated all it
+    announces on one of them.
+    """
+    first = epoch_of(now - max_clock_skew - RESTATEMENT_MARGIN, epoch_seconds)
+    return range(first, epoch_of(now + max_clock_skew, epoch_seconds) + 1)
