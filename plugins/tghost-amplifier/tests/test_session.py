@@ -109,6 +109,12 @@ async def test_error_replies_and_refusals_become_failed_tool_results(
         await cleanup()
 
 
+def test_a_calls_timeout_is_its_services_unless_the_config_gives_one() -> None:
+    """``None`` goes to ``ToolDirectory.invoke``, which waits as long as the tool's service announces,
+    else 30 s (tests/agent/test_calls.py checks that on the wire); it used to be a fixed 60 s."""
+    assert SessionSettings.of({}).timeout is None and SessionSettings.of({"timeout": 2}).timeout == 2
+
+
 async def test_tools_announced_later_are_mounted_and_withdrawn_or_expired_ones_unmounted(
     pulsar_broker: EmbeddedBroker, topic: str, coordinator: MockCoordinator,
 ) -> None:

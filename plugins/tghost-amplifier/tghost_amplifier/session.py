@@ -48,7 +48,8 @@ class SessionSettings(BaseModel):
     - ``trusted_keys``: paths of public keys (``tghost keygen``); with any, only tools announced
       by hosts that sign with one of them are mounted.
     - ``user``: the request's ``user``, for the hosts' ``tghost_authorize`` checks.
-    - ``timeout``: seconds a call may take.
+    - ``timeout``: seconds a call may take (default: the timeout the tool's service announces,
+      else 30, as for every caller: :func:`tghost.agent.client.call_timeout`).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -61,7 +62,7 @@ class SessionSettings(BaseModel):
     state: str | None = None
     trusted_keys: list[Path] = Field(default_factory=list)
     user: str | None = None
-    timeout: float = Field(default=60.0, gt=0)
+    timeout: float | None = Field(default=None, gt=0)
 
     @classmethod
     def of(cls, config: dict[str, Any] | None) -> SessionSettings:
