@@ -99,7 +99,7 @@ def env(plugin_dir: PluginDir, pulsar_broker: EmbeddedBroker, tmp_path: Path) ->
 
 
 #: The README's command (section "Inspector"), run here on a free port.
-README_COMMAND = "tghost inspect                # then open http://localhost:8765/, or pass --open"
+README_COMMAND = "tghost inspect                # then open http://localhost:8766/, or pass --open"
 
 
 @pytest.fixture

@@ -732,3 +732,11 @@ def test_watch_lines_keep_their_columns_whatever_the_names(capsys: pytest.Captur
     lines = capsys.readouterr().out.splitlines()
     assert {line.index(service) for line, service in zip(lines, ("s", "joke-service", "summaries"), strict=True)} \
         == {sum(WATCH_WIDTHS[:2]) + 4}
+
+
+def test_the_inspector_and_the_mcp_bridge_default_to_different_ports() -> None:
+    """Both run on one machine with no flags."""
+    ctx = click.Context(cli)
+    ports = {name: next(p.default for p in cli.get_command(ctx, name).params if p.name == "http_port")  # type: ignore[union-attr]
+             for name in ("inspect", "mcp")}
+    assert ports == {"inspect": 8766, "mcp": 8765}

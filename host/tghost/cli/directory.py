@@ -36,6 +36,8 @@ from tghost.protocol.trust import Signer, TrustedKeys
 from tghost.pulsar.clients import PulsarSettings, is_loopback
 
 F = TypeVar("F", bound=Callable[..., Any])
+#: ``tghost inspect``'s default port: one above the MCP bridge's 8765, so both run side by side.
+INSPECT_PORT = 8766
 
 
 @cli.command()
@@ -202,7 +204,7 @@ def _host_names(ctx: click.Context, param: click.Parameter, values: tuple[str, .
     for name in names:
         if "/" in name:
             raise click.BadParameter(f"{name!r} is not a Host header value: give NAME or NAME:PORT, e.g. "
-                                     "tools.example.com:8765", param_hint=f"--allowed-host / {param.envvar}")
+                                     "tools.example.com:443", param_hint=f"--allowed-host / {param.envvar}")
     return names
 
 
@@ -263,13 +265,13 @@ def mcp_bridge(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str
 @otel_option
 @click.option("--host", "http_host", default="127.0.0.1", show_default=True,
               help="The address to bind; 0.0.0.0 for every interface (then --token-file is required).")
-@click.option("--port", "http_port", type=click.IntRange(0, 65535), default=8765, show_default=True,
-              help="The port to bind.")
+@click.option("--port", "http_port", type=click.IntRange(0, 65535), default=INSPECT_PORT, show_default=True,
+              help="The port to bind (the MCP bridge's is 8765, so both can run).")
 @click.option("--open", "open_browser", is_flag=True, help="Open the page in the default web browser.")
 @click.option("--allowed-host", "allowed_hosts", multiple=True, metavar="NAME", envvar="TGHOST_INSPECT_ALLOWED_HOSTS",
               callback=_host_names,
               help="A Host header browsers may send besides the loopback names (127.0.0.1, localhost, [::1], any "
-                   "port), e.g. tools.example.com:8765, or tools.example.com:* for any port. Repeatable (env "
+                   "port), e.g. tools.example.com:8766, or tools.example.com:* for any port. Repeatable (env "
                    "TGHOST_INSPECT_ALLOWED_HOSTS). Other Host headers get 421, other Origins 403.")
 @click.option("--token-file", type=click.Path(path_type=Path, dir_okay=False), envvar="TGHOST_INSPECT_TOKEN_FILE",
               help="A file holding the secret every request must carry: open /?token=SECRET once (it is kept in "
