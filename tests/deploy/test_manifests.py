@@ -1,7 +1,8 @@
 """deploy: the Kubernetes manifests of ``deploy/kubernetes/`` and the ``Dockerfile``, read as
 files. They validate against the Kubernetes 1.31 schemas (strictly, offline), and their wiring
 matches what tghost does: probes on ``/health``, a termination grace longer than ``--grace``,
-the host id from the pod name, the set-up Job running what ``tghost pulsar policies`` prints.
+the host id from the pod name, the set-up Job running what ``tghost pulsar policies`` prints,
+the hosts' network policy letting in Prometheus and out only to the Pulsar proxy and DNS.
 Nothing here talks to a broker or a cluster; the ``tghost`` commands run are ``--help`` and
 ``pulsar policies``, which talk to nothing.
 """
@@ -237,6 +238,79 @@ def test_pod_disruption_budget_covers_the_hosts() -> None:
     labels = the("StatefulSet", "tghost-host")["spec"]["template"]["metadata"]["labels"]
     assert budget["maxUnavailable"] == 1
     assert budget["selector"]["matchLabels"].items() <= labels.items()
+
+
+# -- the hosts' network policy -------------------------------------------------------------------
+
+
+def network_policy() -> dict[str, Any]:
+    spec: dict[str, Any] = the("NetworkPolicy", "tghost-host")["spec"]
+    return spec
+
+
+def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    assert selector.keys() == {"matchLabels"}
+    return bool(selector["matchLabels"].items() <= labels.items())
+
+
+def test_network_policy_isolates_the_hosts_both_ways_and_no_other_workload() -> None:
+    policy = network_policy()
+    assert sorted(policy["policyTypes"]) == ["Egress", "Ingress"]
+    selected = [w["metadata"]["name"] for w in workloads()
+                if selects(policy["podSelector"], w["spec"]["template"]["metadata"]["labels"])]
+    assert selected == ["tghost-host"]
+
+
+def test_network_policy_admits_prometheus_of_one_namespace_to_the_metrics_port_only() -> None:
+    workload, container = host()
+    (rule,) = network_policy()["ingress"]
+    (peer,) = rule["from"]
+    # Both selectors in one peer: Prometheus pods of that namespace (two peers would be either).
+    assert peer.keys() == {"namespaceSelector", "podSelector"}
+    assert peer["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "monitoring"}
+    assert peer["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "prometheus"}
+    (port,) = rule["ports"]
+    named = {p["name"]: p["containerPort"] for p in container["ports"]}
+    metrics = int(option(container["args"], "--metrics-port"))
+    assert port["protocol"] == "TCP" and named.get(port["port"], port["port"]) == metrics
+    assert workload["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"] == str(metrics)
+
+
+def test_network_policy_lets_the_hosts_reach_the_pulsar_proxy_of_the_configmap_and_dns_only() -> None:
+    _, container = host()
+    ref = env(container, "TGHOST_PULSAR_URL")["valueFrom"]["configMapKeyRef"]
+    url = re.match(r"pulsar://([^.:/]+)\.([^.:/]+)\.svc[^:/]*:(\d+)", the("ConfigMap", ref["name"])["data"][ref["key"]])
+    assert url is not None
+    service, namespace, port = url.group(1), url.group(2), int(url.group(3))
+    pulsar, dns = network_policy()["egress"]
+    (peer,) = pulsar["to"]
+    assert peer["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": namespace}
+    assert service == "pulsar-proxy" and peer["podSelector"]["matchLabels"] == {"component": "proxy"}
+    assert {(p["protocol"], p["port"]) for p in pulsar["ports"]} == {("TCP", port), ("TCP", 6651)}
+    (peer,) = dns["to"]
+    assert peer["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "kube-system"}
+    assert peer["podSelector"]["matchLabels"] == {"k8s-app": "kube-dns"}
+    assert {(p["protocol"], p["port"]) for p in dns["ports"]} == {("UDP", 53), ("TCP", 53)}
+
+
+def test_the_kustomization_s_commented_patch_for_another_prometheus_applies_and_validates() -> None:
+    lines = (DEPLOY / "kustomization.yaml").read_text().splitlines()
+    start = lines.index("# patches:")
+    commented = [line[2:] for line in lines[start:] if line.startswith("# ") or line == "#"]
+    (patch,) = yaml.safe_load("\n".join(commented))["patches"]
+    policy = the(patch["target"]["kind"], patch["target"]["name"])
+    for operation in yaml.safe_load(patch["patch"]):
+        assert operation["op"] == "replace"
+        *parents, last = [part.replace("~1", "/").replace("~0", "~") for part in operation["path"].split("/")[1:]]
+        node: Any = policy
+        for part in parents:
+            node = node[int(part)] if isinstance(node, list) else node[part]
+        assert last in node, operation["path"]  # "replace" needs the field to exist
+        node[last] = operation["value"]
+    assert kubernetes_validate.validate(policy, KUBERNETES + ".0", strict=True) == KUBERNETES
+    (peer,) = policy["spec"]["ingress"][0]["from"]
+    assert peer == {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "observability"}},
+                    "podSelector": {"matchLabels": {"app": "prometheus"}}}
 
 
 # -- every workload ------------------------------------------------------------------------------

@@ -9,6 +9,8 @@ Never touches Pulsar, never resolves conflicts between claims, never raises for 
 from __future__ import annotations
 
 import hashlib
+import heapq
+import itertools
 import json
 import logging
 import time
@@ -151,6 +153,8 @@ class _Instance:
     """The key id the signature of its last applied message names (``None``: unsigned)."""
     health: str | None = None
     """The health URL its last host message announced (``None``: none)."""
+    queued: int = -1
+    """The sequence number of its one valid entry in the ledger's lease heap (``Ledger._due``)."""
 
     @property
     def active(self) -> bool:
@@ -241,6 +245,13 @@ class Ledger:
         self._rejected = LogSummary(log, f"ignored %(count)d announcement(s) on {topic}: %(reason)s (e.g. %(example)s)",
                                     report_interval, self.rejections, silent=frozenset({DUPLICATE}))
         self._instances: dict[Ref, _Instance] = {}
+        self._due: list[tuple[float, int, Ref]] = []
+        """A heap of (due, sequence, ref): when :meth:`expire` must look at an instance again, no
+        later than the time its lease ends (or, once expired, the time it is to be forgotten). An
+        entry is valid while its sequence is the instance's ``queued``; a renewed lease is not
+        pushed, but pushed again when its old due time pops, so each instance has one valid entry
+        and :meth:`expire` never walks every instance (docs/scale.md)."""
+        self._sequence = itertools.count()
         self._host_instances: dict[str, list[str]] = defaultdict(list)
         self._holders: dict[Key, set[str]] = defaultdict(set)
         """Key -> the host ids whose remembered instances may hold a descriptor of it (a superset:
@@ -297,21 +308,42 @@ class Ledger:
 
     def expire(self, now: float) -> set[Key]:
         """Expire every instance whose lease ended before ``now`` (unix seconds), and forget those
-        ended long enough that any replay of their messages would be expired too; returns what changed."""
+        ended long enough that any replay of their messages would be expired too; returns what changed.
+
+        Looks only at the instances whose due time in the lease heap has passed: its cost grows
+        with the leases that ended (or were renewed) since the last call, not with the instances."""
         dirty: set[Key] = set()
-        for ref, state in list(self._instances.items()):
-            if state.lease_end >= now:
+        changed = False
+        forget_before = now - 2 * self.max_clock_skew
+        while self._due and self._due[0][0] < now:
+            _, sequence, ref = heapq.heappop(self._due)
+            state = self._instances.get(ref)
+            if state is None or state.queued != sequence:
+                continue  # stale: the instance was forgotten, or queued again since
+            if state.lease_end >= now:  # renewed since it was queued
+                self._queue(ref, state)
                 continue
             if not state.expired:
                 if state.active:
                     log.info("host %s (instance %s): lease expired", *ref)
-                state.expired = True
+                state.expired = changed = True
                 dirty |= self._sync(ref, state, set(state.entries))
-            if state.lease_end < now - 2 * self.max_clock_skew:
+            if state.lease_end < forget_before:
                 dirty |= set(state.entries)  # what it said no longer contests anything
                 self._forget(ref)
-        self._settle_clashes()
+                changed = True
+            else:
+                self._queue(ref, state)
+        if changed:  # otherwise no instance's state moved since the last settling (every change settles)
+            self._settle_clashes()
         return dirty
+
+    def _queue(self, ref: Ref, state: _Instance) -> None:
+        """Push the instance's next due time on the lease heap: when its lease ends or, once
+        expired, when it is to be forgotten; its entries pushed before become stale."""
+        due = state.lease_end + 2 * self.max_clock_skew if state.expired else state.lease_end
+        state.queued = next(self._sequence)
+        heapq.heappush(self._due, (due, state.queued, ref))
 
     def _forget(self, ref: Ref) -> None:
         state = self._instances.pop(ref)
@@ -447,6 +479,7 @@ class Ledger:
             state = self._instances[ref] = _Instance(announcement.host.model_dump(), lease_end,
                                                      self._seconds(announcement))
             self._host_instances[ref[0]].append(ref[1])
+            self._queue(ref, state)
         state.lease_end = max(state.lease_end, lease_end)
         state.seconds = self._seconds(announcement)
         state.signer = signer
@@ -460,6 +493,7 @@ class Ledger:
                 del state.entries[key]
         if state.expired and state.lease_end >= now:
             state.expired = False  # heard again in time, e.g. from the backlog after an outage of ours
+            self._queue(ref, state)  # due when its lease ends again, not when it would be forgotten
         if state.active != was_active:
             changed = set(state.entries)
         self._settle_clashes()
