@@ -220,3 +220,16 @@ def test_a_host_message_announces_the_hosts_health_url_and_no_other_message_may(
     feed(ledger, (key, {**value, "health": "http://elsewhere/health", "lease": {**value["lease"],
                                                                                 "sent_at": time.time() + 1}}))
     assert ledger.rejections["invalid"] == 1
+
+
+def test_a_forgotten_host_leaves_nothing_in_the_index_whichever_instance_went_last() -> None:
+    """The older instance announced ``count`` and is forgotten first; the newer one, which never
+    did, last: no name of the host stays remembered."""
+    ledger, old = Ledger("t"), announcer(instance="old")
+    new = Announcer(catalog_of([shout]), HostIdentity("h", "localhost", os.getpid(), instance="new"), lease=30.0)
+    feed(ledger, *old._messages("available"))
+    time.sleep(0.01)  # the newer lease ends later: the older instance is forgotten first
+    feed(ledger, *new._messages("available"))
+    assert ledger.remembered_names("tool") == {"count", "shout"}
+    ledger.expire(time.time() + 10_000)
+    assert ledger.remembered_names("tool") == set() and ledger.remembered_names("tool-service") == set()

@@ -350,11 +350,12 @@ class Ledger:
         host_id, instance = ref
         siblings = self._host_instances[host_id]
         siblings.remove(instance)
+        held = {key for sibling in siblings for key in self._instances[(host_id, sibling)].entries}
+        for key in state.entries.keys() - held:  # what no remembered instance of the host announced
+            self._drop_holder(key, host_id)
         if not siblings:
             del self._host_instances[host_id]
             self._seen.pop(host_id, None)
-            for key in state.entries:
-                self._drop_holder(key, host_id)
 
     def _drop_holder(self, key: Key, host_id: str) -> None:
         holders = self._holders.get(key)
