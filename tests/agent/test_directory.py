@@ -25,6 +25,8 @@ from tghost.pulsar.clients import BrokerError, PulsarSettings, free_port
 from tghost.pulsar.embedded import EmbeddedBroker
 from tghost.testing import LocalHost
 
+from ..conftest import LoopThread
+
 
 @tghost.tool(service="kb", config=["collection"])
 async def search(question: str, collection: str, ctx: tghost.Context) -> str:
@@ -123,6 +125,43 @@ async def test_heartbeats_keep_a_short_lease_alive(pulsar_broker: EmbeddedBroker
             assert host.announcer is not None and host.announcer.sent > 3 + 3 * 2
     finally:
         await found.close()
+
+
+async def test_a_directory_behind_its_topic_expires_no_host_whose_renewal_it_has_not_read_yet(
+    pulsar_broker: EmbeddedBroker, topic: str,
+) -> None:
+    """The directory's loop stalls for 2 s (a starved process) while a host on another loop
+    renews its 0.6 s lease: the renewals wait unread, and every lease the directory has read
+    ended. Caught up, it has shown no change at all; a host that really stops still expires."""
+    other = LoopThread("host loop")  # the host keeps heartbeating while this loop is stuck
+    host = LocalHost(pulsar_broker.url, kb_catalog(), announce_as="busy", lease=0.6, topic=topic)
+    found = await directory(pulsar_broker, topic)
+    try:
+        other.run(host.__aenter__())
+        await found.wait_for("count")
+        seen: list[Change] = []
+        follow = asyncio.create_task(_collect(found.changes(), seen))
+        await asyncio.sleep(0.1)
+        time.sleep(2.0)  # the stall under test: the directory's loop runs nothing
+        await asyncio.sleep(1.0)  # it reads the queued renewals
+        assert seen == [] and "count" in found.tools, seen
+        assert host.announcer is not None and host.announcer._heartbeat is not None
+        other.loop.call_soon_threadsafe(host.announcer._heartbeat.cancel)  # now the host "dies"
+        async with asyncio.timeout(10):
+            while "count" in found.tools:
+                await asyncio.sleep(0.05)
+        assert {change.kind for change in seen} == {"expired"}
+        follow.cancel()
+    finally:
+        host.announcer = None
+        other.run(host.__aexit__(None, None, None))
+        other.close()
+        await found.close()
+
+
+async def _collect(changes: AsyncIterator[Change], into: list[Change]) -> None:
+    async for change in changes:
+        into.append(change)
 
 
 async def test_two_providers_keep_a_service_alive_when_one_leaves(pulsar_broker: EmbeddedBroker, topic: str) -> None:

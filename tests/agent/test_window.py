@@ -11,6 +11,7 @@ from collections import Counter
 
 import tghost
 from tghost.agent.directory import Change, ToolDirectory
+from tghost.agent.window import TopicWindow
 from tghost.discovery.discover import catalog_of
 from tghost.protocol.announcement import epoch_topic, read_window
 from tghost.pulsar.clients import PulsarSettings
@@ -89,3 +90,30 @@ async def test_a_directory_after_a_long_history_reads_only_the_live_window(pulsa
         assert sorted(found.hosts) == [f"simulated-{h}" for h in range(hosts)] and found.clashes == {}
     finally:
         await found.close()
+
+
+async def test_a_window_is_behind_while_a_topic_has_messages_its_follower_has_not_handed_over(
+    pulsar_broker: EmbeddedBroker,
+) -> None:
+    base = topic()
+    client = await PulsarSettings(pulsar_broker.url).connect()
+    try:
+        window = TopicWindow(client, base, max_clock_skew=60.0)
+        await window.catch_up(lambda message: None)
+        assert not await window.behind()  # empty topics (pulsar-lite cannot say): read up
+        handled: list[bytes] = []
+
+        producer = await client.create_producer(epoch_topic(base, max(window.wanted(time.time()))),
+                                                batching_enabled=False)
+        for i in range(5):
+            await producer.send(f"m{i}".encode())
+        assert await window.behind()  # nothing followed yet: five wait unread
+        window.follow(lambda message: handled.append(message.data()))
+        async with asyncio.timeout(10):
+            while len(handled) < 5:
+                await asyncio.sleep(0.01)
+        assert not await window.behind() and handled == [b"m0", b"m1", b"m2", b"m3", b"m4"]
+        await producer.close()
+        await window.close()
+    finally:
+        await client.close()

@@ -139,7 +139,9 @@ class ToolDirectory:
 
     While this directory's readers are disconnected from the broker it expires nothing (it
     cannot tell a dead host from its own outage); once back, each host gets at least a full
-    lease plus the outage's length to be heard again (see :meth:`_resume_leases`).
+    lease plus the outage's length to be heard again (see :meth:`_resume_leases`). Nor does it
+    expire anything while it is behind its topics (messages wait unread, e.g. in a starved
+    process): an unread message may renew the lease (:meth:`_settle`).
 
     Calls (:meth:`check`, :meth:`invoke`, :meth:`stream`, :meth:`caller`) are made by an
     :class:`~tghost.agent.calls.ToolCalls` over the live tools: ``listeners`` get one
@@ -198,10 +200,15 @@ class ToolDirectory:
         self._client: pulsar.asyncio.Client | None = None
         self._window: TopicWindow | None = None
         self._outage_since: float | None = None
+        """Since when (unix seconds) a reader is disconnected: nothing expires meanwhile."""
+        self._behind_since: float | None = None
+        """Since when (unix seconds) leases were due while messages waited unread."""
+        self._held: set[Key] = set()
+        """What messages applied while a lease was due changed: shown by :meth:`_settle`."""
+        self._wake = asyncio.Event()
         self.caught_up = 0
         """How many messages :meth:`start` read to catch up: bounded by the live hosts and one epoch
         of their heartbeats, never by the topic's history (docs/protocol.md §4.6)."""
-        """Since when (unix seconds) a reader is disconnected: nothing expires meanwhile."""
 
     @property
     def rejected(self) -> int:
@@ -284,20 +291,29 @@ class ToolDirectory:
         await self.close()
 
     def _follow(self, message: pulsar.Message) -> None:
+        """Apply a message read while following, and show what it changed, unless a lease has
+        ended meanwhile: then the expiry loop decides first (:meth:`_settle`), so a replay whose
+        lease had ended is never shown, and a renewal still unread is never missed."""
         dirty = self._apply_message(message)
-        if self._outage_since is None:  # e.g. a replay whose lease had ended: never shown
-            self._resolve(self._expire(time.time()), "expired")
+        if self._outage_since is None and self.ledger.due(time.time()):
+            self._held |= dirty
+            self._wake.set()
+            return
         self._resolve(dirty, "removed")
 
     async def _expire_loop(self) -> None:
         assert self._window is not None
         while True:
-            await asyncio.sleep(self.expiry_interval)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.expiry_interval):
+                    await self._wake.wait()
+            self._wake.clear()
             now = time.time()
             if not self._window.is_connected():
                 if self._outage_since is None:
                     log.warning("lost the broker connection: expiring nothing until it is back")
                     self._outage_since = now
+                self._resolve(self._take_held(), "removed")
                 continue
             if self._outage_since is not None:
                 outage, self._outage_since = now - self._outage_since, None
@@ -307,8 +323,28 @@ class ToolDirectory:
                 await self._window.move(now)
             except pulsar.asyncio.PulsarException as exc:
                 log.warning("could not open the next epoch's topic (%s); trying again", exc)
-            self._resolve(self._expire(now), "expired")
+            await self._settle(now)
             self.ledger.flush_rejections(now)
+
+    async def _settle(self, now: float) -> None:
+        """Expire the leases that ended before ``now`` (unix seconds), unless this directory is
+        behind its topics (:meth:`tghost.agent.window.TopicWindow.behind`): a message it has not
+        read yet may renew them. Then show what the messages held back by :meth:`_follow` changed."""
+        assert self._window is not None
+        if self.ledger.due(now):
+            if not await self._window.behind():
+                if self._behind_since is not None:
+                    log.info("caught up with the announcement topics after %.1fs behind", now - self._behind_since)
+                    self._behind_since = None
+                self._resolve(self._expire(now), "expired")
+            elif self._behind_since is None:
+                self._behind_since = now
+                log.warning("behind the announcement topics (messages wait unread): expiring nothing until caught up")
+        self._resolve(self._take_held(), "removed")
+
+    def _take_held(self) -> set[Key]:
+        held, self._held = self._held, set()
+        return held
 
     def _apply_message(self, message: pulsar.Message) -> set[Key]:
         """Apply a message read from the topic (:meth:`tghost.agent.ledger.Ledger.apply`)."""

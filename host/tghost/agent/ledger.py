@@ -315,14 +315,9 @@ class Ledger:
         dirty: set[Key] = set()
         changed = False
         forget_before = now - 2 * self.max_clock_skew
-        while self._due and self._due[0][0] < now:
-            _, sequence, ref = heapq.heappop(self._due)
-            state = self._instances.get(ref)
-            if state is None or state.queued != sequence:
-                continue  # stale: the instance was forgotten, or queued again since
-            if state.lease_end >= now:  # renewed since it was queued
-                self._queue(ref, state)
-                continue
+        while (found := self._next_due(now)) is not None:
+            heapq.heappop(self._due)
+            ref, state = found
             if not state.expired:
                 if state.active:
                     log.info("host %s (instance %s): lease expired", *ref)
@@ -337,6 +332,26 @@ class Ledger:
         if changed:  # otherwise no instance's state moved since the last settling (every change settles)
             self._settle_clashes()
         return dirty
+
+    def due(self, now: float) -> bool:
+        """Whether :meth:`expire` at ``now`` (unix seconds) would change anything: a lease, or an
+        expired instance's time to be remembered, ended before ``now``. Cheap: leases renewed since
+        they were queued are queued again on the way (which changes nothing else)."""
+        return self._next_due(now) is not None
+
+    def _next_due(self, now: float) -> tuple[Ref, _Instance] | None:
+        """The instance at the top of the lease heap if its due time passed before ``now``,
+        popping stale entries and queueing renewed leases again until one is found (``None``:
+        nothing is due). It stays on the heap: :meth:`expire` pops it."""
+        while self._due and self._due[0][0] < now:
+            _, sequence, ref = self._due[0]
+            state = self._instances.get(ref)
+            if state is not None and state.queued == sequence and state.lease_end < now:
+                return ref, state
+            heapq.heappop(self._due)  # stale (forgotten, or queued again since), or renewed since it was queued
+            if state is not None and state.queued == sequence:
+                self._queue(ref, state)
+        return None
 
     def _queue(self, ref: Ref, state: _Instance) -> None:
         """Push the instance's next due time on the lease heap: when its lease ends or, once

@@ -146,6 +146,19 @@ class TopicWindow:
         if self._handler is not None:
             self.follow(self._handler)
 
+    async def behind(self) -> bool:
+        """Whether a topic of the window has messages that its reader has not handed to the
+        handler yet: in its client's queue, or still on the broker (one round trip per topic
+        whose client queue is empty). Never raises: a topic the broker cannot say that of
+        (pulsar-lite 0.2.0 on an empty topic, a broker error) counts as read up."""
+        for reader in list(self.readers.values()):
+            try:
+                if await reader.has_message_available():
+                    return True
+            except pulsar.asyncio.PulsarException:
+                continue
+        return False
+
     def is_connected(self) -> bool:
         """Whether every open reader is connected to the broker."""
         return all(reader.is_connected() for reader in self.readers.values())
