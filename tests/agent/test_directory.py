@@ -159,6 +159,33 @@ async def test_a_directory_behind_its_topic_expires_no_host_whose_renewal_it_has
         await found.close()
 
 
+async def test_a_broker_that_says_it_has_messages_it_never_delivers_holds_no_expiry_back(
+    pulsar_broker: EmbeddedBroker, topic: str, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A damaged store (or a flood) keeps a topic "behind" for good; a directory that reads
+    nothing while told so expires by the clock, saying why."""
+    found = await directory(pulsar_broker, topic)
+    host = LocalHost(pulsar_broker.url, kb_catalog(), announce_as="dying", lease=0.6, topic=topic)
+    try:
+        await host.__aenter__()
+        await found.wait_for("count")
+
+        async def never_caught_up() -> bool:
+            return True
+
+        assert found._window is not None
+        found._window.behind = never_caught_up  # type: ignore[method-assign]
+        assert host.announcer is not None and host.announcer._heartbeat is not None
+        with caplog.at_level(logging.WARNING, logger="tghost"):
+            host.announcer._heartbeat.cancel()  # the host "dies"
+            await found.wait_for("count", present=False, timeout=10)
+        assert "and reading nothing: expiring by the clock" in caplog.text
+    finally:
+        host.announcer = None
+        await host.__aexit__(None, None, None)
+        await found.close()
+
+
 async def _collect(changes: AsyncIterator[Change], into: list[Change]) -> None:
     async for change in changes:
         into.append(change)

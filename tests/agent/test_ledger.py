@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 import tghost
 from tghost.agent.ledger import DUPLICATE, OVER_LIMIT, STALE, Ledger, order
-from tghost.announcing.announcer import Announcer, HostIdentity
+from tghost.announcing.announcer import Announcer, HostIdentity, announcement_key
 from tghost.discovery.discover import catalog_of
 from tghost.protocol.trust import BAD_SIGNATURE, Signer, TrustedKeys
 
@@ -233,3 +233,23 @@ def test_a_forgotten_host_leaves_nothing_in_the_index_whichever_instance_went_la
     assert ledger.remembered_names("tool") == {"count", "shout"}
     ledger.expire(time.time() + 10_000)
     assert ledger.remembered_names("tool") == set() and ledger.remembered_names("tool-service") == set()
+
+
+def test_withdrawn_entries_pruned_from_a_host_leave_the_index_too() -> None:
+    """An instance keeps at most twice ``max_entries`` entries, withdrawn ones pruned first: a
+    host that cycles through names must not grow the index of remembered names."""
+    ledger = Ledger("t", max_entries=2)
+
+    def tool(name: str, status: str) -> tuple[str, dict[str, Any]]:
+        time.sleep(0.001)
+        return announcement_key("tool", name, "h"), {
+            "kind": "tool", "name": name, "status": status, "host": {"id": "h", "instance": "i1"}, "plugin": None,
+            "lease": {"seconds": 30.0, "sent_at": time.time()},
+            **({"descriptor": {"name": name, "description": "d", "service": "s"}} if status == "available" else {})}
+
+    for batch in (["t0", "t1"], ["t2", "t3"]):
+        feed(ledger, *(tool(name, "available") for name in batch), *(tool(name, "withdrawn") for name in batch))
+    feed(ledger, tool("t4", "available"))  # over twice max_entries: the withdrawn ones are pruned
+    assert ledger.remembered_names("tool") == {"t4"}
+    ledger.expire(time.time() + 10_000)
+    assert ledger.remembered_names("tool") == set()

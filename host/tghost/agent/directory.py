@@ -204,6 +204,9 @@ class ToolDirectory:
         self._behind_since: float | None = None
         """Since when (unix seconds) leases were due while messages waited unread."""
         self._held: set[Key] = set()
+        self._handed = 0
+        self._expiring_behind = False
+        """Messages :meth:`_follow` applied since :meth:`_behind` last asked."""
         """What messages applied while a lease was due changed: shown by :meth:`_settle`."""
         self._wake = asyncio.Event()
         self.caught_up = 0
@@ -295,6 +298,7 @@ class ToolDirectory:
         ended meanwhile: then the expiry loop decides first (:meth:`_settle`), so a replay whose
         lease had ended is never shown, and a renewal still unread is never missed."""
         dirty = self._apply_message(message)
+        self._handed += 1
         if self._outage_since is None and self.ledger.due(time.time()):
             self._held |= dirty
             self._wake.set()
@@ -302,45 +306,69 @@ class ToolDirectory:
         self._resolve(dirty, "removed")
 
     async def _expire_loop(self) -> None:
-        assert self._window is not None
+        """Every ``expiry_interval`` seconds, or as soon as :meth:`_follow` holds a change back:
+        :meth:`_tick`. A failing tick is logged and the next one runs: held changes are never lost."""
         while True:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.expiry_interval):
                     await self._wake.wait()
             self._wake.clear()
-            now = time.time()
-            if not self._window.is_connected():
-                if self._outage_since is None:
-                    log.warning("lost the broker connection: expiring nothing until it is back")
-                    self._outage_since = now
-                self._resolve(self._take_held(), "removed")
-                continue
-            if self._outage_since is not None:
-                outage, self._outage_since = now - self._outage_since, None
-                log.info("broker connection is back after %.1fs: every host gets a lease from now", outage)
-                self._resume_leases(now, outage)
             try:
-                await self._window.move(now)
-            except pulsar.asyncio.PulsarException as exc:
-                log.warning("could not open the next epoch's topic (%s); trying again", exc)
-            await self._settle(now)
-            self.ledger.flush_rejections(now)
+                await self._tick(time.time())
+            except Exception:
+                log.exception("the directory's expiry check failed; it runs again in %ss", self.expiry_interval)
+
+    async def _tick(self, now: float) -> None:
+        """Track this directory's own outage, move the read window, then :meth:`_settle` at ``now``."""
+        assert self._window is not None
+        if not self._window.is_connected():
+            if self._outage_since is None:
+                log.warning("lost the broker connection: expiring nothing until it is back")
+                self._outage_since = now
+            self._resolve(self._take_held(), "removed")
+            return
+        if self._outage_since is not None:
+            outage, self._outage_since = now - self._outage_since, None
+            log.info("broker connection is back after %.1fs: every host gets a lease from now", outage)
+            self._resume_leases(now, outage)
+        try:
+            await self._window.move(now)
+        except pulsar.asyncio.PulsarException as exc:
+            log.warning("could not open the next epoch's topic (%s); trying again", exc)
+        await self._settle(now)
+        self.ledger.flush_rejections(now)
 
     async def _settle(self, now: float) -> None:
         """Expire the leases that ended before ``now`` (unix seconds), unless this directory is
         behind its topics (:meth:`tghost.agent.window.TopicWindow.behind`): a message it has not
         read yet may renew them. Then show what the messages held back by :meth:`_follow` changed."""
-        assert self._window is not None
-        if self.ledger.due(now):
-            if not await self._window.behind():
-                if self._behind_since is not None:
-                    log.info("caught up with the announcement topics after %.1fs behind", now - self._behind_since)
-                    self._behind_since = None
-                self._resolve(self._expire(now), "expired")
-            elif self._behind_since is None:
-                self._behind_since = now
-                log.warning("behind the announcement topics (messages wait unread): expiring nothing until caught up")
+        if self.ledger.due(now) and not await self._behind(now):
+            self._resolve(self._expire(now), "expired")
         self._resolve(self._take_held(), "removed")
+
+    async def _behind(self, now: float) -> bool:
+        """Whether to hold expiry back at ``now``: a topic has messages this directory has not
+        read, it has read some since it last asked (it is reading, not stuck: a broker that says
+        it has messages it never delivers does not count), and it has not been behind for
+        ``max_clock_skew`` seconds already (a flood must not keep dead hosts live for ever)."""
+        assert self._window is not None
+        handed, self._handed = self._handed, 0
+        if not await self._window.behind():
+            if self._behind_since is not None:
+                log.info("caught up with the announcement topics after %.1fs behind", now - self._behind_since)
+                self._behind_since, self._expiring_behind = None, False
+            return False
+        if self._behind_since is None:
+            self._behind_since = now
+            log.warning("behind the announcement topics (messages wait unread): expiring nothing while it catches up")
+            return True
+        if handed and now - self._behind_since <= self.max_clock_skew:
+            return True
+        if not self._expiring_behind:
+            self._expiring_behind = True
+            log.warning("still behind the announcement topics after %.1fs%s: expiring by the clock until caught up",
+                        now - self._behind_since, "" if handed else ", and reading nothing")
+        return False
 
     def _take_held(self) -> set[Key]:
         held, self._held = self._held, set()

@@ -15,6 +15,7 @@ import json
 import logging
 import time
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
@@ -314,7 +315,6 @@ class Ledger:
         with the leases that ended (or were renewed) since the last call, not with the instances."""
         dirty: set[Key] = set()
         changed = False
-        forget_before = now - 2 * self.max_clock_skew
         while (found := self._next_due(now)) is not None:
             heapq.heappop(self._due)
             ref, state = found
@@ -323,7 +323,7 @@ class Ledger:
                     log.info("host %s (instance %s): lease expired", *ref)
                 state.expired = changed = True
                 dirty |= self._sync(ref, state, set(state.entries))
-            if state.lease_end < forget_before:
+            if self._forget_at(state) < now:
                 dirty |= set(state.entries)  # what it said no longer contests anything
                 self._forget(ref)
                 changed = True
@@ -356,21 +356,32 @@ class Ledger:
     def _queue(self, ref: Ref, state: _Instance) -> None:
         """Push the instance's next due time on the lease heap: when its lease ends or, once
         expired, when it is to be forgotten; its entries pushed before become stale."""
-        due = state.lease_end + 2 * self.max_clock_skew if state.expired else state.lease_end
+        due = self._forget_at(state) if state.expired else state.lease_end
         state.queued = next(self._sequence)
         heapq.heappush(self._due, (due, state.queued, ref))
+
+    def _forget_at(self, state: _Instance) -> float:
+        """When (unix seconds) an expired instance is forgotten: long enough after its lease that
+        any replay of its messages would be expired too. One expression, for the heap and the test."""
+        return state.lease_end + 2 * self.max_clock_skew
 
     def _forget(self, ref: Ref) -> None:
         state = self._instances.pop(ref)
         host_id, instance = ref
         siblings = self._host_instances[host_id]
         siblings.remove(instance)
-        held = {key for sibling in siblings for key in self._instances[(host_id, sibling)].entries}
-        for key in state.entries.keys() - held:  # what no remembered instance of the host announced
-            self._drop_holder(key, host_id)
+        self._release(host_id, state.entries.keys())
         if not siblings:
             del self._host_instances[host_id]
             self._seen.pop(host_id, None)
+
+    def _release(self, host_id: str, keys: Iterable[Key]) -> None:
+        """Drop ``host_id`` from the holders' index of each of ``keys`` that no remembered instance
+        of the host still announces (forgotten, or pruned from its entries)."""
+        held = {key for instance in self._host_instances.get(host_id, ())
+                for key in self._instances[(host_id, instance)].entries}
+        for key in set(keys) - held:
+            self._drop_holder(key, host_id)
 
     def _drop_holder(self, key: Key, host_id: str) -> None:
         holders = self._holders.get(key)
@@ -505,8 +516,10 @@ class Ledger:
         dirty = self._meet(ref, state) if lease_end >= now else set()
         changed = self._state(state, announcement, descriptor)
         if len(state.entries) > 2 * self.max_entries:  # withdrawn entries pile up: forget them
-            for key in [k for k, e in state.entries.items() if not e.available]:
+            pruned = [k for k, e in state.entries.items() if not e.available]
+            for key in pruned:
                 del state.entries[key]
+            self._release(ref[0], pruned)
         if state.expired and state.lease_end >= now:
             state.expired = False  # heard again in time, e.g. from the backlog after an outage of ours
             self._queue(ref, state)  # due when its lease ends again, not when it would be forgotten
