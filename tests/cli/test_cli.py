@@ -17,7 +17,7 @@ import urllib.request
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import click
 import pytest
@@ -740,3 +740,41 @@ def test_the_inspector_and_the_mcp_bridge_default_to_different_ports() -> None:
     ports = {name: next(p.default for p in cli.get_command(ctx, name).params if p.name == "http_port")  # type: ignore[union-attr]
              for name in ("inspect", "mcp")}
     assert ports == {"inspect": 8766, "mcp": 8765}
+
+
+def test_status_asks_an_unsigned_host_only_for_the_plain_health_url_on_this_machine() -> None:
+    """A host message's hostname and URL are claims: unsigned, a URL with a path, query or user of
+    its choosing is never asked, nor is a redirect followed."""
+    import http.server
+    import socket as sockets
+
+    from tghost.agent.hosts import LiveHost
+    from tghost.cli.status import _announced_health
+
+    class Redirect(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(302)
+            self.send_header("Location", "http://127.0.0.1:1/elsewhere")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Redirect)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+
+    def asked(url: str, verified: bool = False) -> dict[str, Any] | None:
+        host = LiveHost(id="h", instances=("i",), host={"hostname": sockets.gethostname()}, lease_end=0.0,
+                        lease_seconds=30.0, signed_by="k" if verified else None, verified=verified, services=(),
+                        external=(), tools=(), conflicts=(), health=url)
+        return _announced_health(host, 2.0)
+
+    try:
+        for forged in (f"http://127.0.0.1:{port}/admin/delete", f"http://127.0.0.1:{port}/health?drop=1",
+                       f"http://user@127.0.0.1:{port}/health", f"http://{sockets.gethostname()}:{port}/health"):
+            assert asked(forged) == {"status": "unverified"}, forged
+        followed = asked(f"http://127.0.0.1:{port}/health")  # the plain form is asked: a redirect is refused
+        assert followed is not None and followed["status"] == "unreachable" and "redirects" in followed["error"]
+    finally:
+        server.shutdown()

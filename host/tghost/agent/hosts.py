@@ -75,7 +75,7 @@ def _live_host(directory: ToolDirectory, host_id: str, views: list[InstanceView]
         external=tuple(external), tools=tuple(sorted(n for k, n in announced if k == "tool")),
         conflicts=tuple(sorted(name if kind == "tool" else f"{kind}/{name}" for kind, name in announced
                                if _is_contested(directory, kind, name))),
-        health=next((v.health for v in sorted(views, key=lambda v: v.lease_end, reverse=True) if v.health), None))
+        health=newest.health)
 
 
 def _is_contested(directory: ToolDirectory, kind: str, name: str) -> bool:

@@ -6,6 +6,7 @@ the health of one running ``tghost run --metrics-port``.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import os
 import socket
@@ -36,18 +37,37 @@ def default_status_url() -> str | None:
     return os.environ.get("TGHOST_STATUS_URL") or _default_status_url()
 
 
+#: Bytes of a health answer read at most: a tghost host's is a few KiB.
+MAX_HEALTH_BYTES = 1 << 20
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """A health URL answers itself: a redirect is an error, never followed."""
+
+    def redirect_request(self, *args: Any) -> None:
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirects)
+
+
 def read_health(url: str, timeout: float) -> dict[str, Any]:
-    """The health JSON at ``url`` (also from a 503 answer).
+    """The health JSON at ``url`` (also from a 503 answer), with no redirect followed and at most
+    :data:`MAX_HEALTH_BYTES` read; ``timeout`` is seconds per socket operation.
 
     Raises:
-        OSError: nothing answers (``urllib.error.URLError`` is one).
-        ValueError: the answer is not JSON.
+        OSError: nothing answers, or it redirects (``urllib.error.URLError`` is one).
+        ValueError: the answer is not JSON (or is longer than the limit).
     """
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            body = response.read()
+        with _OPENER.open(url, timeout=timeout) as response:
+            body = response.read(MAX_HEALTH_BYTES + 1)
     except urllib.error.HTTPError as exc:
-        body = exc.read()
+        if 300 <= exc.code < 400:
+            raise urllib.error.URLError(f"it redirects ({exc.code}); give the health URL itself") from None
+        body = exc.read(MAX_HEALTH_BYTES + 1)
+    if len(body) > MAX_HEALTH_BYTES:
+        raise ValueError(f"longer than {MAX_HEALTH_BYTES} bytes")
     health: dict[str, Any] = json.loads(body)
     return health
 
@@ -59,7 +79,7 @@ def _default_status_url() -> str | None:
 
 
 @cli.command()
-@pulsar_options
+@pulsar_options(waits=False)
 @trust_options
 @click.option("--url", envvar="TGHOST_STATUS_URL", default=None,
               help="Ask only this host's health URL (env TGHOST_STATUS_URL), as before hosts announced it; "
@@ -81,8 +101,9 @@ def status(pulsar: PulsarSettings, descriptors_topic: str, trusted: TrustedKeys 
     "lease_remaining", "signed", "signed_by", "verified", "services", "external", "tools" (a count),
     "conflicts", "health_url", "health"}]}; a field with no value is left out. "health" is the
     host's /health JSON, or {"status": "unreachable", "error"}, or {"status": "elsewhere"} for a
-    loopback URL of another machine, or {"status": "unverified"} for a URL on another machine that
-    no --trusted-key vouches for (not asked: anyone on the broker may announce a URL).
+    loopback URL of another machine, or {"status": "unverified"} for a URL that no --trusted-key
+    vouches for (not asked: anyone on the broker may announce a URL), unless it is this machine's
+    loopback in the plain form http://127.0.0.1:PORT/health.
 
     With --url (or TGHOST_METRICS_PORT), ask that one host how it is, as 'tghost run
     --metrics-port' serves it: connected to Pulsar or not, the services it serves and their
@@ -143,18 +164,34 @@ async def _fleet(pulsar: PulsarSettings, topic: str, trusted: TrustedKeys | None
         hosts, now = live_hosts(directory), time.time()
         clashes = {host: list(instances) for host, instances in directory.clashes.items()}
     rows = [host.to_json(now) for host in hosts]
-    healths = await asyncio.gather(*(asyncio.to_thread(_announced_health, host, timeout) for host in hosts))
-    for row, health in zip(rows, healths, strict=True):
+    for row, health in zip(rows, await _healths(hosts, timeout), strict=True):
         if health is not None:
             row["health"] = health
     return hosts, {"topic": topic, "trusted": trusted is not None, "hosts": rows, "clashes": clashes}
 
 
+async def _healths(hosts: list[LiveHost], timeout: float) -> list[dict[str, Any] | None]:
+    """Each host's :func:`_announced_health`, asked all at once (up to 32 at a time) within
+    ``timeout`` seconds in all: one that has not answered by then is ``unreachable``."""
+    if not hosts:
+        return []
+    loop = asyncio.get_running_loop()
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=min(32, len(hosts)), thread_name_prefix="health")
+    try:
+        futures = [loop.run_in_executor(pool, _announced_health, host, timeout) for host in hosts]
+        await asyncio.wait(futures, timeout=timeout)
+        late = {"status": "unreachable", "error": f"no answer within {timeout:g}s"}
+        return [future.result() if future.done() else late for future in futures]
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
 def _announced_health(host: LiveHost, timeout: float) -> dict[str, Any] | None:
     """The health JSON at the URL ``host`` announces (``None``: none announced), without asking
     a loopback URL of another machine (``{"status": "elsewhere"}``), a URL that is not http(s),
-    or one that no trusted key vouches for and that is not this machine's loopback
-    (``{"status": "unverified"}``: anyone on the broker may announce a URL; docs/protocol.md §4.3)."""
+    or one that no trusted key vouches for, unless it is this machine's loopback in the form
+    :func:`_plain_health_url` allows (``{"status": "unverified"}``: anyone on the broker may
+    announce a URL and a host name; docs/protocol.md §4.3)."""
     if host.health is None:
         return None
     parsed = urllib.parse.urlsplit(host.health)
@@ -163,7 +200,7 @@ def _announced_health(host: LiveHost, timeout: float) -> dict[str, Any] | None:
     local = is_loopback(parsed.hostname or "")
     if local and host.host.get("hostname") != socket.gethostname():
         return {"status": "elsewhere"}
-    if not (local or host.verified):
+    if not (host.verified or (local and _plain_health_url(parsed))):
         return {"status": "unverified"}
     try:
         return read_health(host.health, timeout)
@@ -171,6 +208,13 @@ def _announced_health(host: LiveHost, timeout: float) -> dict[str, Any] | None:
         return {"status": "unreachable", "error": str(getattr(exc, "reason", exc))}
     except ValueError:
         return {"status": "unreachable", "error": "the answer is not health JSON"}
+
+
+def _plain_health_url(url: urllib.parse.SplitResult) -> bool:
+    """``http://HOST:PORT/health`` and nothing else (no user, query or fragment): all an unsigned
+    host message may make ``tghost status`` ask of this machine's loopback."""
+    return (url.scheme == "http" and url.path == "/health" and not (url.query or url.fragment or url.username)
+            and url.port is not None)
 
 
 def _problems(host: dict[str, Any], clashes: dict[str, list[str]]) -> list[str]:
@@ -197,7 +241,7 @@ def _print_fleet(report: dict[str, Any]) -> None:
         (host["id"] + (f" ({len(host['instances'])} processes)" if len(host["instances"]) > 1 else ""),
          ",".join([*host["services"], *(f"{sid} (external)" for sid in host["external"])]) or "-",
          str(host["tools"]), f"{host['lease_remaining']:.0f}s of {host['lease_seconds']:g}s",
-         host.get("signed_by", "no"), str(len(host["conflicts"])) if host["conflicts"] else "-",
+         _signed_cell(host), str(len(host["conflicts"])) if host["conflicts"] else "-",
          _health_cell(host))
         for host in report["hosts"]]
     for line in output.table(table):
@@ -205,6 +249,12 @@ def _print_fleet(report: dict[str, Any]) -> None:
     for host in report["hosts"]:
         for sid, stats in ((host.get("health") or {}).get("workers") or {}).items():
             click.echo(f"  {host['id']} {sid}: {describe_workers(stats)}")
+
+
+def _signed_cell(host: dict[str, Any]) -> str:
+    """``no``, the key id, or the key id and ``(unchecked)`` when no trusted key vouched for it."""
+    key = host.get("signed_by")
+    return "no" if key is None else key if host.get("verified") else f"{key} (unchecked)"
 
 
 def _health_cell(host: dict[str, Any]) -> str:

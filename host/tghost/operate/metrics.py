@@ -229,9 +229,10 @@ class MetricsServer:
 
     def health_url(self) -> str:
         """The URL of ``/health`` to announce (docs/protocol.md §4.3 ``health``): on the bound address,
-        or on this machine's host name when bound to every interface. A loopback one is only of use
+        or on this machine's fully qualified name when bound to every interface (a StatefulSet's pod
+        behind a headless Service: ``POD.SERVICE.NAMESPACE.svc...``). A loopback one is only of use
         on this machine."""
-        host = socket.gethostname() if self.host in ("0.0.0.0", "::", "") else self.host
+        host = _machine_name() if self.host in ("0.0.0.0", "::", "") else self.host
         return f"http://{f'[{host}]' if ':' in host else host}:{self.port}/health"
 
     def stop(self) -> None:
@@ -302,3 +303,10 @@ class HostMonitor:
         source = announcer if announcer is not None else next(iter(server.endpoints), None)
         if source is not None:
             self.health.connected = source.is_connected
+
+
+def _machine_name() -> str:
+    """This machine's fully qualified name, if it has one (``getfqdn`` answers ``localhost`` where
+    /etc/hosts maps the host name to loopback first), else its host name."""
+    fqdn = socket.getfqdn()
+    return fqdn if "." in fqdn and not fqdn.startswith("localhost") else socket.gethostname()
