@@ -57,10 +57,11 @@ def _starts_a_broker(item: pytest.Item) -> bool:
 READY = r"\d+ service\(s\), \d+ tool\(s\) on"
 
 
-def tghost_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    """Run ``tghost ARGS`` as a user would, in a process of its own, and capture what it prints."""
+def tghost_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60,
+               cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``tghost ARGS`` as a user would, in a process of its own (in ``cwd``), and capture what it prints."""
     return subprocess.run([sys.executable, "-m", "tghost", *args], env=env, capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout, cwd=cwd)
 
 
 def live_tools(env: dict[str, str], *args: str) -> dict[str, dict[str, object]]:

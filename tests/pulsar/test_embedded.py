@@ -100,8 +100,8 @@ class Local:
         """The default data dir of the broker on ``port`` (this user's)."""
         return default_data_dir(port or self.port)
 
-    def tghost(self, *args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
-        return tghost_cli(*args, env=self.env, timeout=timeout)
+    def tghost(self, *args: str, timeout: float = 90, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+        return tghost_cli(*args, env=self.env, timeout=timeout, cwd=cwd)
 
     def broker(self, *args: str) -> subprocess.Popen[str]:
         """A foreground ``tghost broker`` in its own session (as from another terminal)."""
@@ -279,14 +279,31 @@ def test_a_broker_started_with_a_data_dir_is_found_from_its_port(local: Local, t
     assert not is_reachable(local.url) and not (local.data_dir() / embedded.ELSEWHERE).exists()
 
 
+def test_a_relative_data_dir_is_this_directorys_and_found_from_the_port(local: Local, tmp_path: Path) -> None:
+    """``--data-dir rel`` once ran the broker in rel/rel and hung; the start's hint needs no --data-dir."""
+    local.cleanup(local.port, tmp_path / "rel")
+    started = local.tghost("broker", "start", "--port", str(local.port), "--data-dir", "rel", cwd=tmp_path)
+    assert started.returncode == 0, started.stderr
+    assert "--data-dir" not in started.stdout + started.stderr  # its stop hint: found from the port
+    status = local.tghost("broker", "status", "--port", str(local.port), "--json")
+    assert status.returncode == 0 and json.loads(status.stdout)["data_dir"] == str(tmp_path / "rel")
+    other = local.tghost("broker", "start", "--port", str(local.port), "--data-dir", str(tmp_path / "other"))
+    assert other.returncode == 1 and (f"the embedded broker at {local.url} already runs, with data dir "
+                                      f"{tmp_path / 'rel'}: stop it first") in other.stderr
+    assert local.tghost("broker", "stop", "--port", str(local.port)).returncode == 0
+    assert not (tmp_path / "rel" / "rel").exists()
+
+
 @pytest.mark.parametrize(("args", "env", "error"), [
+    (["--pulsar-url", "pulsar://localhost:abc"], {},
+     "--pulsar-url pulsar://localhost:abc is not a local pulsar:// URL"),
     (["--pulsar-url", "pulsar+ssl://broker.example:6651"], {},
      "--pulsar-url pulsar+ssl://broker.example:6651 is not a local pulsar:// URL"),
     ([], {"TGHOST_PULSAR_URL": "pulsar://broker.example:6650"},
      "TGHOST_PULSAR_URL=pulsar://broker.example:6650 is not a local pulsar:// URL"),
     (["--port", "6651", "--pulsar-url", "pulsar://localhost:6652"], {},
      "--port 6651 and --pulsar-url pulsar://localhost:6652 name two brokers"),
-], ids=["cluster-flag", "cluster-env", "two-ports"])
+], ids=["bad-port", "cluster-flag", "cluster-env", "two-ports"])
 def test_broker_commands_refuse_a_url_they_cannot_act_on(args: list[str], env: dict[str, str], error: str) -> None:
     for command in (["broker", "stop", *args], ["broker", *args, "status"], ["broker", *args]):
         result = CliRunner().invoke(cli, command, env=env)

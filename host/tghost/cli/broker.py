@@ -31,6 +31,7 @@ from tghost.pulsar.embedded import (
     broker_status,
     default_data_dir,
     run_until_stopped,
+    running_data_dir,
     start_detached,
     stop_broker,
 )
@@ -92,7 +93,10 @@ def _local_port(url: str, named: str) -> int:
     Raises:
         click.UsageError: any other URL (``named`` says where it came from, in the message).
     """
-    found = endpoints(url)
+    try:
+        found = endpoints(url)
+    except ValueError:
+        found = []  # e.g. a port that is not a number: not a local URL either
     if urlsplit(url).scheme != "pulsar" or len(found) != 1 or not is_loopback(found[0][0]):
         raise click.UsageError(f"{named} is not a local pulsar:// URL: 'tghost broker' runs, shows and stops only "
                                "the embedded broker on this machine (pulsar://localhost:PORT). Pass --port, or a "
@@ -116,7 +120,7 @@ def _where_options(fn: F) -> F:
         click.option("--pulsar-url", envvar=_URL_ENV, default=None, show_envvar=False,
                      help="The broker's local URL, pulsar://localhost:PORT, instead of --port (env "
                           "TGHOST_PULSAR_URL); with --port, both must name one port."),
-        click.option("--data-dir", type=click.Path(path_type=Path, file_okay=False), default=None,
+        click.option("--data-dir", type=click.Path(path_type=Path, file_okay=False, resolve_path=True), default=None,
                      help="The broker's data directory: messages, log, record [default: the running broker's, "
                           f"else {default_data_dir(DEFAULT_PORT).parent}/PORT]."),
     ]
@@ -224,6 +228,11 @@ def start(where: _Where, as_json: bool, log_level: str, metrics_port: int | None
     port, data_dir, _ = where.resolve()
     before = broker_status(port, data_dir)
     if before.answering and not before.running:
+        running = broker_status(port, running_data_dir(port))
+        if running.running:
+            raise click.ClickException(f"the embedded broker at {before.url} already runs, with data dir "
+                                       f"{running.data_dir}: stop it first ('{running.stop_command()}'), or pass "
+                                       "another --port")
         raise click.ClickException(f"something already answers at {before.url}, and it is not an embedded broker "
                                    f"with data dir {before.data_dir}: pass another --port, or its --data-dir")
     try:

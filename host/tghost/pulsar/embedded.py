@@ -180,8 +180,10 @@ class BrokerStatus(_Place):
 
 
 def _where_args(port: int, data_dir: Path) -> str:
+    """`` --port P --data-dir D`` for a ``tghost broker`` command line, each only when needed: the
+    data dir of a broker that runs is found from its port (the pointer :func:`running_data_dir` reads)."""
     args = "" if port == DEFAULT_PORT else f" --port {port}"
-    if Path(data_dir) != default_data_dir(port):
+    if Path(data_dir) not in (default_data_dir(port), _pointer(port)):
         args += f" --data-dir {data_dir}"
     return args
 
@@ -200,14 +202,22 @@ def running_data_dir(port: int = DEFAULT_PORT) -> Path:
     a broker runs there with another data dir (``tghost broker --data-dir``), which leaves its
     path in the default one (:data:`ELSEWHERE`) while it runs."""
     default = default_data_dir(port)
-    try:
-        elsewhere = Path((default / ELSEWHERE).read_text().strip())
-    except OSError:
+    elsewhere = _pointer(port)
+    if elsewhere is None:
         return default
     record = BrokerRecord.read(elsewhere) if elsewhere.is_absolute() else None
     if record is None or _port_of(record.url) != port or not _DataDirLock.is_held(elsewhere):
         return default  # a stale pointer: that broker was killed, or moved on to another port
     return elsewhere
+
+
+def _pointer(port: int) -> Path | None:
+    """The data dir that the port's default data dir points to (:data:`ELSEWHERE`), if any: only
+    a broker running with it makes it count (:func:`running_data_dir` checks)."""
+    try:
+        return Path((default_data_dir(port) / ELSEWHERE).read_text().strip())
+    except OSError:
+        return None
 
 
 def _point_to(record: BrokerRecord) -> Path | None:
@@ -340,12 +350,12 @@ def _signal(pid: int, sig: signal.Signals) -> None:
 def local_disk_trouble(url: str) -> str | None:
     """What is wrong with the disk of the embedded broker at a loopback ``url``, as a clause for
     an error message (``"the disk of the embedded broker's data dir is full: 0.0 MiB free of ..."``),
-    or ``None``: not loopback, no embedded broker in that port's default data dir, or space enough.
+    or ``None``: not loopback, no embedded broker running on that port, or space enough.
     Best effort: it reads files and asks the file system, never the broker."""
     found = endpoints(url)
     if len(found) != 1 or not is_loopback(found[0][0]):
         return None
-    record = BrokerRecord.read(default_data_dir(found[0][1]))
+    record = BrokerRecord.read(running_data_dir(found[0][1]))
     space = disk_space(Path(record.data_dir)) if record is not None else None
     if space is None or space.free >= low_space_threshold(space.total):
         return None
@@ -477,7 +487,7 @@ class EmbeddedBroker(_Place):
                  die_with_parent: bool = False, low_space: int | None = None) -> None:
         if log_level not in LOG_LEVELS:
             raise ValueError(f"log_level must be one of {LOG_LEVELS}, not {log_level!r}")
-        self.data_dir = Path(data_dir)
+        self.data_dir = Path(data_dir).resolve()  # the child runs in it: a relative path would nest
         self.port = port
         self.log_level = log_level
         self.metrics_port = metrics_port
