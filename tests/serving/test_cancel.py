@@ -7,6 +7,7 @@ stops nothing."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 import subprocess
 import sys
@@ -32,6 +33,7 @@ from tghost.protocol.trust import Signer, write_key_pair
 from tghost.pulsar.clients import PulsarSettings
 from tghost.pulsar.embedded import EmbeddedBroker
 from tghost.serving.executors.base import PROCESS, THREAD
+from tghost.serving.executors.thread import STUCK_WARNING_AFTER
 from tghost.serving.request import CallRecord
 from tghost.serving.settings import ServeSettings
 from tghost.testing import LocalHost
@@ -125,11 +127,13 @@ def marks(tmp_path: Path, name: str) -> Path:
 @pytest.mark.parametrize(("isolation", "tool"),
                          [(THREAD, "nap"), (THREAD, "grind"), (THREAD, "stubborn"), (PROCESS, "nap")])
 async def test_a_cancelled_call_stops_on_its_host_and_frees_the_slot_at_once(
-    pulsar_broker: EmbeddedBroker, slow: Catalog, tmp_path: Path, isolation: str, tool: str
+    pulsar_broker: EmbeddedBroker, slow: Catalog, tmp_path: Path, isolation: str, tool: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     records: list[CallRecord] = []
     async with LocalHost(pulsar_broker.url, slow, ServeSettings(isolation=isolation),
                          listeners=[records.append]) as host:
+        caplog.set_level(logging.WARNING, logger="tghost.serving")
         first, second = marks(tmp_path, "first"), marks(tmp_path, "second")
         call = asyncio.create_task(host.call(tool, {"seconds": 60, "mark": str(first)}, timeout=90))
         await started(first)
@@ -145,11 +149,14 @@ async def test_a_cancelled_call_stops_on_its_host_and_frees_the_slot_at_once(
             answer = await host.call(tool, {"seconds": 0, "mark": str(second)}, timeout=30)
             [endpoint] = [e for e in host.server.endpoints if e.descriptor.id == tool]
             stuck, restarts = endpoint.executor.stats().stuck, endpoint.executor.stats().restarts
+            await asyncio.sleep(STUCK_WARNING_AFTER + 0.3)  # a warning only for a thread still in plugin code
+            warned = "stuck of" in caplog.text
         finally:
             (first / "release").touch()
         # The one slot was free; a tool that ignores its cancel keeps its thread, counted stuck.
         assert answer in ("rested", "ground", "done at last")
         assert stuck == (1 if tool == "stubborn" else 0)
+        assert warned is (tool == "stubborn" and isolation == THREAD), caplog.text
         if isolation == PROCESS:  # its worker was killed for the cancel, not for a timeout
             assert (restarts["cancelled"], restarts["timeout"]) == (1, 0)
     assert [r.status for r in records] == [wire.CANCELLED, wire.OK]

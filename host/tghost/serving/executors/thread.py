@@ -31,6 +31,10 @@ __all__ = ["Job", "ThreadExecutor"]
 
 log = logging.getLogger(__name__)
 
+#: Seconds after its caller was answered (a timeout, a cancel) that a call still in plugin code
+#: is logged as stuck: one that watches ``ctx.cancelled`` returns well within it.
+STUCK_WARNING_AFTER = 1.0
+
 _DONE = object()
 
 
@@ -204,12 +208,23 @@ class ThreadExecutor(Executor):
             self._serving -= 1  # this thread serves no more until the plugin returns
             grow = self._serving < self._room() and not self._jobs.empty()
             self._serving += grow
-            stuck = self._stuck
         if grow:  # calls wait in the queue: a thread takes the stuck one's place now
             self._start_thread()
-        log.warning("service %s: a call's thread runs on in plugin code after its caller was answered (a timeout "
-                    "or a cancel); %d thread(s) stuck of %d. A long plain def should return when ctx.cancelled is "
-                    "set; --isolation process kills such calls", self.service_id, stuck, 2 * self.max_workers)
+        warning = threading.Timer(STUCK_WARNING_AFTER, self._warn_stuck, (job,))
+        warning.daemon = True
+        warning.start()
+
+    def _warn_stuck(self, job: Job) -> None:
+        """:data:`STUCK_WARNING_AFTER` seconds after ``job`` was abandoned: a warning if it still
+        runs (a plain def that watches ``ctx.cancelled`` has returned by then)."""
+        with self._lock:
+            if job.finished:
+                return
+            stuck = self._stuck
+        log.warning("service %s: a call's thread still runs in plugin code %gs after its caller was answered (a "
+                    "timeout or a cancel); %d thread(s) stuck of %d. A long plain def should return when "
+                    "ctx.cancelled is set; --isolation process kills such calls", self.service_id,
+                    STUCK_WARNING_AFTER, stuck, 2 * self.max_workers)
 
     def starved(self) -> str | None:
         """Why no call can start now (every one of the service's threads is stuck), or ``None``."""
