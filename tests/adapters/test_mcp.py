@@ -188,6 +188,7 @@ async def test_streamable_http_transport_lists_and_calls(
         out, err = bridge.communicate(timeout=30)
     assert bridge.returncode == 0, err
     assert out == ""  # HTTP mode writes nothing to stdout either
+    assert f"over MCP's streamable HTTP at http://localhost:{port}/mcp (Ctrl-C to stop)" in err  # says where
     host.process.send_signal(signal.SIGINT)
     assert host.finish() == 0
 
@@ -376,3 +377,16 @@ async def test_the_readme_search_command_and_tool_search_client_config_find_and_
     assert listed == ["search_tools", "call_tool"] and found[0]["name"] == "echo" and text(called) == "hi"
     host.process.send_signal(signal.SIGINT)
     assert host.finish() == 0
+
+
+@pytest.mark.parametrize("command", [("mcp", "--transport", "http"), ("inspect",)])
+def test_a_port_in_use_is_a_clear_error_not_a_server_log(env: dict[str, str], command: tuple[str, ...]) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = tghost_cli(*command, "--port", str(port), env=env)
+    what = "the MCP bridge" if command[0] == "mcp" else "the inspector"
+    assert result.returncode == 1 and result.stderr.startswith(
+        f"Error: cannot serve {what} on 127.0.0.1:{port}: Address already in use; choose another --port"), result.stderr
+    assert "uvicorn" not in result.stderr

@@ -13,10 +13,9 @@ import functools
 import hmac
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-import uvicorn
 from mcp import types
 from mcp.server import InitializationOptions, NotificationOptions, Server, ServerRequestContext
 from mcp.server.auth.provider import AccessToken
@@ -28,7 +27,7 @@ from pydantic import AnyHttpUrl
 
 from tghost._version import __version__
 from tghost.adapters.export import mcp_tool
-from tghost.adapters.web import transport_security, warn_if_unreachable_by_name
+from tghost.adapters.web import serve_app, transport_security, warn_if_unreachable_by_name
 from tghost.agent.calls import UNKNOWN_TOOL, UnknownTool
 from tghost.agent.client import ToolCallError
 from tghost.agent.directory import DirectoryTool, ToolDirectory
@@ -206,17 +205,20 @@ def _error(text: str) -> types.CallToolResult:
 
 async def serve(directory: ToolDirectory, groups: Sequence[str] | None, state: str | None,
                 transport: str, host: str, port: int, allowed_hosts: Sequence[str] = (),
-                token: str | None = None, tool_search: bool = False) -> None:
+                token: str | None = None, tool_search: bool = False,
+                on_ready: Callable[[str], None] | None = None) -> None:
     """Follow ``directory`` and serve it until the stdio client leaves or the task is cancelled.
 
     ``transport`` is ``stdio`` (MCP on stdin/stdout) or ``http`` (streamable HTTP at
     ``http://host:port/mcp``, accepting the ``Host`` headers of :func:`transport_security`
     with ``allowed_hosts``; with a ``token``, every request must carry ``Authorization: Bearer
     <token>``, else it is answered 401, through the SDK's bearer auth). ``tool_search``: list
-    the two tools of :data:`META_TOOLS` instead of every tool (:class:`Bridge`).
+    the two tools of :data:`META_TOOLS` instead of every tool (:class:`Bridge`). Over HTTP,
+    ``on_ready`` gets the endpoint's URL once it listens.
 
     Raises:
         tghost.pulsar.clients.BrokerError: no broker answered within the directory's ``connect_timeout``.
+        OSError: over HTTP, the port could not be bound (:func:`tghost.adapters.web.bind`).
     """
     async with directory:
         bridge = Bridge(directory, groups, state, tool_search)
@@ -225,7 +227,7 @@ async def serve(directory: ToolDirectory, groups: Sequence[str] | None, state: s
             if transport == "stdio":
                 await _serve_stdio(bridge.server)
             else:
-                await _serve_http(bridge.server, host, port, allowed_hosts, token)
+                await _serve_http(bridge.server, host, port, allowed_hosts, token, on_ready)
         finally:
             follower.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -251,11 +253,10 @@ class BearerToken:
 
 
 async def _serve_http(server: Server[Any], host: str, port: int, allowed_hosts: Sequence[str],
-                      token: str | None) -> None:
+                      token: str | None, on_ready: Callable[[str], None] | None) -> None:
     warn_if_unreachable_by_name("MCP", host, port, allowed_hosts)
     auth: dict[str, Any] = {} if token is None else {
         "auth": AuthSettings(issuer_url=AnyHttpUrl(f"http://{host}:{port}"), resource_server_url=None),
         "token_verifier": BearerToken(token)}
     app = server.streamable_http_app(transport_security=transport_security(allowed_hosts), **auth)
-    config = uvicorn.Config(app, host=host, port=port, log_config=None, lifespan="on")
-    await uvicorn.Server(config).serve()
+    await serve_app(app, "the MCP bridge", host, port, lifespan="on", path="/mcp", on_ready=on_ready)

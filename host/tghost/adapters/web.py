@@ -1,19 +1,24 @@
 """web: what every HTTP face of the directory shares (``tghost mcp --transport http`` and
 ``tghost inspect``): the ``Host``/``Origin`` checks against DNS rebinding and cross-site
-requests, on every bind, with the MCP SDK's own checker, and the warning for a bind that no
-client can name.
+requests, on every bind, with the MCP SDK's own checker, the warning for a bind that no
+client can name, and the server itself (:func:`serve_app`: bound by tghost, so a port in use is
+a clear error, and announced once it listens).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Sequence
+import socket
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
 
 from mcp.server.transport_security import TransportSecurityMiddleware, TransportSecuritySettings
 
 from tghost.pulsar.clients import is_loopback
 
-__all__ = ["LOOPBACK_HOSTS", "TransportSecurityMiddleware", "transport_security", "warn_if_unreachable_by_name"]
+__all__ = ["LOOPBACK_HOSTS", "TransportSecurityMiddleware", "bind", "serve_app", "transport_security",
+           "warn_if_unreachable_by_name"]
 
 log = logging.getLogger(__name__)
 
@@ -45,3 +50,48 @@ def warn_if_unreachable_by_name(what: str, host: str, port: int, allowed_hosts: 
     log.warning("serving %s on %s:%d, but only loopback Host names (%s) are accepted: requests with any other "
                 "Host header are refused (421 Invalid Host header). Pass --allowed-host for each name clients use, "
                 "e.g. --allowed-host tools.example.com:%d", what, host, port, ", ".join(LOOPBACK_HOSTS), port)
+
+
+def bind(what: str, host: str, port: int) -> socket.socket:
+    """A listening-ready TCP socket on ``host``:``port`` (0: any free port) for ``what`` (``the
+    inspector``, ...).
+
+    Raises:
+        OSError: the port is in use or the address is not this machine's; the message says what
+            to pass instead.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise OSError(f"cannot serve {what} on {host}:{port}: {exc.strerror or exc}; choose another --port "
+                      "(or --host)") from None
+    return sock
+
+
+async def serve_app(app: Any, what: str, host: str, port: int, *, lifespan: Literal["on", "off"] = "off",
+                    path: str = "/", on_ready: Callable[[str], None] | None = None) -> None:
+    """Serve the ASGI ``app`` with uvicorn on ``host``:``port`` until cancelled; ``on_ready`` gets
+    its URL (``http://HOST:PORT`` + ``path``; ``localhost`` for a loopback address) once it listens.
+
+    Raises:
+        OSError: see :func:`bind`.
+    """
+    import uvicorn  # only the commands that serve HTTP pay for it
+
+    sock = bind(what, host, port)
+    server = uvicorn.Server(uvicorn.Config(app, log_config=None, access_log=False, lifespan=lifespan))
+    serving = asyncio.create_task(server.serve(sockets=[sock]), name=f"{what} http")
+    try:
+        while not server.started and not serving.done():
+            await asyncio.sleep(0.02)
+        if server.started and on_ready is not None:
+            name = "localhost" if is_loopback(host) else f"[{host}]" if ":" in host else host
+            on_ready(f"http://{name}:{sock.getsockname()[1]}{path}")
+        await serving
+    finally:
+        serving.cancel()
+        sock.close()

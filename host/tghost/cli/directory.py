@@ -252,10 +252,19 @@ def mcp_bridge(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str
     setup_logging(log_level)
     from tghost.adapters.mcp import serve  # the mcp SDK is imported only by this command
 
+    def ready(url: str) -> None:
+        where = f"port {http_port} of every address of this machine" if http_host in ("0.0.0.0", "::") else url
+        click.echo(f"tghost mcp: the live tools on {descriptors_topic}, over MCP's streamable HTTP at {where} "
+                   "(Ctrl-C to stop)" + ("; clients send 'Authorization: Bearer <the secret in the token file>'"
+                                         if token else ""), err=True)
+
     directory = open_directory(pulsar, descriptors_topic, trusted, wait=True, identity=identity)
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(directory, list(groups) or None, state, transport, http_host, http_port, allowed_hosts,
-                          token, tool_search))
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(serve(directory, list(groups) or None, state, transport, http_host, http_port, allowed_hosts,
+                              token, tool_search, on_ready=ready))
+    except OSError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 @cli.command("inspect")

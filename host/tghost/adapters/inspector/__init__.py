@@ -14,10 +14,8 @@ import contextlib
 import logging
 from collections.abc import Callable, Sequence
 
-import uvicorn
-
 from tghost.adapters.inspector.app import Inspector
-from tghost.adapters.web import warn_if_unreachable_by_name
+from tghost.adapters.web import serve_app, warn_if_unreachable_by_name
 from tghost.agent.directory import ToolDirectory
 
 __all__ = ["Inspector", "serve"]
@@ -38,18 +36,8 @@ async def serve(directory: ToolDirectory, host: str, port: int, allowed_hosts: S
         inspector = Inspector(directory, token, allowed_hosts)
         follower = asyncio.create_task(inspector.follow(), name="inspector follow")
         warn_if_unreachable_by_name("the inspector", host, port, allowed_hosts)
-        server = uvicorn.Server(uvicorn.Config(inspector.app, host=host, port=port, log_config=None,
-                                               access_log=False, lifespan="off"))
         try:
-            serving = asyncio.create_task(server.serve(), name="inspector http")
-            while not server.started and not serving.done():
-                await asyncio.sleep(0.02)
-            if server.started and on_ready is not None:
-                on_ready(f"http://{'localhost' if host in ('127.0.0.1', '::1') else host}:{port}/")
-            await serving
-            if not server.started:
-                raise OSError(f"cannot serve the inspector on {host}:{port}: the address is in use or not this "
-                              "machine's; choose another --port or --host")
+            await serve_app(inspector.app, "the inspector", host, port, on_ready=on_ready)
         finally:
             follower.cancel()
             with contextlib.suppress(asyncio.CancelledError):
