@@ -150,3 +150,18 @@ def test_a_tool_installed_here_that_no_host_serves_is_no_provider_and_is_suggest
         found.check("nao")
     assert typo.value.suggestions == ("nap",) and typo.value.unserved == {"nap"}
     assert found.calls.unserved("tool-service", "sleeper") is not None
+
+
+def test_among_many_names_only_those_like_the_typo_are_compared() -> None:
+    from tghost.agent.calls import MAX_COMPARED, _alike
+
+    names = {f"name-{i:05d}" for i in range(3 * MAX_COMPARED)} | {"tell-joke", "tell-a-very-long-story", "xtell-joke"}
+    alike = set(_alike("tell-jok", names))
+    assert "tell-joke" in alike and not alike & {"tell-a-very-long-story", "xtell-joke"}
+    assert len(alike) < MAX_COMPARED and _alike("t", {"a", "b"}) == {"a", "b"}  # few names: all compared
+
+
+def test_a_given_timeout_of_zero_is_kept() -> None:
+    service = ToolServiceDescriptor.model_validate({"id": "s", "request-queue": "rq", "response-queue": "rs",
+                                                    "timeout": 120})
+    assert call_timeout(service, 0) == 0 and call_timeout(service, None) == 120

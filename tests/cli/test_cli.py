@@ -210,7 +210,7 @@ def test_call_of_a_service_neither_announced_nor_installed_fails_at_once_unless_
 ) -> None:
     typo = tghost_cli("call", "--service", "no-such-svc", "text=hi", env=env)
     assert typo.returncode == 1 and typo.stdout == ""
-    assert "Error: service 'no-such-svc' is neither announced nor installed here" in typo.stderr
+    assert "Error: tool service 'no-such-svc' is neither announced nor installed here" in typo.stderr
     assert "--topic T" in typo.stderr
     anyway = tghost_cli("call", "--service", "no-such-svc", "--topic", f"nobody-{uuid.uuid4().hex[:8]}",
                     "--timeout", "0.5", "text=hi", env=env)  # sent: nobody answers
@@ -229,6 +229,13 @@ def test_a_call_that_no_live_host_serves_fails_at_once_saying_how_to_start_one(e
     assert tool.returncode == 1 and "Error: no-provider: no live host serves tool 'echo'" in tool.stderr
     assert typo.returncode == 1 and ("Error: unknown-tool: no live tool named 'ecoh'; did you mean 'echo' (no live "
                                      "host serves it)? see 'tghost tools'") in typo.stderr
+    waited = tghost_cli("call", "--wait", "0.5", "echo", "text=hi", env=env)
+    assert waited.returncode == 1 and waited.stderr.startswith("waited 0.5s: no live host serves tool 'echo' yet\n")
+    interrupted = subprocess.Popen([sys.executable, "-m", "tghost", "call", "--wait", "60", "echo", "text=hi"],
+                                   env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(1.5)  # it waits for a host: no call went out
+    interrupted.send_signal(signal.SIGINT)
+    assert interrupted.wait(30) == 130 and interrupted.communicate()[1].endswith("cancelled before a call was sent\n")
 
 
 def test_call_with_wait_waits_for_a_host_that_is_starting(env: dict[str, str],
@@ -310,6 +317,11 @@ def test_call_by_tool_name_merges_config_and_checks_groups(env: dict[str, str],
     assert allowed.returncode == 0, allowed.stderr
     assert allowed.stdout == "staff says: holidays?\n"
     assert "state: undefined -> answered" in allowed.stderr
+    again = tghost_cli("call", "ask-staff", "question=holidays?", "--group", "hr", "--state", "answered", env=env)
+    assert again.returncode == 0 and "state:" not in again.stderr  # it did not move: nothing to say
+    nothing = tghost_cli("tools", "--group", "nosuch", env=env)
+    assert nothing.returncode == 0 and nothing.stdout.startswith("none of the ") and (
+        "is for groups ['nosuch']: 'tghost tools' without --group/--state lists every one") in nothing.stdout
     unknown = tghost_cli("call", "no-such-tool", env=env)
     assert unknown.returncode == 1 and "unknown-tool" in unknown.stderr
     host.process.send_signal(signal.SIGINT)

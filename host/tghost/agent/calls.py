@@ -230,7 +230,8 @@ class ToolCalls:
 
     def _missing(self, name: str) -> ToolCallError:
         """Why no live tool is named ``name`` (counted): :class:`NoProvider` or :class:`UnknownTool`."""
-        error = self.unserved("tool", name) or self._unknown(name)
+        installed = self._installed()  # asked once per miss
+        error = self._unserved("tool", name, installed) or self._unknown(name, installed)
         self.refusals[error.error_type] += 1
         return error
 
@@ -238,19 +239,23 @@ class ToolCalls:
         """A :class:`NoProvider` for the ``tool`` or ``tool-service`` ``name`` if no live host
         serves it but one announced it lately (the ledger remembers it) or it is installed
         here; ``None`` if it is live, or not known at all."""
+        return self._unserved(kind, name, self._installed())
+
+    def _unserved(self, kind: str, name: str, installed: Collection[Key]) -> NoProvider | None:
         live = self.tools if kind == "tool" else self.services
         if name in live:
             return None
         hosts = sorted(self.ledger.remembered((kind, name))) if self.ledger is not None else []
-        if hosts or (kind, name) in self._installed():
+        if hosts or (kind, name) in installed:
             return NoProvider(kind, name, hosts)
         return None
 
-    def _unknown(self, name: str) -> UnknownTool:
-        """An :class:`UnknownTool` suggesting the live or known tool names closest to ``name``."""
-        installed = {n for k, n in self._installed() if k == "tool"}
+    def _unknown(self, name: str, everywhere: Collection[Key]) -> UnknownTool:
+        """An :class:`UnknownTool` suggesting the live or known tool names closest to ``name``
+        (``everywhere``: what is installed here)."""
+        installed = {n for k, n in everywhere if k == "tool"}
         lately = self.ledger.remembered_names("tool") if self.ledger is not None else set()
-        close = difflib.get_close_matches(name, self.tools.keys() | installed | lately, 2 * SUGGESTIONS)
+        close = difflib.get_close_matches(name, _alike(name, self.tools.keys() | installed | lately), 2 * SUGGESTIONS)
         suggestions = [n for n in close if n in self.tools or n in installed
                        or (self.ledger is not None and self.ledger.remembered(("tool", n)))][:SUGGESTIONS]
         return UnknownTool(name, suggestions, [n for n in suggestions if n not in self.tools])
@@ -343,9 +348,23 @@ class ToolCalls:
 
     async def invoke(self, name: str, arguments: dict[str, Any], **options: Any) -> str:
         """Invoke tool ``name`` and return the observation string, all chunks joined; the
-        ``options`` (``user``, ``groups``, ``state``, ``allowed_groups``, ``timeout``) and the
-        errors are :meth:`stream`'s."""
+        ``options`` (``user``, ``groups``, ``state``, ``allowed_groups``, ``timeout``, ``progress``)
+        and the errors are :meth:`stream`'s (docs/agent-api.md "Call options")."""
         return "".join([chunk async for chunk in self.stream(name, arguments, **options)])
+
+
+#: Names compared in full for a suggestion; past this many, only those of a like length and
+#: first letter are (difflib's cost grows with the names, on the directory's event loop).
+MAX_COMPARED = 2_000
+
+
+def _alike(name: str, names: Collection[str]) -> Collection[str]:
+    """``names``, or, if there are more than :data:`MAX_COMPARED`, those that could be a typo of
+    ``name``: the same first letter and at most a third longer or shorter."""
+    if len(names) <= MAX_COMPARED:
+        return names
+    slack = max(2, len(name) // 3)
+    return [n for n in names if n[:1] == name[:1] and abs(len(n) - len(name)) <= slack]
 
 
 def _contest(tool: DirectoryTool) -> str:

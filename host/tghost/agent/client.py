@@ -52,7 +52,9 @@ def call_timeout(descriptor: ToolServiceDescriptor | None, given: float | None =
     """Seconds a caller waits for a call of ``descriptor``'s service: ``given`` if any, else the
     service's announced ``timeout``, else :data:`~tghost.protocol.descriptors.DEFAULT_TIMEOUT`
     (30), as a host does."""
-    return given or (descriptor.timeout if descriptor else None) or DEFAULT_TIMEOUT
+    if given is not None:
+        return given
+    return (descriptor.timeout if descriptor else None) or DEFAULT_TIMEOUT
 
 
 #: Responses the client may buffer for its calls: a response topic is non-persistent, and the

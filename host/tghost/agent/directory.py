@@ -552,9 +552,14 @@ class ToolDirectory:
             TimeoutError: it did not happen in time.
         """
         live: dict[str, Any] = self.tools if kind == "tool" else self.services
-        async with asyncio.timeout(timeout):
-            while (name in live) != present:
-                await asyncio.sleep(0.02)
+        try:
+            async with asyncio.timeout(timeout):
+                while (name in live) != present:
+                    await asyncio.sleep(0.02)
+        except TimeoutError:
+            what = "tool" if kind == "tool" else "tool service"
+            raise TimeoutError(f"{what} {name!r} is {'not live' if present else 'still live'} after {timeout:g}s") \
+                from None
 
     # -- calls (tghost.agent.calls) -------------------------------------------------------------
 

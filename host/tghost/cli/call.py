@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import sys
 from collections.abc import AsyncIterator, Collection
@@ -104,7 +103,8 @@ def call(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...]
     except KeyboardInterrupt:  # the call was cancelled on its host as asyncio.run unwound (docs/protocol.md §2.11)
         line.clear()
         line.end_line()
-        click.echo("cancelled: the host running the call was told to stop it", err=True)
+        click.echo("cancelled: the host running the call was told to stop it" if line.sent
+                   else "cancelled before a call was sent", err=True)
         sys.exit(130)
     finally:
         line.clear()
@@ -128,6 +128,8 @@ class ProgressLine:
         self._in_place = self._stderr.isatty()
         self._showing = False
         self._mid_line = False  # the observation printed so far ends inside a line
+        self.sent = False
+        """Whether the call went out (its stream began): a Ctrl-C before it cancels nothing on a host."""
 
     def printed(self, chunk: str) -> None:
         """The observation's ``chunk`` was printed on stdout."""
@@ -170,8 +172,9 @@ async def _call_tool(directory: ToolDirectory, name: str, arguments: dict[str, A
         tool = directory.check(name, groups, state)
         await _echo_stream(directory.stream(name, arguments, user=user, groups=groups, state=state,
                                             timeout=timeout, progress=line.report), line)
-        if tool.descriptor.state is not None:
-            click.echo(f"state: {state or DEFAULT_STATE} -> {next_state(tool.descriptor, state, True)}", err=True)
+        before, after = state or DEFAULT_STATE, next_state(tool.descriptor, state, True)
+        if after != before:
+            click.echo(f"state: {before} -> {after}", err=True)
 
 
 async def _call_service(directory: ToolDirectory, service_id: str, topic: str | None, config: dict[str, Any],
@@ -194,6 +197,7 @@ async def _call_service(directory: ToolDirectory, service_id: str, topic: str | 
 
 async def _echo_stream(chunks: AsyncIterator[str], line: ProgressLine) -> None:
     """Print observation chunks as they arrive, then end the line unless the last chunk did."""
+    line.sent = True
     last = "\n"
     async for chunk in chunks:
         line.clear()
@@ -208,8 +212,11 @@ async def _wait_for(directory: ToolDirectory, name: str, wait: float, kind: Lite
     """Give a host that is starting ``wait`` seconds to serve ``name``; then the call goes on
     (and is refused if none does)."""
     if wait:
-        with contextlib.suppress(TimeoutError):
+        try:
             await directory.wait_for(name, wait, kind=kind)
+        except TimeoutError:
+            what = "tool" if kind == "tool" else "tool service"
+            click.echo(f"waited {wait:g}s: no live host serves {what} {name!r} yet", err=True)
 
 
 def _unannounced(directory: ToolDirectory, service_id: str, topic: str | None) -> ToolServiceDescriptor:
@@ -224,7 +231,7 @@ def _unannounced(directory: ToolDirectory, service_id: str, topic: str | None) -
         return ToolServiceDescriptor.model_validate(
             {"id": service_id, "request-queue": request_queue(topic), "response-queue": response_queue(topic)})
     raise directory.calls.unserved("tool-service", service_id) or click.ClickException(
-        f"service {service_id!r} is neither announced nor installed here: check the id ('tghost tools' lists "
+        f"tool service {service_id!r} is neither announced nor installed here: check the id ('tghost tools' lists "
         f"the live services), or give --topic T to call it on {request_queue('T')} anyway")
 
 

@@ -68,8 +68,12 @@ def tools(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...
     """
     limit = _search_limit(query, limit)
 
+    live = 0
+
     async def fetch() -> list[dict[str, Any]]:
+        nonlocal live
         async with open_directory(pulsar, descriptors_topic, trusted, identity=identity) as directory:
+            live = len(directory.tools)
             names = [t.name for t in directory.available(groups or ["*"], state)]
             if not groups and state is None:
                 names = sorted(directory.tools)
@@ -84,8 +88,7 @@ def tools(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...
         click.echo(json.dumps(rows, indent=2))
         return
     if not rows:
-        click.echo("no live tool matches the search" if query is not None
-                   else "no live tools (is a 'tghost run' up on this broker?)")
+        click.echo(_none_listed(live, query, groups, state, show_all))
         return
     scored = query is not None
     table = [("TOOL", "SERVICE", "PROVIDERS", "GROUPS", "STATES", "-> STATE", *(("ACCESS",) if show_all else ()),
@@ -97,6 +100,18 @@ def tools(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...
     for line in output.table(table):
         click.echo(line)
     _print_conflicts(rows, refused=trusted is None)
+
+
+def _none_listed(live: int, query: str | None, groups: tuple[str, ...], state: str | None, show_all: bool) -> str:
+    """Why ``tghost tools`` lists nothing, when ``live`` tools are live in all."""
+    if not live:
+        return "no live tools (is a 'tghost run' up on this broker and --descriptors-topic?)"
+    if query is not None:
+        return "no live tool matches the search"
+    asked = " and ".join(part for part in (groups and f"groups {list(groups)}", state and f"state {state!r}") if part)
+    others = f"none of the {live} live tool(s) is for {asked}" if asked else f"{live} live tool(s), none listed"
+    hint = "" if show_all else " or --all for those your identity may not call"
+    return f"{others}: 'tghost tools' without --group/--state lists every one{hint}"
 
 
 def _search_limit(query: str | None, limit: int | None) -> int:
