@@ -37,9 +37,10 @@ def test_every_try_it_command_answers(env: dict[str, str], host_process: Callabl
         if argv[3:4] == ["watch"]:  # follows until Ctrl-C: it must list the live tools first
             watch = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, text=True)
             assert watch.stdout is not None
-            first = watch.stdout.readline()
+            header, first = watch.stdout.readline(), watch.stdout.readline()
             watch.send_signal(signal.SIGINT)
-            assert watch.wait(30) == 0 and first.startswith("added"), first
+            assert watch.wait(30) == 0 and header.split() == ["CHANGE", "TOOL", "SERVICE", "HOSTS"], header
+            assert first.startswith("added"), first
         else:
             result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
             assert result.returncode == 0 and result.stdout.strip(), (argv, result.stdout, result.stderr)

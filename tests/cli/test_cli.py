@@ -527,6 +527,8 @@ def test_status_reports_a_running_host_and_exits_1_once_it_stops(
     assert sorted(health["services"]) == ["echo", "failing", "kb", "unhurried"]
     human = tghost_cli("status", env={**env, "TGHOST_METRICS_PORT": str(port)})
     assert human.returncode == 0 and "connected:  yes" in human.stdout
+    pathless = tghost_cli("status", "--url", f"http://127.0.0.1:{port}", env=env)
+    assert pathless.returncode == 1 and "(a host's health is at its /health path)" in pathless.stderr
     secret = uuid.uuid4().hex
     assert tghost_cli("call", "--service", "echo", f"text={secret}", env=env).stdout == f"{secret}\n"
     host.process.send_signal(signal.SIGINT)

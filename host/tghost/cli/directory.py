@@ -159,11 +159,15 @@ def _print_conflicts(rows: list[dict[str, Any]], refused: bool) -> None:
 def watch(pulsar: PulsarSettings, descriptors_topic: str, trusted: TrustedKeys | None, as_json: bool) -> None:
     """Follow the live tool set: tools added, updated, removed or expired, until Ctrl-C.
 
-    Starts with the tools live now, reported as added. Waits for a broker that is not up yet
-    (--connect-timeout).
+    Starts with the tools live now, reported as added, then one line per change: CHANGE (added,
+    updated: its descriptor, hosts or conflicts changed; removed: withdrawn; expired: its hosts'
+    leases ran out), TOOL, SERVICE and the HOSTS that serve it. Waits for a broker that is not
+    up yet (--connect-timeout).
     """
     async def follow() -> None:
         async with open_directory(pulsar, descriptors_topic, trusted, wait=True) as directory:
+            if not as_json:
+                click.echo(output.columns(("CHANGE", "TOOL", "SERVICE", "HOSTS"), WATCH_WIDTHS))
             async for change in directory.changes(replay=True):
                 _print_change(change, as_json)
 

@@ -288,7 +288,8 @@ def _fetch_health(url: str, timeout: float, as_json: bool) -> dict[str, Any]:
                    "running? Check --url (env TGHOST_STATUS_URL or TGHOST_METRICS_PORT)", err=True)
         sys.exit(1)
     except ValueError:
-        raise click.ClickException(f"{url} did not answer health JSON: is it a tghost metrics port?") from None
+        hint = "" if urllib.parse.urlsplit(url).path == "/health" else " (a host's health is at its /health path)"
+        raise click.ClickException(f"{url} did not answer health JSON: is it a tghost metrics port?{hint}") from None
 
 
 def _print_health(health: dict[str, Any]) -> None:

@@ -144,9 +144,8 @@ async def run_host(
             log.warning("%d call(s) cancelled at the end of the grace period", cancelled)
         await asyncio.to_thread(catalog.shutdown)  # the plugins' tghost_shutdown hooks: nothing runs their code now
         await server.close()  # the last step: until here, a lone host answers 'unavailable'
-        log.info("stopped: %d request(s) received in all; %d arrived while stopping, each answered "
-                 "'unavailable'; %d call(s) cancelled at the end of the grace", _received(server),
-                 _received(server) - received, cancelled)
+        log.info("stopped after %d request(s): %d answered 'unavailable' while stopping, %d cancelled at the end "
+                 "of the grace", _received(server), _received(server) - received, cancelled)
         return cancelled
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
