@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -60,13 +61,17 @@ def test_the_agent_snippet_runs_as_a_script_offers_invokes_and_follows(
     script = tmp_path / "agent.py"
     source = block(README, "# an agent, as a script: python agent.py")
     script.write_text(source.replace("pulsar://localhost:6650", pulsar_broker.url))
-    agent = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE, text=True)
+    # -u: print() to a pipe is block-buffered, and the script never ends by itself (a terminal is line-buffered)
+    agent = subprocess.Popen([sys.executable, "-u", str(script)], env=env, stdout=subprocess.PIPE, text=True)
     assert agent.stdout is not None
+    watchdog = threading.Timer(60, agent.kill)  # a script that never prints fails this test, not the run
+    watchdog.start()
     lines = []
     for line in agent.stdout:  # it follows the changes until stopped
         lines.append(line.rstrip("\n"))
         if line == "added query-customers\n":
             break
+    watchdog.cancel()
     agent.kill()
     agent.wait()
     assert "query-customers" in lines[0] and lines[1].startswith("answer: ") and len(lines[1]) > len("answer: ")
