@@ -60,10 +60,10 @@ def test_every_public_method_and_attribute_of_the_directory_is_documented() -> N
     assert set(rows("Methods and attributes")) == {name for name in names if not name.startswith("_")}
 
 
-def test_every_call_option_is_documented() -> None:
+def test_every_call_option_is_documented_and_typed_for_invoke() -> None:
     options = {p.name for p in inspect.signature(calls.ToolCalls.stream).parameters.values()
                if p.kind is p.KEYWORD_ONLY}
-    assert set(rows("Call options")) == options
+    assert set(rows("Call options")) == options == set(calls.CallOptions.__annotations__)
 
 
 def test_every_field_of_a_change_is_documented() -> None:

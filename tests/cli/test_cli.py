@@ -197,7 +197,7 @@ def test_joke_service_tells_a_pun_about_cats(
 def test_call_without_a_broker_says_how_to_start_one() -> None:
     url = f"pulsar://127.0.0.1:{free_port()}"
     result = tghost_cli("call", "--service", "echo", "--topic", "echo", "--pulsar-url", url)
-    assert result.returncode == 1 and "start one with 'tghost run'" in result.stderr
+    assert result.returncode == 1 and "start one ('tghost run' or 'tghost broker start'" in result.stderr
 
 
 def test_call_rejects_malformed_arguments_with_usage_exit_2() -> None:

@@ -14,7 +14,7 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import pulsar.asyncio
 
@@ -29,7 +29,7 @@ from tghost.protocol.trust import Signer
 
 __all__ = [
     "CONFLICT", "GROUPS_EXCEED_ALLOWED", "NOT_AVAILABLE", "NO_PROVIDER", "UNAUTHORIZED", "UNKNOWN_TOOL",
-    "Installed", "NoProvider", "ToolCallListener", "ToolCallRecord", "ToolCalls", "UnknownTool",
+    "CallOptions", "Installed", "NoProvider", "ToolCallListener", "ToolCallRecord", "ToolCalls", "UnknownTool",
 ]
 
 log = logging.getLogger(__name__)
@@ -129,6 +129,19 @@ class ToolCallRecord:
                 "allowed_groups": None if self.allowed_groups is None else list(self.allowed_groups),
                 "state_before": self.state_before, "state_after": self.state_after,
                 "status": self.status, "duration": self.duration}
+
+
+class CallOptions(TypedDict, total=False):
+    """The keyword options of a call by tool name, as :meth:`ToolCalls.stream` takes and documents
+    them (docs/agent-api.md "Call options"): ``invoke`` and the directory's ``invoke``/``stream``
+    pass them on, and type checkers and editors know them by these names."""
+
+    user: str | None
+    groups: Sequence[str] | None
+    state: str | None
+    allowed_groups: Sequence[str] | None
+    timeout: float | None
+    progress: Callable[[wire.Progress], Any] | None
 
 
 #: Called once per invoke/stream with its :class:`ToolCallRecord`. Must not block; an exception
@@ -346,7 +359,7 @@ class ToolCalls:
             except Exception:
                 log.exception("call listener %r failed on a call of %r", listener, record.tool)
 
-    async def invoke(self, name: str, arguments: dict[str, Any], **options: Any) -> str:
+    async def invoke(self, name: str, arguments: dict[str, Any], **options: Unpack[CallOptions]) -> str:
         """Invoke tool ``name`` and return the observation string, all chunks joined; the
         ``options`` (``user``, ``groups``, ``state``, ``allowed_groups``, ``timeout``, ``progress``)
         and the errors are :meth:`stream`'s (docs/agent-api.md "Call options")."""

@@ -15,7 +15,7 @@ import logging
 import time
 from collections import Counter, defaultdict
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, Unpack
 
 import pulsar
 import pulsar.asyncio
@@ -27,6 +27,7 @@ from tghost.agent.calls import (
     NO_PROVIDER,
     NOT_AVAILABLE,
     UNKNOWN_TOOL,
+    CallOptions,
     Installed,
     NoProvider,
     ToolCallListener,
@@ -582,11 +583,11 @@ class ToolDirectory:
         """:meth:`tghost.agent.calls.ToolCalls.caller`: a started client for a service's queues."""
         return await self.calls.caller(descriptor)
 
-    def stream(self, name: str, arguments: dict[str, Any], **options: Any) -> AsyncIterator[str]:
+    def stream(self, name: str, arguments: dict[str, Any], **options: Unpack[CallOptions]) -> AsyncIterator[str]:
         """:meth:`tghost.agent.calls.ToolCalls.stream`: invoke tool ``name``, yield observation chunks."""
         return self.calls.stream(name, arguments, **options)
 
-    async def invoke(self, name: str, arguments: dict[str, Any], **options: Any) -> str:
+    async def invoke(self, name: str, arguments: dict[str, Any], **options: Unpack[CallOptions]) -> str:
         """:meth:`tghost.agent.calls.ToolCalls.invoke`: invoke tool ``name``, return the observation."""
         return await self.calls.invoke(name, arguments, **options)
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 import click
 
 from tghost.protocol.epochs import DEFAULT_TOPIC
-from tghost.pulsar.clients import DEFAULT_URL, PulsarSettings, is_reachable
+from tghost.pulsar.clients import DEFAULT_URL, START_A_BROKER, PulsarSettings, is_reachable
 from tghost.system.paths import config_path, default_config_path
 
 if TYPE_CHECKING:  # imported when used, by the commands that use them (start-up: docs/benchmarks.md §14)
@@ -332,8 +332,7 @@ def json_value(text: str, what: str, hint: str) -> Any:
 
 def require_broker(url: str) -> None:
     if not is_reachable(url):
-        raise click.ClickException(f"no Pulsar broker answers at {url}: start one with 'tghost run', "
-                                   "or pass --pulsar-url / TGHOST_PULSAR_URL")
+        raise click.ClickException(f"no Pulsar broker answers at {url}: {START_A_BROKER}")
 
 
 def open_directory(pulsar: PulsarSettings, topic: str, trusted: TrustedKeys | None,

@@ -32,6 +32,7 @@ from tghost.system.locks import first_free_slot
 __all__ = [
     "CLIENT_LOG",
     "DEFAULT_URL",
+    "START_A_BROKER",
     "BrokerError",
     "BrokerUnavailable",
     "ClientLog",
@@ -47,6 +48,11 @@ __all__ = [
 DEFAULT_URL = "pulsar://localhost:6650"
 LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1"})
 log = logging.getLogger(__name__)
+
+
+#: What to do when no broker answers, in every such message (the CLI's and the library's).
+START_A_BROKER = ("start one ('tghost run' or 'tghost broker start' runs the embedded broker on a local URL), "
+                  "or pass --pulsar-url (env TGHOST_PULSAR_URL)")
 
 
 class BrokerError(RuntimeError):
@@ -137,9 +143,7 @@ class PulsarSettings:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise BrokerUnavailable(
-                    f"no Pulsar broker answers at {self.url} (waited {self.connect_timeout:g}s): start one "
-                    "('tghost broker start' runs the embedded one on a local URL), or pass --pulsar-url "
-                    "(env TGHOST_PULSAR_URL)")
+                    f"no Pulsar broker answers at {self.url} (waited {self.connect_timeout:g}s): {START_A_BROKER}")
             log.warning("waiting for a Pulsar broker at %s: nothing accepts connections yet (%.0fs left)",
                         self.url, left)
             await asyncio.sleep(min(self.retry_interval, left))
