@@ -30,6 +30,7 @@ from tghost.protocol.trust import Signer
 __all__ = [
     "CONFLICT", "GROUPS_EXCEED_ALLOWED", "NOT_AVAILABLE", "NO_PROVIDER", "UNAUTHORIZED", "UNKNOWN_TOOL",
     "CallOptions", "Installed", "NoProvider", "ToolCallListener", "ToolCallRecord", "ToolCalls", "UnknownTool",
+    "described",
 ]
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,11 @@ SUGGESTIONS = 3
 #: What is installed where the caller runs: (kind, name) of each tool (``tool``) and tool
 #: service (``tool-service``) of the installed plugins, e.g. from :mod:`tghost.discovery`.
 Installed = Callable[[], Collection[Key]]
+
+
+def described(kind: str, name: str) -> str:
+    """``tool 'x'`` or ``tool service 'x'``: a ``kind`` (``tool``, ``tool-service``) and name in words."""
+    return f"{'tool' if kind == 'tool' else 'tool service'} {name!r}"
 
 
 class UnknownTool(ToolCallError):
@@ -91,10 +97,9 @@ class NoProvider(ToolCallError):
         self.name = name
         self.hosts = tuple(hosts)
         """The ids of the hosts that announced it lately (empty: it is only installed here)."""
-        what = "tool" if kind == "tool" else "tool service"
         known = (f"host(s) {', '.join(self.hosts)} announced it lately, and none serves it now" if self.hosts
                  else "its plugin is installed here, but no host runs it")
-        super().__init__(NO_PROVIDER, f"no live host serves {what} {name!r}: {known}. Start one ('tghost run' "
+        super().__init__(NO_PROVIDER, f"no live host serves {described(kind, name)}: {known}. Start one ('tghost run' "
                                       "where its plugin is installed), or wait for one that is starting "
                                       "('tghost call --wait SECONDS', ToolDirectory.wait_for)")
 
@@ -254,9 +259,13 @@ class ToolCalls:
         here; ``None`` if it is live, or not known at all."""
         return self._unserved(kind, name, self._installed())
 
+    def live(self, kind: str) -> Mapping[str, Any]:
+        """``kind`` ``tool``: the live tools by name; ``tool-service``: the live tool services by id
+        (the directory keeps both current)."""
+        return self.tools if kind == "tool" else self.services
+
     def _unserved(self, kind: str, name: str, installed: Collection[Key]) -> NoProvider | None:
-        live = self.tools if kind == "tool" else self.services
-        if name in live:
+        if name in self.live(kind):
             return None
         hosts = sorted(self.ledger.remembered((kind, name))) if self.ledger is not None else []
         if hosts or (kind, name) in installed:

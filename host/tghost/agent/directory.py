@@ -34,6 +34,7 @@ from tghost.agent.calls import (
     ToolCallRecord,
     ToolCalls,
     UnknownTool,
+    described,
 )
 from tghost.agent.client import ToolServiceClient
 from tghost.agent.entries import Change, DirectoryTool, ServiceEntry, Side
@@ -204,11 +205,12 @@ class ToolDirectory:
         """Since when (unix seconds) a reader is disconnected: nothing expires meanwhile."""
         self._behind_since: float | None = None
         """Since when (unix seconds) leases were due while messages waited unread."""
-        self._held: set[Key] = set()
-        self._handed = 0
         self._expiring_behind = False
-        """Messages :meth:`_follow` applied since :meth:`_behind` last asked."""
+        """Whether :meth:`_behind` gave up holding expiry back (said once, until caught up)."""
+        self._held: set[Key] = set()
         """What messages applied while a lease was due changed: shown by :meth:`_settle`."""
+        self._handed = 0
+        """Messages :meth:`_follow` applied since :meth:`_behind` last asked."""
         self._wake = asyncio.Event()
         self.caught_up = 0
         """How many messages :meth:`start` read to catch up: bounded by the live hosts and one epoch
@@ -296,8 +298,9 @@ class ToolDirectory:
 
     def _follow(self, message: pulsar.Message) -> None:
         """Apply a message read while following, and show what it changed, unless a lease has
-        ended meanwhile: then the expiry loop decides first (:meth:`_settle`), so a replay whose
-        lease had ended is never shown, and a renewal still unread is never missed."""
+        ended meanwhile: then the expiry loop decides first (:meth:`_settle`), so a renewal still
+        unread is never missed, and, once the directory has read up, a replay whose lease had ended
+        is never shown (while it is behind, at most for the bound :meth:`_behind` keeps)."""
         dirty = self._apply_message(message)
         self._handed += 1
         if self._outage_since is None and self.ledger.due(time.time()):
@@ -552,15 +555,14 @@ class ToolDirectory:
         Raises:
             TimeoutError: it did not happen in time.
         """
-        live: dict[str, Any] = self.tools if kind == "tool" else self.services
+        live = self.calls.live(kind)
         try:
             async with asyncio.timeout(timeout):
                 while (name in live) != present:
                     await asyncio.sleep(0.02)
         except TimeoutError:
-            what = "tool" if kind == "tool" else "tool service"
-            raise TimeoutError(f"{what} {name!r} is {'not live' if present else 'still live'} after {timeout:g}s") \
-                from None
+            raise TimeoutError(f"{described(kind, name)} is {'not live' if present else 'still live'} after "
+                               f"{timeout:g}s") from None
 
     # -- calls (tghost.agent.calls) -------------------------------------------------------------
 

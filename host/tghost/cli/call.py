@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import click
 
+from tghost.agent.calls import described
 from tghost.agent.client import ToolCallError, call_timeout
 from tghost.cli.app import cli
 from tghost.cli.options import (
@@ -215,8 +216,7 @@ async def _wait_for(directory: ToolDirectory, name: str, wait: float, kind: Lite
         try:
             await directory.wait_for(name, wait, kind=kind)
         except TimeoutError:
-            what = "tool" if kind == "tool" else "tool service"
-            click.echo(f"waited {wait:g}s: no live host serves {what} {name!r} yet", err=True)
+            click.echo(f"waited {wait:g}s: no live host serves {described(kind, name)} yet", err=True)
 
 
 def _unannounced(directory: ToolDirectory, service_id: str, topic: str | None) -> ToolServiceDescriptor:

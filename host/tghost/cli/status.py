@@ -122,12 +122,12 @@ def status(pulsar: PulsarSettings, descriptors_topic: str, trusted: TrustedKeys 
     if url is not None:
         _one_host(url, timeout, as_json)
         return
-    hosts, report = asyncio.run(_fleet(pulsar, descriptors_topic, trusted, timeout))
+    report = asyncio.run(_fleet(pulsar, descriptors_topic, trusted, timeout))
     if as_json:
         click.echo(json.dumps(report, indent=2))
     else:
         _print_fleet(report)
-    if not hosts:
+    if not report["hosts"]:
         click.echo("no live host on this broker and topic: is a 'tghost run' up? (check --pulsar-url and "
                    "--descriptors-topic)", err=True)
         sys.exit(NO_HOSTS)
@@ -156,8 +156,8 @@ def _one_host(url: str, timeout: float, as_json: bool) -> None:
 
 
 async def _fleet(pulsar: PulsarSettings, topic: str, trusted: TrustedKeys | None,
-                 timeout: float) -> tuple[list[LiveHost], dict[str, Any]]:
-    """The live hosts of the directory on ``topic``, and the ``--json`` report, health included."""
+                 timeout: float) -> dict[str, Any]:
+    """The ``--json`` report of the live hosts of the directory on ``topic``, health included."""
     from tghost.agent.hosts import live_hosts
 
     async with open_directory(pulsar, topic, trusted) as directory:
@@ -167,7 +167,7 @@ async def _fleet(pulsar: PulsarSettings, topic: str, trusted: TrustedKeys | None
     for row, health in zip(rows, await _healths(hosts, timeout), strict=True):
         if health is not None:
             row["health"] = health
-    return hosts, {"topic": topic, "trusted": trusted is not None, "hosts": rows, "clashes": clashes}
+    return {"topic": topic, "trusted": trusted is not None, "hosts": rows, "clashes": clashes}
 
 
 async def _healths(hosts: list[LiveHost], timeout: float) -> list[dict[str, Any] | None]:
