@@ -140,6 +140,8 @@ RUN_BY = {
     ("docs/plugin-api.md", "# tests/test_units.py"): "test_plugin_api",
     ("docs/plugin-api.md", "# tghost_crawl.py"): "test_progress",
     ("docs/agent-api.md", "# agent.py"): "test_agent_api",
+    ("docs/embedding.md", "# my_app.py"): "test_host",
+    ("docs/embedding.md", "# with_my_app.py"): "test_host",
 }
 
 #: Blocks no test runs here, and why.

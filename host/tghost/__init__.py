@@ -2,6 +2,7 @@
 
 This module is a plugin author's whole world: the ``hookimpl`` marker, the ``tool``
 decorator, the ``ToolService`` base class, errors, and the seed 000 descriptor models.
+A host to run in one's own program is ``Host`` with its ``HostConfig``.
 An agent's world is here too: ``ToolDirectory``, ``PulsarSettings`` and ``ToolCallError``, with
 its refusals ``UnknownTool`` and ``NoProvider``.
 Each name is loaded on first use, so importing tghost costs nothing until one is needed.
@@ -17,6 +18,7 @@ if TYPE_CHECKING:
     from tghost.agent.client import ToolCallError
     from tghost.agent.directory import ToolDirectory
     from tghost.author.hookspecs import hookimpl
+    from tghost.operate.host import Host, HostConfig, HostError
     from tghost.author.service import Context, InvalidArguments, ToolError, ToolService, current_caller, tool
     from tghost.protocol.descriptors import (
         Argument,
@@ -35,6 +37,7 @@ _LAZY = {
     "ToolDirectory": "tghost.agent.directory", "PulsarSettings": "tghost.pulsar.clients",
     "ToolCallError": "tghost.agent.client", "NoProvider": "tghost.agent.calls", "UnknownTool": "tghost.agent.calls",
     "hookimpl": "tghost.author.hookspecs", "Progress": "tghost.protocol.wire",
+    **dict.fromkeys(("Host", "HostConfig", "HostError"), "tghost.operate.host"),
     **dict.fromkeys(("Context", "InvalidArguments", "ToolError", "ToolService", "current_caller", "tool"),
                     "tghost.author.service"),
     **dict.fromkeys(("Argument", "ConfigParam", "DescriptorError", "ToolDescriptor", "ToolServiceDescriptor"),
@@ -46,6 +49,9 @@ __all__ = [
     "ConfigParam",
     "Context",
     "DescriptorError",
+    "Host",
+    "HostConfig",
+    "HostError",
     "InvalidArguments",
     "NoProvider",
     "Progress",

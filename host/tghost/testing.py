@@ -13,10 +13,8 @@ import contextlib
 import heapq
 import inspect
 import json
-import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
-from types import TracebackType
 from typing import Any
 
 import pulsar.asyncio
@@ -27,15 +25,13 @@ from tghost.announcing.announcer import Announcer, HostIdentity
 from tghost.author.service import ToolService
 from tghost.conformance import Conformance, Finding, RawWire, check_conformance
 from tghost.discovery.discover import Catalog, catalog_of, catalog_of_plugin
+from tghost.operate.host import Host, HostConfig
 from tghost.protocol.epochs import DEFAULT_TOPIC, EPOCH_SECONDS, epoch_of, epoch_topic
-from tghost.protocol.sessions import HostSessionKey
 from tghost.protocol.trust import Signer
 from tghost.protocol.wire import Progress
 from tghost.pulsar.clients import PulsarSettings, free_port
 from tghost.pulsar.embedded import EmbeddedBroker
-from tghost.serving.access import Gate
 from tghost.serving.request import CallListener
-from tghost.serving.server import Server
 from tghost.serving.settings import ServeSettings
 
 __all__ = [
@@ -58,8 +54,10 @@ def pulsar_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Embedded
     broker.stop()
 
 
-class LocalHost:
-    """Serve tool services in this process on the broker at ``url``, and call them over Pulsar.
+class LocalHost(Host):
+    """Serve tool services in this process on the broker at ``url``, and call them over Pulsar:
+    a :class:`tghost.Host` with a test's defaults, whose exit runs the host's whole stop
+    (withdraw, drain, the plugins' ``tghost_shutdown`` hooks once, close).
 
     ``async with LocalHost(url, [my_service]) as host: await host.call("my-tool", {...})``.
     What it serves, as a plugin would register it:
@@ -70,16 +68,16 @@ class LocalHost:
       ``Catalog``;
     - or ``plugin``: a plugin module (or object) whose hooks register them, loaded as the host
       loads an entry point's module (:func:`tghost.discovery.discover.catalog_of_plugin`), so the test
-      covers ``tghost_register_tools`` too.
+      covers ``tghost_register_tools`` and ``tghost_shutdown`` too.
 
     :meth:`call` and :meth:`stream` take a tool name, whose config values go into the request,
     as ``ToolDirectory`` and ``tghost call TOOL`` send them; or a service id.
     With ``announce_as`` (a host id) it also announces them on ``topic`` with a ``lease``
-    (seconds), signed by ``signer`` if given (:class:`tghost.protocol.trust.Signer`), on epochs of
+    (seconds), signed by ``signer`` if given (:class:`tghost.Signer`), on epochs of
     ``epoch_seconds``, and withdraws them on exit, as ``tghost run`` does. ``authorize`` is a
     function with the contract of the ``tghost_authorize`` hook (a ``Catalog`` or ``plugin``
-    brings its own). ``listeners`` are told of every call (:data:`tghost.serving.request.CallListener`), as
-    metrics and the audit log are.
+    brings its own). ``listeners`` are told of every call (``tghost.CallRecord``), as
+    metrics and the audit log are. In-flight calls get ``grace`` seconds on exit.
 
     Raises:
         DescriptorError, ValueError: a descriptor is invalid, a name is registered twice, or the
@@ -101,42 +99,42 @@ class LocalHost:
         authorize: Callable[..., Any] | None = None,
         epoch_seconds: float = EPOCH_SECONDS,
         listeners: Sequence[CallListener] = (),
+        grace: float = 5.0,
     ) -> None:
         if plugin is not None:
-            self.catalog = catalog_of_plugin(plugin)
+            catalog = catalog_of_plugin(plugin)
         elif isinstance(services, Catalog):
-            self.catalog = services
+            catalog = services
         else:
-            self.catalog = catalog_of(services, tools, authorize=authorize)
-        self.services, self.descriptors = self.catalog.services, self.catalog.descriptors
-        self.pulsar = PulsarSettings(url)
-        session = HostSessionKey() if self.catalog.access is not None else None
-        self.server = Server(self.services, self.descriptors, settings, listeners, authorize=self.catalog.authorize,
-                             gate=Gate.of(self.catalog, session))
-        self.announcer = None if announce_as is None else Announcer(
-            self.catalog, HostIdentity(announce_as, "localhost", os.getpid(), session=session), topic, lease, signer,
-            epoch_seconds=epoch_seconds)
+            catalog = catalog_of(services, tools, authorize=authorize)
+        config = HostConfig(pulsar=PulsarSettings(url), topic=topic, serve=settings or ServeSettings(),
+                            announce=announce_as is not None, host_id=announce_as, lease=lease, signer=signer,
+                            epoch_seconds=epoch_seconds)
+        super().__init__(config, catalog, listeners=listeners)
+        self.services, self.descriptors = catalog.services, catalog.descriptors
+        self.pulsar = config.pulsar
+        self.grace = grace
         self._clients: dict[str, ToolServiceClient] = {}
+        self._callers_client: pulsar.asyncio.Client | None = None
         self._lock = asyncio.Lock()
-        self.client: pulsar.asyncio.Client | None = None
 
     async def __aenter__(self) -> LocalHost:
-        self.client = await self.pulsar.connect()
-        await self.server.start(self.client)
-        if self.announcer is not None:
-            await self.announcer.start(self.client)
+        await self.start()
         return self
 
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        if self.announcer is not None:
-            await self.announcer.withdraw()
-        for caller in self._clients.values():
-            await caller.close()
-        await self.server.stop(grace=5.0)
-        assert self.client is not None
-        await self.client.close()
+    async def stop(self, grace: float | None = None) -> int:
+        """Stop the host (:meth:`tghost.Host.stop`), giving in-flight calls ``grace`` seconds
+        (default: this host's ``grace``), then close the test's callers: a call in flight is
+        answered first."""
+        try:
+            return await super().stop(self.grace if grace is None else grace)
+        finally:
+            for caller in self._clients.values():
+                await caller.close()
+            self._clients.clear()
+            if self._callers_client is not None:
+                await self._callers_client.close()
+                self._callers_client = None
 
     async def caller(self, service_id: str) -> ToolServiceClient:
         """A started :class:`ToolServiceClient` for one of the served services (cached)."""
@@ -144,9 +142,10 @@ class LocalHost:
             if service_id in self._clients:
                 return self._clients[service_id]
             descriptor = self.descriptors[service_id]
-            assert self.client is not None, "use 'async with LocalHost(...)'"
+            if self._callers_client is None:  # the test's callers are the host's peers: a connection of their own
+                self._callers_client = await self.pulsar.connect()
             caller = await ToolServiceClient(
-                self.client, descriptor.request_queue, descriptor.response_queue, service_id=service_id
+                self._callers_client, descriptor.request_queue, descriptor.response_queue, service_id=service_id
             ).start()
             self._clients[service_id] = caller
             return caller

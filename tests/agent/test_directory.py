@@ -405,8 +405,8 @@ async def test_a_replayed_message_on_the_topic_never_resurrects_a_withdrawn_tool
     found = await directory(pulsar_broker, topic)
     try:
         host = LocalHost(pulsar_broker.url, kb_catalog(), announce_as="h", topic=topic)
-        assert host.announcer is not None
         async with host:
+            assert host.announcer is not None
             await found.wait_for("count")
             recorded = list(host.announcer._messages("available"))  # what an eavesdropper kept
         await found.wait_for("count", present=False)

@@ -1,4 +1,4 @@
-"""metrics: a host served by ``run_host`` with a HostMonitor, called over the embedded broker and
+"""metrics: a :class:`Host` serving with metrics on, called over the embedded broker and
 scraped over real HTTP; directory metrics read from a live ToolDirectory."""
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ import tghost
 from tests.conftest import PluginDir
 from tghost.agent.client import ToolCallError, ToolServiceClient
 from tghost.agent.directory import ToolDirectory
-from tghost.announcing.announcer import Announcer, HostIdentity
+from tghost.announcing.announcer import Announcer
 from tghost.discovery.discover import Catalog, PluginSelection, catalog_of, discover
 from tghost.operate.health import Health
+from tghost.operate.host import Host, HostConfig
 from tghost.operate.metrics import HostMetrics, HostMonitor
-from tghost.operate.run import run_host
 from tghost.protocol.announcement import current_topic
 from tghost.protocol.trust import TrustedKeys
 from tghost.pulsar.clients import PulsarSettings, free_port
@@ -110,21 +110,15 @@ async def scrape_until(port: int, ready: Callable[[Samples], bool]) -> Samples:
 
 @contextlib.asynccontextmanager
 async def monitored_host(url: str, catalog: Catalog, topic: str) -> AsyncIterator[tuple[HostMonitor, Announcer]]:
-    """``run_host`` in this loop with a HostMonitor on a free port and an announcer, as ``tghost run`` does."""
-    stop = asyncio.Event()
-    announcer = Announcer(catalog, HostIdentity(f"metrics-{uuid.uuid4().hex[:6]}", "localhost", 1), topic)
-    with HostMonitor("127.0.0.1", 0) as monitor:
-        task = asyncio.create_task(run_host(catalog, PulsarSettings(url), ServeSettings(max_queue=0), announcer,
-                                            stop, listeners=monitor.listeners, monitor=monitor))
+    """A :class:`Host` in this loop with metrics on a free port, announcing, as ``tghost run`` is."""
+    config = HostConfig(pulsar=PulsarSettings(url), topic=topic, serve=ServeSettings(max_queue=0),
+                        host_id=f"metrics-{uuid.uuid4().hex[:6]}", metrics_port=0)
+    async with Host(config, catalog) as host:
+        assert host.monitor is not None and host.announcer is not None
         async with asyncio.timeout(10):
-            while monitor.health.connected() is None:
-                assert not task.done(), task.exception()
+            while host.monitor.health.connected() is None:
                 await asyncio.sleep(0.02)
-        try:
-            yield monitor, announcer
-        finally:
-            stop.set()
-            await task
+        yield host.monitor, host.announcer
 
 
 @contextlib.asynccontextmanager

@@ -25,8 +25,7 @@ import tghost
 from tests.conftest import HostProcess, PluginDir
 from tghost.agent.client import ToolCallError, ToolServiceClient
 from tghost.discovery.discover import Catalog, discover
-from tghost.operate.metrics import HostMonitor
-from tghost.operate.run import run_host
+from tghost.operate.host import Host, HostConfig
 from tghost.protocol.descriptors import request_queue, response_queue
 from tghost.pulsar.clients import PulsarSettings, free_port
 from tghost.pulsar.embedded import EmbeddedBroker
@@ -301,12 +300,11 @@ async def test_thread_mode_counts_stuck_threads_and_reports_the_service_degraded
     plugin_dir.add("stuck", STUCK)
     catalog = discover(plugin_dir.entry_points(), strict=True)
     module = sys.modules["tghost_test_stuck"]
-    stop = asyncio.Event()
-    with HostMonitor("127.0.0.1", 0) as monitor:
-        task = asyncio.create_task(run_host(catalog, PulsarSettings(pulsar_broker.url), ServeSettings(), None, stop,
-                                            listeners=monitor.listeners, monitor=monitor))
-        await until(lambda: task.done() or monitor.health.connected() is not None, 10)
-        assert not task.done(), task.exception()
+    async with Host(HostConfig(pulsar=PulsarSettings(pulsar_broker.url), announce=False, metrics_port=0),
+                    catalog) as host:
+        monitor = host.monitor
+        assert monitor is not None
+        await until(lambda: monitor.health.connected() is not None, 10)
         client = await PulsarSettings(pulsar_broker.url).connect()
         caller = await ToolServiceClient(client, request_queue("stuck"), response_queue("stuck")).start()
         try:
@@ -327,8 +325,6 @@ async def test_thread_mode_counts_stuck_threads_and_reports_the_service_degraded
             module.RELEASE.set()
             await caller.close()
             await client.close()
-            stop.set()
-            await task
     # Each timed-out call gave its slot back at once: two stuck threads did not stop the next two
     # calls; four (all its threads: twice its max concurrency) do.
     assert [e[0] for e in errors] == ["timeout"] * 4 + ["overloaded"]

@@ -4,14 +4,12 @@ selection, trust, operations, seed 001 filters, KEY=VALUE pairs). Never defines 
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
@@ -24,9 +22,7 @@ from tghost.system.paths import config_path, default_config_path
 if TYPE_CHECKING:  # imported when used, by the commands that use them (start-up: docs/benchmarks.md §14)
     from tghost.agent.calls import Installed
     from tghost.agent.directory import ToolDirectory
-    from tghost.operate.metrics import HostMonitor
     from tghost.protocol.trust import Signer, TrustedKeys
-    from tghost.serving.request import CallListener
 
 F = TypeVar("F", bound=Callable[..., Any])
 log = logging.getLogger("tghost")
@@ -235,50 +231,10 @@ def otel_option(fn: F) -> F:
              "pip install 'tghost[otel]'.")(with_otel))
 
 
-@dataclass(frozen=True)
-class Operations:
-    """What ``tghost run`` exposes for operators: metrics and /health, and the audit log."""
-
-    metrics_host: str
-    metrics_port: int | None
-    audit_log: str | None
-    audit_arguments: bool
-
-    @contextlib.contextmanager
-    def open(self) -> Iterator[tuple[list[CallListener], HostMonitor | None]]:
-        """Bind the metrics port and open the audit log; yields the call listeners and the monitor."""
-        with contextlib.ExitStack() as stack:
-            listeners: list[CallListener] = []
-            monitor = None
-            if self.metrics_port is not None:
-                try:
-                    from tghost.operate.metrics import HostMonitor
-
-                    monitor = stack.enter_context(HostMonitor(self.metrics_host, self.metrics_port))
-                except OSError as exc:
-                    raise click.ClickException(
-                        f"cannot serve metrics on {self.metrics_host}:{self.metrics_port} ({exc}): choose another "
-                        "--metrics-port (env TGHOST_METRICS_PORT) or --metrics-host") from None
-                listeners += monitor.listeners
-            if self.audit_log is not None:
-                from tghost.operate.audit import AuditLog
-
-                try:
-                    listeners.append(stack.enter_context(AuditLog.open(self.audit_log, arguments=self.audit_arguments)))
-                except OSError as exc:
-                    raise click.ClickException(f"cannot open the audit log ({exc}): check --audit-log "
-                                               "(env TGHOST_AUDIT_LOG), or give '-' for stderr") from None
-            yield listeners, monitor
-
-
 def operations_options(fn: F) -> F:
-    """--metrics-port/--metrics-host and --audit-log/--audit-arguments; the command gets one
-    ``operations: Operations``."""
-    @functools.wraps(fn)
-    def with_operations(*args: Any, metrics_host: str, metrics_port: int | None, audit_log: str | None,
-                        audit_arguments: bool, **kwargs: Any) -> Any:
-        return fn(*args, operations=Operations(metrics_host, metrics_port, audit_log, audit_arguments), **kwargs)
-
+    """--metrics-port/--metrics-host and --audit-log/--audit-arguments, given to the command as
+    ``metrics_port``, ``metrics_host``, ``audit_log`` and ``audit_arguments``
+    (:class:`tghost.operate.host.HostConfig`'s fields)."""
     options = [
         click.option("--metrics-port", type=click.IntRange(0, 65535), envvar="TGHOST_METRICS_PORT", default=None,
                      help="Serve Prometheus metrics on /metrics and health on /health at this port "
@@ -291,7 +247,7 @@ def operations_options(fn: F) -> F:
         click.option("--audit-arguments", is_flag=True, envvar="TGHOST_AUDIT_ARGUMENTS",
                      help="Also log argument values in the audit log (env TGHOST_AUDIT_ARGUMENTS)."),
     ]
-    wrapped: Any = with_operations
+    wrapped: Any = fn
     for option in reversed(options):
         wrapped = option(wrapped)
     return cast(F, wrapped)

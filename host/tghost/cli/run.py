@@ -8,16 +8,13 @@ import asyncio
 import logging
 import sys
 from pathlib import Path
-from typing import Any
 
 import click
 from pulsar.asyncio import PulsarException
 
-from tghost.announcing.announcer import Announcer, HostIdentity
 from tghost.cli.app import cli
 from tghost.cli.options import (
     LogLevel,
-    Operations,
     config_option,
     operations_options,
     otel_option,
@@ -25,19 +22,16 @@ from tghost.cli.options import (
     selection_options,
     setup_logging,
 )
-from tghost.discovery.config import ConfigError, load_access, load_config_tools, read_config
-from tghost.discovery.discover import Catalog, PluginLoadError, PluginSelection, discover
-from tghost.operate.plugin_watch import WatchSettings
-from tghost.operate.run import run_host
+from tghost.discovery.config import ConfigError
+from tghost.discovery.discover import PluginLoadError, PluginSelection
+from tghost.operate.host import Host, HostConfig, HostError
 from tghost.protocol.epochs import MAX_LEASE
-from tghost.protocol.sessions import HostSessionKey
 from tghost.protocol.trust import KeyFileError, Signer
 from tghost.pulsar import hop
 from tghost.pulsar.clients import BrokerError, PulsarSettings
 from tghost.pulsar.embedded import default_data_dir, ensure_broker
-from tghost.serving.executors.base import ISOLATIONS, PROCESS, THREAD, WorkerLimits
+from tghost.serving.executors.base import ISOLATIONS, THREAD, WorkerLimits
 from tghost.serving.settings import ServeSettings
-from tghost.system.paths import app_dir
 
 log = logging.getLogger("tghost")
 
@@ -98,7 +92,8 @@ def run(pulsar: PulsarSettings, descriptors_topic: str, data_dir: Path | None, t
         max_queue: int, grace: float, max_payload: int, max_redeliveries: int, stall_threshold: float,
         isolation: str, max_calls_per_worker: int, max_worker_memory: int, config_path: Path | None, lease: float,
         host_id: str | None, signing_key: Path | None, watch_plugins: bool, watch_interval: float, log_level: str,
-        selection: PluginSelection, operations: Operations) -> None:
+        selection: PluginSelection, metrics_host: str, metrics_port: int | None, audit_log: str | None,
+        audit_arguments: bool) -> None:
     """Serve every installed tool-service plugin on Pulsar.
 
     If nothing answers at a local --pulsar-url, an embedded pulsar-lite broker is started
@@ -111,45 +106,34 @@ def run(pulsar: PulsarSettings, descriptors_topic: str, data_dir: Path | None, t
     when a call crashes, outlives its timeout, or leaks.
     """
     setup_logging(log_level)
-    signer = _signer(signing_key)
-    document = _read_config(config_path)
+    config = HostConfig(
+        pulsar=pulsar, topic=descriptors_topic, lease=lease, host_id=host_id, signer=_signer(signing_key),
+        serve=ServeSettings(timeout=timeout, max_concurrency=max_concurrency, max_queue=max_queue, grace=grace,
+                            max_payload=max_payload, max_redeliveries=max_redeliveries,
+                            stall_threshold=stall_threshold, isolation=isolation,
+                            worker_limits=WorkerLimits(max_calls_per_worker, max_worker_memory)),
+        config_file=config_path, plugins=selection, watch_plugins=watch_plugins, watch_interval=watch_interval,
+        metrics_port=metrics_port, metrics_host=metrics_host, audit_log=audit_log, audit_arguments=audit_arguments)
+    host = Host(config)
     try:
-        catalog = discover(selection=selection, config=document or {}, isolate_imports=isolation == PROCESS)
-    except PluginLoadError as exc:
-        raise click.ClickException(str(exc)) from None
-    if config_path is not None:
-        _add_config_tools(catalog, config_path, document)
-        try:
-            load_access(catalog, config_path, document or {})
-        except ConfigError as exc:
-            raise click.ClickException(str(exc)) from None
-    for report in catalog.plugins:
-        for error in report.errors:
-            log.error("plugin %s: %s (run 'tghost plugins' for details)", report.name, error)
-    if not catalog.services and not catalog.external:
-        log.warning("no tool services to serve: pip install a tghost plugin (see 'tghost plugins')")
-    settings = ServeSettings(timeout=timeout, max_concurrency=max_concurrency, max_queue=max_queue, grace=grace,
-                             max_payload=max_payload, max_redeliveries=max_redeliveries,
-                             stall_threshold=stall_threshold, isolation=isolation,
-                             worker_limits=WorkerLimits(max_calls_per_worker, max_worker_memory))
-    try:
+        host.load()  # a plugin or config error is told before a broker is started
         _start_broker_if_needed(pulsar.url, data_dir)
-        session = HostSessionKey() if catalog.access is not None else None
-        with HostIdentity.claim(app_dir(), host_id, session) as identity, operations.open() as (listeners, monitor):
-            announcer = Announcer(catalog, identity, descriptors_topic, lease, signer,
-                                  health_url=monitor.http.health_url() if monitor is not None else None)
-            sys.setswitchinterval(hop.SWITCH_INTERVAL)  # the Pulsar client's threads get the GIL sooner
-            asyncio.run(run_host(catalog, pulsar, settings, announcer, listeners=listeners, monitor=monitor,
-                                 watch=WatchSettings(watch_interval, selection, document or {},
-                                                     isolation == PROCESS)
-                                 if watch_plugins else None))
-    except BrokerError as exc:
+        sys.setswitchinterval(hop.SWITCH_INTERVAL)  # the Pulsar client's threads get the GIL sooner
+        asyncio.run(host.serve())
+    except HostError as exc:
+        raise click.ClickException(f"{exc.problem}: {_FIXES[exc.setting]}") from None
+    except (ConfigError, PluginLoadError, BrokerError) as exc:
         raise click.ClickException(str(exc)) from None
     except PulsarException as exc:
         raise click.ClickException(f"Pulsar at {pulsar.url} failed: {exc}; check --pulsar-url "
                                    "(env TGHOST_PULSAR_URL) and that the broker is up") from None
-    finally:
-        catalog.shutdown()  # the plugins' tghost_shutdown hooks, once nothing is served any more
+
+
+#: What to change, on the command line, for each :class:`HostError`'s setting.
+_FIXES = {
+    "metrics_port": "choose another --metrics-port (env TGHOST_METRICS_PORT) or --metrics-host",
+    "audit_log": "check --audit-log (env TGHOST_AUDIT_LOG), or give '-' for stderr",
+}
 
 
 def _signer(path: Path | None) -> Signer | None:
@@ -157,23 +141,6 @@ def _signer(path: Path | None) -> Signer | None:
         return None if path is None else Signer.from_file(path)
     except KeyFileError as exc:
         raise click.BadParameter(str(exc), param_hint="--signing-key / TGHOST_SIGNING_KEY") from None
-
-
-def _read_config(path: Path | None) -> dict[str, Any] | None:
-    """The config file's document for the plugins; ``None`` when unreadable (the error is then
-    reported once, by :func:`load_config_tools`) and ``{}`` without a file."""
-    try:
-        return {} if path is None else read_config(path)
-    except ConfigError:
-        return None
-
-
-def _add_config_tools(catalog: Catalog, path: Path, document: dict[str, Any] | None) -> None:
-    report = load_config_tools(catalog, path, document)
-    if report.services:
-        log.info("config %s: added external services %s", path, ", ".join(report.services))
-    if report.tools:
-        log.info("config %s: added tools %s", path, ", ".join(report.tools))
 
 
 def _start_broker_if_needed(url: str, data_dir: Path | None) -> None:

@@ -1,3 +1,4 @@
-"""operate: one ``tghost run`` put together (serve, announce, watch for plugins), and what an
-operator sees of it: Prometheus metrics, ``/health``, the audit log.
+"""operate: one host put together (:class:`~tghost.operate.host.Host`: serve, announce, watch for
+plugins; ``tghost run`` and embedders alike), and what an operator sees of it: Prometheus metrics,
+``/health``, the audit log.
 """

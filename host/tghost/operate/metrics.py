@@ -259,7 +259,7 @@ class MetricsServer:
 
 class HostMonitor:
     """Metrics and health for ``tghost run``: ``with HostMonitor(host, port) as monitor:`` binds
-    the port and captures errors logged under ``tghost``; ``run_host`` then calls :meth:`observe`
+    the port and captures errors logged under ``tghost``; the :class:`~tghost.operate.host.Host` then calls :meth:`observe`
     once the host serves. Give :attr:`listeners` to the server.
 
     Raises (on enter):
