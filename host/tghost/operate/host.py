@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import signal
 from collections.abc import Iterable, Sequence
@@ -130,7 +131,6 @@ class Host:
             else catalog_of(services, tools)
         self._listeners = list(listeners)
         self._selection = self.config.plugins or PluginSelection.from_settings()
-        self._document = _document(self.config.config_file)
         self.announcer: Announcer | None = None
         """What announces the served tools once started; ``None`` if ``config.announce`` is off."""
         self.monitor: HostMonitor | None = None
@@ -196,6 +196,15 @@ class Host:
         if self._stopping.is_set():
             log.warning("second signal: ending the grace period now; calls still running are answered 'unavailable'")
         self.request_stop()
+
+    @functools.cached_property
+    def _document(self) -> dict[str, Any] | None:
+        """``config.config_file`` as a dict for the plugins; ``None`` when unreadable (the error
+        is then reported once, by :func:`load_config_tools`) and ``{}`` without a file."""
+        try:
+            return {} if self.config.config_file is None else read_config(self.config.config_file)
+        except ConfigError:
+            return None
 
     def load(self) -> Catalog:
         """What the host will serve: the services given, else the installed plugins (as
@@ -298,7 +307,7 @@ class Host:
         try:
             if self._watcher is not None:
                 await self._watcher.stop()
-            if self.announcer is not None and self._client is not None:
+            if self.announcer is not None:
                 await self.announcer.withdraw()
             received = _received(self._server) if self._server is not None else 0
             if self._server is not None:
@@ -329,15 +338,6 @@ class Host:
         if cancelled:
             log.warning("%d call(s) cancelled at the end of the grace period", cancelled)
         return cancelled
-
-
-def _document(path: Path | None) -> dict[str, Any] | None:
-    """The config file's document for the plugins; ``None`` when unreadable (the error is then
-    reported once, by :func:`load_config_tools`) and ``{}`` without a file."""
-    try:
-        return {} if path is None else read_config(path)
-    except ConfigError:
-        return None
 
 
 def _discover(config: HostConfig, selection: PluginSelection, document: dict[str, Any] | None) -> Catalog:
