@@ -7,10 +7,9 @@ announcement signatures, caller signatures and caller sessions. docs/protocol.md
 each; every name here is stable (docs/architecture.md "The public line"), while the modules
 behind it are internal and free to move: import from ``tghost.protocol`` itself.
 
-No I/O: nothing here opens a socket or a thread (the import-linter contracts in pyproject.toml
-keep it so); reading key files (``Signer.from_file``, ``TrustedKeys.from_files``) is the one
-file access. Each name is loaded on first use, so ``tghost.protocol.epochs`` stays importable
-without pydantic.
+No I/O: nothing here opens a socket, a file or a thread (the import-linter contracts in
+pyproject.toml keep it so). Each name is loaded on first use, so ``tghost.protocol.epochs``
+stays importable without pydantic.
 """
 
 from typing import TYPE_CHECKING
