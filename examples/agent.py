@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import tghost
-from tghost.protocol.groups import next_state
 
 
 @dataclass
@@ -68,7 +67,7 @@ async def run(directory: tghost.ToolDirectory) -> str:
             succeeded = True
         except tghost.ToolCallError as exc:
             observation, succeeded = f"failed ({exc})", False
-        after = next_state(tool, state, succeeded)
+        after = tghost.next_state(tool, state, succeeded)
         print(f"  called {tool.name}({step.arguments}) -> {observation.splitlines()[0] if observation else ''!r}")
         print(f"  state {state!r} -> {after!r}")
         state = after

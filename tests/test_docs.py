@@ -319,3 +319,13 @@ def test_every_markdown_file_cited_is_in_the_repo_and_nothing_cites_outside_it()
              for name in re.findall(r"\b([\w-]+\.md)\b", text)}
     assert [(where, name) for where, name in sorted(cited) if name not in present] == []
     assert [path for path, text in repo_text_files().items() if outside in text] == []
+
+
+#: The project's own words: docs/architecture.md's glossary defines each (in bold).
+GLOSSARY = ("seed 000", "seed 001", "hop", "lane", "port", "terms", "ledger", "window", "contest", "hand-off",
+            "claim", "lease", "epoch", "restatement", "instance", "slot", "drain", "grace", "gate", "session")
+
+
+def test_the_glossary_defines_the_projects_own_words() -> None:
+    glossary = (ROOT / "docs" / "architecture.md").read_text().split("\n## Glossary\n", 1)[1]
+    assert set(GLOSSARY) <= set(re.findall(r"\*\*([^*]+)\*\*", glossary))

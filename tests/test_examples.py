@@ -1,4 +1,5 @@
-"""examples: the example agent runs against a real ``tghost run`` serving the example plugins."""
+"""examples: the example agent runs against a real ``tghost run`` serving the example plugins, and
+the example tools file adds its tool over a plugin's service."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tests.test_docs import block, commands
+from tghost.discovery.config import load_config_tools
+from tghost.discovery.discover import discover
 from tghost.pulsar.embedded import EmbeddedBroker
+from tghost.testing import LocalHost
 
 from .conftest import HostProcess
 
@@ -58,3 +62,25 @@ def test_the_readme_tools_file_adds_a_tool_over_a_plugins_service(
     assert called.returncode == 0 and "[1] " in called.stdout, called.stdout + called.stderr
     host.process.send_signal(signal.SIGINT)
     assert host.finish() == 0
+
+
+async def test_the_example_tools_file_adds_query_orders_over_the_knowledge_plugins_service(
+    pulsar_broker: EmbeddedBroker,
+) -> None:
+    """examples/tools.toml declares ``query-orders`` over tghost-knowledge's ``custom-rag`` with
+    the orders collection, taking that service's workflow keys and arguments."""
+    catalog = discover(strict=False)
+    try:
+        report = load_config_tools(catalog, EXAMPLES / "tools.toml")
+        assert report.errors == [] and report.tools == ["query-orders"]
+        tool = catalog.tools["query-orders"]
+        assert tool.service == "custom-rag" and tool.config == {"collection": "orders"}
+        assert tool.description == "Query the order knowledge base"
+        assert (tool.group, tool.state, tool.available_in_states) == (
+            ("default", "read-only", "knowledge"), "analysis", ("undefined", "research"))
+        assert [a.name for a in tool.arguments] == ["question", "limit"]  # taken from the plugin's tools
+        async with LocalHost(pulsar_broker.url, [catalog.services["custom-rag"]]) as host:
+            answer = await host.call(tool.service, {"question": "Which order was cancelled?"}, config=tool.config)
+    finally:
+        catalog.shutdown()
+    assert answer.startswith("[1] Order ORD-2212 for Redwood Catering (score "), answer

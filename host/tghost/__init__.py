@@ -1,25 +1,44 @@
 """tghost: host pip-installed agent tool services on Apache Pulsar.
 
-This module is a plugin author's whole world: the ``hookimpl`` marker, the ``tool``
-decorator, the ``ToolService`` base class, errors, and the seed 000 descriptor models.
-A host to run in one's own program is ``Host`` with its ``HostConfig``.
-An agent's world is here too: ``ToolDirectory``, ``PulsarSettings`` and ``ToolCallError``, with
-its refusals ``UnknownTool`` and ``NoProvider``.
+This module is tghost's public face (docs/architecture.md "The public line"); with
+``tghost.testing`` (plugin tests) and ``tghost.protocol`` (the wire) it is all a user imports.
+
+- A plugin author's world: the ``hookimpl`` marker, the ``tool`` decorator, the ``ToolService``
+  base class, ``Context`` and ``current_caller``, the errors ``ToolError`` and
+  ``InvalidArguments``, and the seed 000 descriptor models; ``discover``, ``Catalog`` and
+  ``PluginSelection`` load the installed plugins as ``tghost run`` does, and ``ServeSettings``
+  and ``CallRecord`` are what ``tghost.testing.LocalHost`` takes and tells its listeners.
+- A host's: ``Host``, configured by ``HostConfig`` (``HostError`` when it cannot start),
+  which ``tghost run`` builds and a program embeds (docs/embedding.md).
+- An agent's world: ``ToolDirectory``, ``PulsarSettings`` (``DEFAULT_URL``, ``DEFAULT_TOPIC``),
+  the ``CallOptions`` of a call, ``ToolCallError`` with its refusals ``UnknownTool`` and
+  ``NoProvider``, what a directory gives (``Change``, ``DirectoryTool``, ``Found``,
+  ``LiveHost``, ``ToolCallRecord``, ``input_schema``), seed 001's ``select`` and ``next_state``,
+  keys (``Signer``, ``TrustedKeys``, ``KeyFileError``), ``ToolServiceClient`` for one service
+  without a directory, and the errors ``BrokerError`` (``BrokerUnavailable``,
+  ``NotPulsarBroker``) and ``SearchError``.
+
 Each name is loaded on first use, so importing tghost costs nothing until one is needed.
 Internals are free to move behind it.
 """
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tghost._version import __version__
+from tghost.system import lazy
 
 if TYPE_CHECKING:
-    from tghost.agent.calls import NoProvider, UnknownTool
-    from tghost.agent.client import ToolCallError
+    from tghost.agent.calls import CallOptions, NoProvider, ToolCallRecord, UnknownTool
+    from tghost.agent.client import ToolCallError, ToolServiceClient
     from tghost.agent.directory import ToolDirectory
+    from tghost.agent.entries import Change, DirectoryTool, input_schema
+    from tghost.agent.hosts import LiveHost
+    from tghost.agent.search import Found, SearchError
     from tghost.author.hookspecs import hookimpl
-    from tghost.operate.host import Host, HostConfig, HostError
     from tghost.author.service import Context, InvalidArguments, ToolError, ToolService, current_caller, tool
+    from tghost.discovery.discover import Catalog, PluginSelection, discover
+    from tghost.operate.host import Host, HostConfig, HostError
+    from tghost.protocol.callers import Caller
     from tghost.protocol.descriptors import (
         Argument,
         ConfigParam,
@@ -27,58 +46,100 @@ if TYPE_CHECKING:
         ToolDescriptor,
         ToolServiceDescriptor,
     )
+    from tghost.protocol.epochs import DEFAULT_TOPIC
+    from tghost.protocol.groups import next_state, select
+    from tghost.protocol.trust import KeyFileError, Signer, TrustedKeys
     from tghost.protocol.wire import Progress
-    from tghost.pulsar.clients import PulsarSettings
+    from tghost.pulsar.clients import (
+        DEFAULT_URL,
+        BrokerError,
+        BrokerUnavailable,
+        NotPulsarBroker,
+        PulsarSettings,
+        is_reachable,
+    )
+    from tghost.serving.request import CallRecord
+    from tghost.serving.settings import ServeSettings
 
-#: Every name here, imported on first access (PEP 562), so that ``import tghost`` (which every
-#: ``tghost.*`` import runs) costs nothing: a plugin's ``tghost.tool`` loads the authoring
-#: modules, an agent's ``tghost.ToolDirectory`` the Pulsar client, and ``tghost --help`` neither.
+#: Every name here by the module that defines it, imported on first access (PEP 562), so that
+#: ``import tghost`` (which every ``tghost.*`` import runs) costs nothing: a plugin's
+#: ``tghost.tool`` loads the authoring modules, an agent's ``tghost.ToolDirectory`` the Pulsar
+#: client, and ``tghost --help`` neither. Kept in step with the imports above by
+#: tests/test_public_api.py.
 _LAZY = {
-    "ToolDirectory": "tghost.agent.directory", "PulsarSettings": "tghost.pulsar.clients",
-    "ToolCallError": "tghost.agent.client", "NoProvider": "tghost.agent.calls", "UnknownTool": "tghost.agent.calls",
-    "hookimpl": "tghost.author.hookspecs", "Progress": "tghost.protocol.wire",
-    **dict.fromkeys(("Host", "HostConfig", "HostError"), "tghost.operate.host"),
+    **dict.fromkeys(("CallOptions", "NoProvider", "ToolCallRecord", "UnknownTool"), "tghost.agent.calls"),
+    **dict.fromkeys(("ToolCallError", "ToolServiceClient"), "tghost.agent.client"),
+    "ToolDirectory": "tghost.agent.directory",
+    **dict.fromkeys(("Change", "DirectoryTool", "input_schema"), "tghost.agent.entries"),
+    "LiveHost": "tghost.agent.hosts",
+    **dict.fromkeys(("Found", "SearchError"), "tghost.agent.search"),
+    "hookimpl": "tghost.author.hookspecs",
     **dict.fromkeys(("Context", "InvalidArguments", "ToolError", "ToolService", "current_caller", "tool"),
                     "tghost.author.service"),
+    **dict.fromkeys(("Catalog", "PluginSelection", "discover"), "tghost.discovery.discover"),
+    **dict.fromkeys(("Host", "HostConfig", "HostError"), "tghost.operate.host"),
+    "Caller": "tghost.protocol.callers",
     **dict.fromkeys(("Argument", "ConfigParam", "DescriptorError", "ToolDescriptor", "ToolServiceDescriptor"),
                     "tghost.protocol.descriptors"),
+    "DEFAULT_TOPIC": "tghost.protocol.epochs",
+    **dict.fromkeys(("next_state", "select"), "tghost.protocol.groups"),
+    **dict.fromkeys(("KeyFileError", "Signer", "TrustedKeys"), "tghost.protocol.trust"),
+    "Progress": "tghost.protocol.wire",
+    **dict.fromkeys(("DEFAULT_URL", "BrokerError", "BrokerUnavailable", "NotPulsarBroker", "PulsarSettings",
+                     "is_reachable"), "tghost.pulsar.clients"),
+    "CallRecord": "tghost.serving.request",
+    "ServeSettings": "tghost.serving.settings",
 }
 
 __all__ = [
+    "DEFAULT_TOPIC",
+    "DEFAULT_URL",
     "Argument",
+    "BrokerError",
+    "BrokerUnavailable",
+    "CallOptions",
+    "CallRecord",
+    "Caller",
+    "Catalog",
+    "Change",
     "ConfigParam",
     "Context",
     "DescriptorError",
+    "DirectoryTool",
+    "Found",
     "Host",
     "HostConfig",
     "HostError",
     "InvalidArguments",
+    "KeyFileError",
+    "LiveHost",
     "NoProvider",
+    "NotPulsarBroker",
+    "PluginSelection",
     "Progress",
     "PulsarSettings",
+    "SearchError",
+    "ServeSettings",
+    "Signer",
     "ToolCallError",
+    "ToolCallRecord",
     "ToolDescriptor",
     "ToolDirectory",
     "ToolError",
     "ToolService",
+    "ToolServiceClient",
     "ToolServiceDescriptor",
+    "TrustedKeys",
     "UnknownTool",
     "__version__",
     "current_caller",
+    "discover",
     "hookimpl",
+    "input_schema",
+    "is_reachable",
+    "next_state",
+    "select",
     "tool",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value  # the next access is a plain attribute
-        return value
-    raise AttributeError(f"module 'tghost' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy.exports(globals(), _LAZY)

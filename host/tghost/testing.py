@@ -36,6 +36,7 @@ from tghost.serving.settings import ServeSettings
 
 __all__ = [
     "Conformance",
+    "EmbeddedBroker",
     "Finding",
     "LocalHost",
     "RawWire",

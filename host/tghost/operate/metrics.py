@@ -258,9 +258,9 @@ class MetricsServer:
 
 
 class HostMonitor:
-    """Metrics and health for ``tghost run``: ``with HostMonitor(host, port) as monitor:`` binds
-    the port and captures errors logged under ``tghost``; the :class:`~tghost.operate.host.Host` then calls :meth:`observe`
-    once the host serves. Give :attr:`listeners` to the server.
+    """Metrics and health for a host: ``with HostMonitor(host, port) as monitor:`` binds the port
+    and captures errors logged under ``tghost``; the :class:`~tghost.operate.host.Host` then
+    calls :meth:`observe` once it serves. Give :attr:`listeners` to the server.
 
     Raises (on enter):
         OSError: the metrics address cannot be bound.

@@ -13,7 +13,8 @@ from typing import Any
 
 from tghost_amplifier.modules import ENTRY_POINT_GROUP
 
-from tghost.discovery.discover import ENTRY_POINT_GROUP as TGHOST_GROUP
+#: The entry-point group of tghost plugins (README "Write a tool").
+TGHOST_GROUP = "tghost.plugins"
 
 
 class ModuleDir:

@@ -14,10 +14,8 @@ from importlib.metadata import entry_points
 import pytest
 from amplifier_helpers import ModuleDir, amplifier_plugin
 
-from tghost import ToolCallError
-from tghost.discovery.discover import Catalog, PluginSelection, discover
-from tghost.pulsar.embedded import EmbeddedBroker
-from tghost.testing import LocalHost
+from tghost import Catalog, PluginSelection, ToolCallError, discover
+from tghost.testing import EmbeddedBroker, LocalHost
 
 #: A tool module per seed 002: a ToolResult for success and failure, an input_schema property on one
 #: tool and get_schema() on the other, hooks on the tool events (one denies), and a cleanup.

@@ -5,6 +5,8 @@ broker, and follows the cluster: announced tools are mounted, withdrawn and expi
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -15,10 +17,7 @@ from amplifier_core.testing import MockCoordinator, MockTool
 from tghost_amplifier.session import SessionSettings
 
 import tghost
-from tghost.protocol.trust import Signer, write_key_pair
-from tghost.pulsar.clients import free_port
-from tghost.pulsar.embedded import EmbeddedBroker
-from tghost.testing import LocalHost
+from tghost.testing import EmbeddedBroker, LocalHost
 
 
 @tghost.tool(service="kb", config=["collection"])
@@ -71,7 +70,7 @@ async def eventually(check: Callable[[], bool], what: str, timeout: float = 15.0
 async def test_live_tools_are_mounted_and_execute_calls_them_with_their_config(
     pulsar_broker: EmbeddedBroker, topic: str, coordinator: MockCoordinator,
 ) -> None:
-    async with LocalHost(pulsar_broker.url, tghost.discovery.discover.catalog_of([lookup], kb_tools()),
+    async with LocalHost(pulsar_broker.url, [lookup], tools=kb_tools(),
                          announce_as="kb-host", topic=topic):
         cleanup = await mount(coordinator, pulsar_url=pulsar_broker.url, topic=topic)
         try:
@@ -182,12 +181,13 @@ async def test_after_cleanup_nothing_more_is_mounted(
 async def test_with_trusted_keys_only_tools_of_signing_hosts_are_mounted(
     pulsar_broker: EmbeddedBroker, topic: str, coordinator: MockCoordinator, tmp_path: Path,
 ) -> None:
-    keys = write_key_pair(tmp_path / "host")
+    keys = tmp_path / "host"  # as a user makes them: host.key and host.pub
+    subprocess.run([sys.executable, "-m", "tghost", "keygen", "--out", str(keys)], check=True, capture_output=True)
     async with (LocalHost(pulsar_broker.url, [echo_tool], announce_as="signed", topic=topic,
-                          signer=Signer.from_file(keys.private)),
+                          signer=tghost.Signer.from_file(keys.with_suffix(".key"))),
                 LocalHost(pulsar_broker.url, [payroll], announce_as="unsigned", topic=topic)):
         cleanup = await mount(coordinator, pulsar_url=pulsar_broker.url, topic=topic, groups=["*"],
-                              trusted_keys=[str(keys.public)])
+                              trusted_keys=[str(keys.with_suffix(".pub"))])
         try:
             assert set(tools(coordinator)) == {"echo"}
         finally:
@@ -199,7 +199,7 @@ async def test_a_bad_config_or_no_broker_fails_mount_with_an_error_that_says_wha
 ) -> None:
     with pytest.raises(ValueError, match=r"tool-tghost config: pulsar_ur: Extra inputs are not permitted"):
         await mount(coordinator, pulsar_ur="pulsar://127.0.0.1:1")
-    url = f"pulsar://127.0.0.1:{free_port()}"
+    url = "pulsar://127.0.0.1:1"  # nothing listens on port 1
     with pytest.raises(ConnectionError, match=rf"no Pulsar broker answers at {url}: set 'pulsar_url'"):
         await mount(coordinator, pulsar_url=url)
     assert coordinator.mount_history == []

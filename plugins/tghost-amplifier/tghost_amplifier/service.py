@@ -14,8 +14,7 @@ from amplifier_core.events import TOOL_ERROR, TOOL_POST, TOOL_PRE
 from pydantic_core import to_jsonable_python
 
 from tghost import ToolDescriptor, ToolError, ToolService
-from tghost.author.service import arguments_from_schema
-from tghost.protocol import wire
+from tghost.protocol import NOT_ALLOWED, TOOL_SERVICE_ERROR
 
 from .runtime import ModuleRuntime
 
@@ -54,7 +53,7 @@ def observation(name: str, result: Any) -> str:
         error_type = error.get("type")
         message = error.get("message") or (result.output if isinstance(result.output, str) else None)
         raise ToolError(str(message or f"tool {name!r} reported a failure without a message"),
-                        error_type if isinstance(error_type, str) and error_type else wire.TOOL_SERVICE_ERROR)
+                        error_type if isinstance(error_type, str) and error_type else TOOL_SERVICE_ERROR)
     output = result.output
     return output if isinstance(output, str) else json.dumps(to_jsonable_python(output, fallback=str))
 
@@ -64,7 +63,7 @@ class AmplifierToolService(ToolService):
 
     ``description`` and ``input_schema`` are the tool's (see :func:`input_schema_of`); the host
     checks the arguments against the schema before :meth:`invoke`. The seed 000 ``arguments``
-    list is derived from the schema, for TrustGraph agents.
+    list of its tool is derived from the schema (:meth:`tghost.ToolService.tool`), for TrustGraph agents.
     """
 
     def __init__(self, name: str, tool: Any, coordinator: Any, runtime: ModuleRuntime) -> None:
@@ -74,7 +73,6 @@ class AmplifierToolService(ToolService):
         self.runtime = runtime
         self.description = str(getattr(tool, "description", "") or "").strip() or f"The Amplifier tool {name}."
         self.input_schema = input_schema_of(tool)
-        self.arguments = arguments_from_schema(self.input_schema or {})
         # Served unchanged (its schema as the module wrote it): an Amplifier session hands a tool its
         # input as is, so arguments its schema does not close off reach it here too.
         self.allow_unknown_arguments = True
@@ -97,7 +95,7 @@ class AmplifierToolService(ToolService):
         """One call, as Amplifier's orchestrators make it, with their event payloads."""
         verdict = await self._emit(TOOL_PRE, {"tool_name": self.id, "tool_input": arguments})
         if getattr(verdict, "action", None) == "deny":
-            raise ToolError(getattr(verdict, "reason", None) or f"a tool:pre hook denied {self.id!r}", wire.NOT_ALLOWED)
+            raise ToolError(getattr(verdict, "reason", None) or f"a tool:pre hook denied {self.id!r}", NOT_ALLOWED)
         try:
             result = await self.tool_object.execute(arguments)
         except Exception as exc:

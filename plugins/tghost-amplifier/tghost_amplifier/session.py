@@ -17,11 +17,17 @@ from typing import Any
 from amplifier_core import ToolResult
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from tghost import ToolCallError, ToolDescriptor, ToolDirectory
-from tghost.adapters.export import input_schema
-from tghost.announcing.announcer import DEFAULT_TOPIC
-from tghost.protocol.trust import TrustedKeys
-from tghost.pulsar.clients import DEFAULT_URL, PulsarSettings, is_reachable
+from tghost import (
+    DEFAULT_TOPIC,
+    DEFAULT_URL,
+    PulsarSettings,
+    ToolCallError,
+    ToolDescriptor,
+    ToolDirectory,
+    TrustedKeys,
+    input_schema,
+    is_reachable,
+)
 
 __all__ = ["SessionSettings", "TghostTool", "ToolMounter", "mount"]
 
@@ -49,7 +55,7 @@ class SessionSettings(BaseModel):
       by hosts that sign with one of them are mounted.
     - ``user``: the request's ``user``, for the hosts' ``tghost_authorize`` checks.
     - ``timeout``: seconds a call may take (default: the timeout the tool's service announces,
-      else 30, as for every caller: :func:`tghost.agent.client.call_timeout`).
+      else 30, as for every caller: docs/agent-api.md "Call options").
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -85,7 +91,7 @@ class SessionSettings(BaseModel):
         """The trusted keys, or ``None`` (every host believed).
 
         Raises:
-            tghost.protocol.trust.KeyFileError: a key file is missing or not an Ed25519 public key.
+            tghost.KeyFileError: a key file is missing or not an Ed25519 public key.
         """
         return TrustedKeys.from_files(self.trusted_keys) if self.trusted_keys else None
 
@@ -198,9 +204,9 @@ async def mount(coordinator: Any, config: dict[str, Any] | None = None) -> Calla
 
     Raises:
         ValueError: the config is invalid (names the key).
-        tghost.protocol.trust.KeyFileError: a trusted key file cannot be read.
+        tghost.KeyFileError: a trusted key file cannot be read.
         ConnectionError: no broker answers at ``pulsar_url``.
-        tghost.pulsar.clients.BrokerError: the broker did not let the directory read the topic.
+        tghost.BrokerError: the broker did not let the directory read the topic.
     """
     settings = SessionSettings.of(config)
     trusted = settings.trusted()

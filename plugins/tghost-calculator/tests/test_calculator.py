@@ -8,11 +8,9 @@ import pytest
 from tghost_calculator import MAX_DEPTH, MAX_LENGTH, calculate, evaluate, solve_steps
 
 import tghost
-from tghost.agent.client import ToolCallError
-from tghost.discovery.discover import discover
-from tghost.protocol import wire
-from tghost.pulsar.embedded import EmbeddedBroker
-from tghost.testing import LocalHost, RawWire
+from tghost import ToolCallError, discover
+from tghost.protocol import encode_request
+from tghost.testing import EmbeddedBroker, LocalHost, RawWire
 
 
 @pytest.mark.parametrize(
@@ -142,7 +140,7 @@ async def test_calculate_reply_on_the_wire_echoes_the_id_with_exactly_the_contra
     pulsar_broker: EmbeddedBroker,
 ) -> None:
     async with LocalHost(pulsar_broker.url, [calculate]), RawWire(pulsar_broker.url, calculate.descriptor) as raw:
-        await raw.send(wire.encode_request("alice", {}, {"expression": "6 * 7"}), {"id": "calc-1"})
+        await raw.send(encode_request("alice", {}, {"expression": "6 * 7"}), {"id": "calc-1"})
         [(properties, body)] = await raw.replies("calc-1")
     assert properties["id"] == "calc-1"
     assert body == {"error": None, "response": "42", "end_of_stream": True}
@@ -150,7 +148,7 @@ async def test_calculate_reply_on_the_wire_echoes_the_id_with_exactly_the_contra
 
 async def test_solve_steps_streams_one_reply_per_line_then_an_empty_final_one(pulsar_broker: EmbeddedBroker) -> None:
     async with LocalHost(pulsar_broker.url, [solve_steps]), RawWire(pulsar_broker.url, solve_steps.descriptor) as raw:
-        await raw.send(wire.encode_request("alice", {}, {"expression": "2 * (3 + 4)"}), {"id": "steps-1"})
+        await raw.send(encode_request("alice", {}, {"expression": "2 * (3 + 4)"}), {"id": "steps-1"})
         replies = await raw.replies("steps-1")
     assert all(properties["id"] == "steps-1" for properties, _ in replies)
     assert all(set(body) == {"error", "response", "end_of_stream"} for _, body in replies)

@@ -8,11 +8,9 @@ import pytest
 from tghost_joke import GENERAL, JOKES, STYLES, JokeService, find_topic, pick_joke
 
 import tghost
-from tghost.agent.client import ToolCallError
-from tghost.discovery.discover import discover
-from tghost.protocol import wire
-from tghost.pulsar.embedded import EmbeddedBroker
-from tghost.testing import LocalHost, RawWire
+from tghost import ToolCallError, discover
+from tghost.protocol import encode_request
+from tghost.testing import EmbeddedBroker, LocalHost, RawWire
 
 
 @pytest.fixture
@@ -110,7 +108,7 @@ async def test_reply_on_the_wire_echoes_the_id_with_exactly_the_contract_fields(
     pulsar_broker: EmbeddedBroker, service: JokeService
 ) -> None:
     async with LocalHost(pulsar_broker.url, [service]), RawWire(pulsar_broker.url, service.descriptor) as raw:
-        await raw.send(wire.encode_request("carol", {"style": "one-liner"}, {"topic": "food"}), {"id": "joke-1"})
+        await raw.send(encode_request("carol", {"style": "one-liner"}, {"topic": "food"}), {"id": "joke-1"})
         [(properties, body)] = await raw.replies("joke-1")
     assert properties["id"] == "joke-1"
     assert set(body) == {"error", "response", "end_of_stream"}

@@ -5,21 +5,16 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import pytest
 import tghost_knowledge
 from tghost_knowledge import Document, KnowledgeBase
 
-from tghost.agent.client import ToolCallError
-from tghost.discovery.config import load_config_tools
-from tghost.discovery.discover import discover
-from tghost.protocol import wire
-from tghost.pulsar.embedded import EmbeddedBroker
-from tghost.testing import LocalHost, RawWire
+from tghost import ToolCallError, discover
+from tghost.protocol import encode_request
+from tghost.testing import EmbeddedBroker, LocalHost, RawWire
 
-TOOLS_TOML = Path(__file__).resolve().parents[3] / "examples" / "tools.toml"
 WORKFLOW = {"group": ("default", "read-only", "knowledge"), "state": "analysis",
             "available_in_states": ("undefined", "research")}
 
@@ -142,7 +137,7 @@ async def test_bad_arguments_are_invalid_arguments_naming_the_field(
 
 
 async def test_reply_follows_the_wire_contract(pulsar_broker: EmbeddedBroker, service: KnowledgeBase) -> None:
-    request = wire.encode_request("alice", {"collection": "products"}, {"question": "How long is the warranty?"})
+    request = encode_request("alice", {"collection": "products"}, {"question": "How long is the warranty?"})
     async with LocalHost(pulsar_broker.url, [service]), RawWire(pulsar_broker.url, service.descriptor) as raw:
         await raw.send(request, {"id": "kb-1"})
         [(properties, body)] = await raw.replies("kb-1")
@@ -212,19 +207,3 @@ def test_installed_plugin_is_discovered_with_both_tools_carrying_collection_and_
         assert tool.service == "custom-rag" and tool.config == {"collection": collection}
         assert {"group": tool.group, "state": tool.state, "available_in_states": tool.available_in_states} == WORKFLOW
         assert [a.name for a in tool.arguments] == ["question", "limit"]
-
-
-async def test_example_toml_adds_query_orders_which_answers_from_the_orders_collection(
-    pulsar_broker: EmbeddedBroker, service: KnowledgeBase
-) -> None:
-    catalog = discover(strict=False)
-    report = load_config_tools(catalog, TOOLS_TOML)
-    assert report.errors == [] and report.tools == ["query-orders"]
-    tool = catalog.tools["query-orders"]
-    assert tool.service == "custom-rag" and tool.config == {"collection": "orders"}
-    assert tool.description == "Query the order knowledge base"
-    assert {"group": tool.group, "state": tool.state, "available_in_states": tool.available_in_states} == WORKFLOW
-    assert [a.name for a in tool.arguments] == ["question", "limit"]  # taken from the plugin's tools
-    async with LocalHost(pulsar_broker.url, [service]) as host:
-        answer = await host.call(tool.service, {"question": "Which order was cancelled?"}, config=tool.config)
-    assert first_title(answer) == "Order ORD-2212 for Redwood Catering"
