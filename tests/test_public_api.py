@@ -36,12 +36,12 @@ INTEGRATIONS = "tghost.integrations"
 
 TGHOST = [
     "Argument", "BrokerError", "BrokerUnavailable", "CallOptions", "CallRecord", "Caller", "Catalog", "Change",
-    "ConfigParam", "Context", "DEFAULT_TOPIC", "DEFAULT_URL", "DescriptorError", "DirectoryTool", "Found", "Host",
-    "HostConfig", "HostError", "InvalidArguments", "KeyFileError", "LiveHost", "NoProvider", "NotPulsarBroker",
-    "PluginSelection", "Progress", "PulsarSettings", "SearchError", "ServeSettings", "Signer", "ToolCallError",
-    "ToolCallRecord", "ToolDescriptor", "ToolDirectory", "ToolError", "ToolService", "ToolServiceClient",
-    "ToolServiceDescriptor", "TrustedKeys", "UnknownTool", "__version__", "current_caller", "discover", "hookimpl",
-    "input_schema", "is_reachable", "next_state", "select", "tool",
+    "ConfigError", "ConfigParam", "Context", "DEFAULT_TOPIC", "DEFAULT_URL", "DescriptorError", "DirectoryTool",
+    "Found", "Host", "HostConfig", "HostError", "InvalidArguments", "KeyFileError", "LiveHost", "NoProvider",
+    "NotPulsarBroker", "PluginLoadError", "PluginSelection", "Progress", "PulsarSettings", "SearchError",
+    "ServeSettings", "Signer", "ToolCallError", "ToolCallRecord", "ToolDescriptor", "ToolDirectory", "ToolError",
+    "ToolService", "ToolServiceClient", "ToolServiceDescriptor", "TrustedKeys", "UnknownTool", "__version__",
+    "current_caller", "discover", "hookimpl", "input_schema", "is_reachable", "next_state", "select", "tool",
 ]
 
 TESTING = [

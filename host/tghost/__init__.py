@@ -8,7 +8,8 @@ This module is tghost's public face (docs/architecture.md "The public line"); wi
   ``InvalidArguments``, and the seed 000 descriptor models; ``discover``, ``Catalog`` and
   ``PluginSelection`` load the installed plugins as ``tghost run`` does, and ``ServeSettings``
   and ``CallRecord`` are what ``tghost.testing.LocalHost`` takes and tells its listeners.
-- A host's: ``Host``, configured by ``HostConfig`` (``HostError`` when it cannot start),
+- A host's: ``Host``, configured by ``HostConfig`` (``HostError``, ``ConfigError`` and
+  ``PluginLoadError`` when it cannot start),
   which ``tghost run`` builds and a program embeds (docs/embedding.md).
 - An agent's world: ``ToolDirectory``, ``PulsarSettings`` (``DEFAULT_URL``, ``DEFAULT_TOPIC``),
   the ``CallOptions`` of a call, ``ToolCallError`` with its refusals ``UnknownTool`` and
@@ -36,7 +37,8 @@ if TYPE_CHECKING:
     from tghost.agent.search import Found, SearchError
     from tghost.author.hookspecs import hookimpl
     from tghost.author.service import Context, InvalidArguments, ToolError, ToolService, current_caller, tool
-    from tghost.discovery.discover import Catalog, PluginSelection, discover
+    from tghost.discovery.config import ConfigError
+    from tghost.discovery.discover import Catalog, PluginLoadError, PluginSelection, discover
     from tghost.operate.host import Host, HostConfig, HostError
     from tghost.protocol.callers import Caller
     from tghost.protocol.descriptors import (
@@ -76,7 +78,8 @@ _LAZY = {
     "hookimpl": "tghost.author.hookspecs",
     **dict.fromkeys(("Context", "InvalidArguments", "ToolError", "ToolService", "current_caller", "tool"),
                     "tghost.author.service"),
-    **dict.fromkeys(("Catalog", "PluginSelection", "discover"), "tghost.discovery.discover"),
+    "ConfigError": "tghost.discovery.config",
+    **dict.fromkeys(("Catalog", "PluginLoadError", "PluginSelection", "discover"), "tghost.discovery.discover"),
     **dict.fromkeys(("Host", "HostConfig", "HostError"), "tghost.operate.host"),
     "Caller": "tghost.protocol.callers",
     **dict.fromkeys(("Argument", "ConfigParam", "DescriptorError", "ToolDescriptor", "ToolServiceDescriptor"),
@@ -102,6 +105,7 @@ __all__ = [
     "Caller",
     "Catalog",
     "Change",
+    "ConfigError",
     "ConfigParam",
     "Context",
     "DescriptorError",
@@ -115,6 +119,7 @@ __all__ = [
     "LiveHost",
     "NoProvider",
     "NotPulsarBroker",
+    "PluginLoadError",
     "PluginSelection",
     "Progress",
     "PulsarSettings",

@@ -117,8 +117,8 @@ class Host:
 
     Raises (from :meth:`start`):
         HostError: the metrics port cannot be bound or the audit log opened.
-        tghost.discovery.config.ConfigError: the config file is unreadable or wrong (the message names it).
-        tghost.discovery.discover.PluginLoadError: ``TGHOST_STRICT_PLUGINS=1`` and a plugin failed.
+        tghost.ConfigError: the config file's ``[access]`` table is wrong (the message names the file).
+        tghost.PluginLoadError: ``TGHOST_STRICT_PLUGINS=1`` and a plugin failed.
         tghost.BrokerError: no Pulsar broker answered at ``config.pulsar.url``.
         pulsar.asyncio.PulsarException: the broker refused a subscription or producer.
         DescriptorError, ValueError: a given service or tool is invalid (on construction).
@@ -213,8 +213,8 @@ class Host:
         it before shows a plugin or config error before anything connects. Idempotent.
 
         Raises:
-            tghost.discovery.config.ConfigError: the config file's ``[access]`` table is wrong.
-            tghost.discovery.discover.PluginLoadError: ``TGHOST_STRICT_PLUGINS=1`` and a plugin failed.
+            tghost.ConfigError: the config file's ``[access]`` table is wrong.
+            tghost.PluginLoadError: ``TGHOST_STRICT_PLUGINS=1`` and a plugin failed.
         """
         if self._catalog is None:
             self._catalog = _discover(self.config, self._selection, self._document)
