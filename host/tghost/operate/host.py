@@ -54,7 +54,7 @@ class HostConfig:
       (:class:`tghost.ServeSettings`).
     - ``announce``: announce what is served (``False``: serve only, as a host behind a static
       config). ``lease``: seconds an announcement lives without a heartbeat (at most
-      ``MAX_LEASE``, 300). ``host_id``: the id announced (default: a stable id per host slot in
+      ``MAX_LEASE``, 600). ``host_id``: the id announced (default: a stable id per host slot in
       ``state_dir``, default ``~/.config/tghost``). ``signer``: signs every announcement
       (:class:`tghost.Signer`; ``None``: unsigned). ``epoch_seconds``: how long one announcement
       topic is written before the next (docs/protocol.md §4.1).
