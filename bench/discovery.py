@@ -31,7 +31,8 @@ from typing import Any
 import tghost
 from tghost.agent.directory import ToolDirectory
 from tghost.announcing.announcer import Announcer, HostIdentity
-from tghost.discovery.discover import Catalog, catalog_of
+from tghost.discovery.catalog import Catalog
+from tghost.discovery.discover import catalog_of
 from tghost.protocol.announcement import current_topic
 from tghost.protocol.groups import select
 from tghost.pulsar.clients import PulsarSettings

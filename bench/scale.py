@@ -48,7 +48,8 @@ from tghost.agent.directory import ToolDirectory
 from tghost.announcing.announcer import Announcer, HostIdentity
 from tghost.author.arguments import closed_schema, schema_of_arguments
 from tghost.author.service import ToolService
-from tghost.discovery.discover import Catalog, catalog_of
+from tghost.discovery.catalog import Catalog
+from tghost.discovery.discover import catalog_of
 from tghost.protocol.announcement import EPOCH_SECONDS, epoch_of, epoch_topic, read_window
 from tghost.protocol.descriptors import Argument
 from tghost.protocol.trust import Signer

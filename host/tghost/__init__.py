@@ -37,8 +37,9 @@ if TYPE_CHECKING:
     from tghost.agent.search import Found, SearchError
     from tghost.author.hookspecs import hookimpl
     from tghost.author.service import Context, InvalidArguments, ToolError, ToolService, current_caller, tool
+    from tghost.discovery.catalog import Catalog
     from tghost.discovery.config import ConfigError
-    from tghost.discovery.discover import Catalog, PluginLoadError, PluginSelection, discover
+    from tghost.discovery.discover import PluginLoadError, PluginSelection, discover
     from tghost.operate.host import Host, HostConfig, HostError
     from tghost.protocol.callers import Caller
     from tghost.protocol.descriptors import (
@@ -79,7 +80,8 @@ _LAZY = {
     **dict.fromkeys(("Context", "InvalidArguments", "ToolError", "ToolService", "current_caller", "tool"),
                     "tghost.author.service"),
     "ConfigError": "tghost.discovery.config",
-    **dict.fromkeys(("Catalog", "PluginLoadError", "PluginSelection", "discover"), "tghost.discovery.discover"),
+    "Catalog": "tghost.discovery.catalog",
+    **dict.fromkeys(("PluginLoadError", "PluginSelection", "discover"), "tghost.discovery.discover"),
     **dict.fromkeys(("Host", "HostConfig", "HostError"), "tghost.operate.host"),
     "Caller": "tghost.protocol.callers",
     **dict.fromkeys(("Argument", "ConfigParam", "DescriptorError", "ToolDescriptor", "ToolServiceDescriptor"),

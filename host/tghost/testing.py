@@ -24,7 +24,8 @@ from tghost.agent.client import ToolServiceClient
 from tghost.announcing.announcer import Announcer, HostIdentity
 from tghost.author.service import ToolService
 from tghost.conformance import Conformance, Finding, RawWire, check_conformance
-from tghost.discovery.discover import Catalog, catalog_of, catalog_of_plugin
+from tghost.discovery.catalog import Catalog
+from tghost.discovery.discover import catalog_of, catalog_of_plugin
 from tghost.operate.host import Host, HostConfig
 from tghost.protocol.epochs import DEFAULT_TOPIC, EPOCH_SECONDS, epoch_of, epoch_topic
 from tghost.protocol.trust import Signer

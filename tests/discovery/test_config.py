@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import tghost
+from tghost.discovery.catalog import Catalog
 from tghost.discovery.config import load_config_tools
-from tghost.discovery.discover import Catalog, catalog_of
+from tghost.discovery.discover import catalog_of
 
 
 @tghost.tool(service="kb", config=["collection"])

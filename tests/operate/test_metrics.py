@@ -23,7 +23,8 @@ from tests.conftest import PluginDir
 from tghost.agent.client import ToolCallError, ToolServiceClient
 from tghost.agent.directory import ToolDirectory
 from tghost.announcing.announcer import Announcer
-from tghost.discovery.discover import Catalog, PluginSelection, catalog_of, discover
+from tghost.discovery.catalog import Catalog
+from tghost.discovery.discover import PluginSelection, catalog_of, discover
 from tghost.operate.health import Health
 from tghost.operate.host import Host, HostConfig
 from tghost.operate.metrics import HostMetrics, HostMonitor

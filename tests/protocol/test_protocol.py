@@ -17,7 +17,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from tghost.agent.ledger import Ledger
 from tghost.announcing.announcer import Announcer, HostIdentity
-from tghost.discovery.discover import ENTRY_POINT_GROUP, Catalog, discover
+from tghost.discovery.catalog import Catalog
+from tghost.discovery.discover import ENTRY_POINT_GROUP, discover
 from tghost.protocol import wire
 from tghost.protocol.announcement import (
     DEFAULT_TOPIC,

@@ -25,7 +25,8 @@ from tests.conftest import PluginDir
 from tghost.adapters.mcp import Bridge
 from tghost.agent.client import ToolCallError, ToolServiceClient
 from tghost.agent.directory import ToolDirectory
-from tghost.discovery.discover import Catalog, discover
+from tghost.discovery.catalog import Catalog
+from tghost.discovery.discover import discover
 from tghost.protocol import wire
 from tghost.protocol.access import AccessPolicy
 from tghost.protocol.callers import sign_request

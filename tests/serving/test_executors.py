@@ -24,7 +24,8 @@ import pytest
 import tghost
 from tests.conftest import HostProcess, PluginDir
 from tghost.agent.client import ToolCallError, ToolServiceClient
-from tghost.discovery.discover import Catalog, discover
+from tghost.discovery.catalog import Catalog
+from tghost.discovery.discover import discover
 from tghost.operate.host import Host, HostConfig
 from tghost.protocol.descriptors import request_queue, response_queue
 from tghost.pulsar.clients import PulsarSettings, free_port

@@ -28,7 +28,8 @@ from tghost import Context, Progress
 from tghost.adapters.mcp import Bridge
 from tghost.agent.directory import ToolDirectory
 from tghost.conformance import RawWire
-from tghost.discovery.discover import Catalog, discover
+from tghost.discovery.catalog import Catalog
+from tghost.discovery.discover import discover
 from tghost.protocol import wire
 from tghost.pulsar.clients import PulsarSettings
 from tghost.pulsar.embedded import EmbeddedBroker

@@ -25,7 +25,7 @@ from typing import IO, Any
 import pulsar.asyncio
 
 from tghost._version import __version__
-from tghost.discovery.discover import Catalog
+from tghost.discovery.catalog import Catalog
 from tghost.protocol.announcement import (
     DEFAULT_TOPIC,
     EPOCH_SECONDS,

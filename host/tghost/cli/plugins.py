@@ -15,8 +15,9 @@ import click
 from tghost.cli.app import cli
 from tghost.cli.options import config_option, selection_options
 from tghost.cli.status import default_status_url, describe_workers, read_health
+from tghost.discovery.catalog import PluginReport
 from tghost.discovery.config import ConfigError, read_config
-from tghost.discovery.discover import PluginReport, PluginSelection, discover
+from tghost.discovery.discover import PluginSelection, discover
 
 log = logging.getLogger("tghost")
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from tghost.discovery.discover import Catalog, PluginReport
+from tghost.discovery.catalog import Catalog, PluginReport
 from tghost.protocol.access import AccessError, AccessPolicy
 from tghost.protocol.descriptors import ToolDescriptor, ToolServiceDescriptor, describe_validation_error
 from tghost.system.paths import config_path, default_config_path

@@ -1,4 +1,5 @@
-"""discover: entry points in group ``tghost.plugins`` -> a checked :class:`Catalog` of services and tools.
+"""discover: entry points in group ``tghost.plugins`` -> a checked
+:class:`~tghost.discovery.catalog.Catalog` of services and tools.
 
 Each plugin is loaded, registered and called in its own ``try``; a failure is reported
 and the rest go on (unless ``TGHOST_STRICT_PLUGINS=1``). ``TGHOST_LOAD_PLUGINS`` and
@@ -12,7 +13,6 @@ import contextlib
 import inspect
 import logging
 import os
-import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint, entry_points
@@ -23,7 +23,7 @@ from pydantic import ValidationError
 
 from tghost.author import hookspecs
 from tghost.author.service import ToolService
-from tghost.protocol.access import AccessPolicy
+from tghost.discovery.catalog import Catalog, PluginReport
 from tghost.protocol.callers import Caller
 from tghost.protocol.descriptors import (
     DescriptorError,
@@ -34,9 +34,7 @@ from tghost.protocol.descriptors import (
 
 __all__ = [
     "ENTRY_POINT_GROUP",
-    "Catalog",
     "PluginLoadError",
-    "PluginReport",
     "PluginSelection",
     "authorizer",
     "catalog_of",
@@ -51,64 +49,6 @@ log = logging.getLogger(__name__)
 
 class PluginLoadError(RuntimeError):
     """Raised in strict mode (``TGHOST_STRICT_PLUGINS=1``) when any plugin failed to load."""
-
-
-@dataclass
-class PluginReport:
-    """What one entry point contributed, or why it did not: the answer of ``tghost plugins``."""
-
-    name: str
-    value: str
-    distribution: str | None = None
-    version: str | None = None
-    services: list[str] = field(default_factory=list)
-    tools: list[str] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-    tracebacks: list[str] = field(default_factory=list)
-    blocked: str | None = None
-    """Why the entry point was not imported (which setting blocked it), or ``None``."""
-    installed: bool = True
-    """False for a name given to a plugin setting that no installed entry point has."""
-    kind: str = "tghost"
-    """The plugin system it comes from: ``tghost`` for a ``tghost.plugins`` entry point, else the
-    ``kind`` a ``tghost_register_plugins`` hook gave (``amplifier``)."""
-    added_by: str | None = None
-    """The plugin whose ``tghost_register_plugins`` hook added this one, or ``None``."""
-
-    @property
-    def failed(self) -> bool:
-        """True when the plugin contributes nothing because it failed as a whole."""
-        return bool(self.errors) and not self.services and not self.tools
-
-    @property
-    def status(self) -> str:
-        """``loaded``, ``failed``, ``blocked`` (by a plugin setting) or ``missing`` (named, not installed)."""
-        if not self.installed:
-            return "missing"
-        if self.blocked is not None:
-            return "blocked"
-        return "failed" if self.failed else "loaded"
-
-    def fail(self, message: str, exc: BaseException | None = None) -> None:
-        """Record an error as one line (and the traceback of ``exc``, the exception the plugin's
-        own code raised, if any); log it with the plugin's name, once."""
-        message = " ".join(line.strip() for line in message.splitlines() if line.strip())
-        self.errors.append(message)
-        if exc is not None:
-            self.tracebacks.append("".join(traceback.format_exception(exc)))
-        named = message if message.startswith(f"plugin {self.name!r}: ") else f"plugin {self.name!r}: {message}"
-        log.error("%s", named, exc_info=exc)
-
-    def origin_json(self) -> dict[str, Any]:
-        """Where an announced descriptor came from: entry point, distribution, version."""
-        return {"entry_point": self.name, "distribution": self.distribution, "version": self.version}
-
-    def to_json(self) -> dict[str, Any]:
-        """The report as a JSON-able dict (``tghost plugins --json``)."""
-        return {"name": self.name, "value": self.value, "distribution": self.distribution,
-                "version": self.version, "kind": self.kind, "added_by": self.added_by, "status": self.status,
-                "blocked": self.blocked, "services": self.services, "tools": self.tools, "errors": self.errors,
-                "tracebacks": self.tracebacks}
 
 
 LOAD_ENV = "TGHOST_LOAD_PLUGINS"
@@ -173,42 +113,6 @@ class _Contribution:
     tools: list[ToolDescriptor] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     """Descriptor errors ``register()`` found, one line each, even if the plugin caught the raise."""
-
-
-@dataclass
-class Catalog:
-    """Everything this host serves: services by id, tools by name, and a report per plugin."""
-
-    services: dict[str, ToolService] = field(default_factory=dict)
-    descriptors: dict[str, ToolServiceDescriptor] = field(default_factory=dict)
-    tools: dict[str, ToolDescriptor] = field(default_factory=dict)
-    plugins: list[PluginReport] = field(default_factory=list)
-    service_origin: dict[str, PluginReport] = field(default_factory=dict)
-    tool_origin: dict[str, PluginReport] = field(default_factory=dict)
-    external: dict[str, ToolServiceDescriptor] = field(default_factory=dict)
-    """Tool services served elsewhere (e.g. a TrustGraph ``DynamicToolService``), declared in the
-    config file: announced with this host's identity and lease, never served here (their origin
-    is in ``service_origin`` too)."""
-    authorize: hookspecs.Authorize | None = None
-    """Every plugin's ``tghost_authorize`` in one check (see :func:`authorizer`); ``None`` when no
-    plugin implements the hook, so serving pays nothing for it."""
-    shutdown_hooks: list[tuple[str, Callable[[], object]]] = field(default_factory=list)
-    """``(plugin name, function)`` of every ``tghost_shutdown`` implementation not yet run."""
-    access: AccessPolicy | None = None
-    """Who may call what (the config file's ``[access]`` table); ``None``: every caller, every tool."""
-
-    def shutdown(self, plugins: Iterable[str] | None = None) -> None:
-        """Run the ``tghost_shutdown`` hooks of ``plugins`` (names; default: every plugin), each
-        once, in the reverse order of loading. One that raises is logged with its plugin's name
-        and the others still run. Blocks: call it in a worker thread from an event loop."""
-        names = None if plugins is None else set(plugins)
-        leaving = [(name, fn) for name, fn in self.shutdown_hooks if names is None or name in names]
-        self.shutdown_hooks = [hook for hook in self.shutdown_hooks if hook not in leaving]
-        for name, fn in reversed(leaving):
-            try:
-                fn()
-            except Exception:
-                log.exception("plugin %r: tghost_shutdown raised", name)
 
 
 def _strict_from_env() -> bool:

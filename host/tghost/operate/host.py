@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING, Any
 import pulsar.asyncio
 
 from tghost.announcing.announcer import Announcer, HostIdentity
+from tghost.discovery.catalog import Catalog
 from tghost.discovery.config import ConfigError, load_access, load_config_tools, read_config
-from tghost.discovery.discover import Catalog, PluginSelection, catalog_of, discover
+from tghost.discovery.discover import PluginSelection, catalog_of, discover
 from tghost.operate.contest import ContestWatch
 from tghost.operate.plugin_watch import PluginWatcher, WatchSettings
 from tghost.protocol.epochs import DEFAULT_TOPIC, EPOCH_SECONDS
@@ -243,7 +244,7 @@ class Host:
                                        epoch_seconds=config.epoch_seconds,
                                        health_url=self.monitor.http.health_url() if self.monitor else None)
         server = Server(catalog.services, catalog.descriptors, config.serve, self._listeners,
-                        authorize=catalog.authorize, gate=Gate.of(catalog, session))
+                        authorize=catalog.authorize, gate=Gate.of(catalog.access, catalog.tools, session))
         self._client = await config.pulsar.connect()
         await server.start(self._client)
         self._server = server

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
     from tghost.agent.directory import ToolDirectory
     from tghost.announcing.announcer import Announcer
-    from tghost.discovery.discover import Catalog
+    from tghost.discovery.catalog import Catalog
     from tghost.operate.contest import ContestWatch
     from tghost.serving.server import Server
 

@@ -27,7 +27,8 @@ from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
 from tghost.announcing.announcer import Announcer
-from tghost.discovery.discover import ENTRY_POINT_GROUP, Catalog, PluginReport, PluginSelection, discover
+from tghost.discovery.catalog import Catalog, PluginReport
+from tghost.discovery.discover import ENTRY_POINT_GROUP, PluginSelection, discover
 from tghost.serving.server import Server
 
 __all__ = ["PluginWatcher", "WatchSettings"]

@@ -20,7 +20,6 @@ from limits import parse
 from limits.storage import MemoryStorage
 from limits.strategies import MovingWindowRateLimiter
 
-from tghost.discovery.discover import Catalog
 from tghost.protocol import callers as signed
 from tghost.protocol import sessions, wire
 from tghost.protocol.access import ANONYMOUS, AccessPolicy, CallerGrant
@@ -114,10 +113,11 @@ class Gate:
         return len(self._sessions)
 
     @classmethod
-    def of(cls, catalog: Catalog, session: HostSessionKey | None = None) -> Gate | None:
-        """The gate of a catalog's ``[access]`` policy over its tools, with the host's
-        ``session`` key; ``None`` without a policy."""
-        return None if catalog.access is None else cls(catalog.access, catalog.tools, session)
+    def of(cls, policy: AccessPolicy | None, tools: Mapping[str, ToolDescriptor],
+           session: HostSessionKey | None = None) -> Gate | None:
+        """The gate of a host's ``[access]`` ``policy`` over its ``tools`` (read live: a plugin
+        installed later is gated too), with the host's ``session`` key; ``None`` without a policy."""
+        return None if policy is None else cls(policy, tools, session)
 
     def admit(self, service: str, config: Mapping[str, Any], properties: Mapping[str, str], body: bytes,
               topic: str) -> Caller | None:
