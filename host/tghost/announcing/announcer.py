@@ -31,6 +31,7 @@ from tghost.protocol.announcement import (
     EPOCH_SECONDS,
     MAX_LEASE,
     announcement_key,
+    announcement_value,
     epoch_of,
     epoch_topic,
 )
@@ -249,29 +250,26 @@ class Announcer:
         self, kind: str, name: str, descriptor: dict[str, Any] | None, plugin: dict[str, Any] | None, status: str,
         now: float | None = None,
     ) -> tuple[str, dict[str, Any]]:
-        """One announcement (key, value) sent at unix time ``now`` (default: now; docs/protocol.md §4.3)."""
+        """One announcement (key, value) sent at unix time ``now`` (default: now; docs/protocol.md §4.3):
+        a host message that is ``available`` carries the manifest and the health URL, a tool's
+        who may call it (under an ``[access]`` policy), an external service's that it is one."""
         now = time.time() if now is None else now
-        value: dict[str, Any] = {
-            "kind": kind,
-            "name": name,
-            "status": status,
-            "descriptor": descriptor,
-            "host": self.identity.to_json(),
-            "plugin": plugin,
-            "lease": {"seconds": self.lease, "sent_at": now},
-            "since": min(now, self._started_at if kind == "host" else self._since.get((kind, name), now)),
-        }
-        if kind == "host" and status == "available":
-            value["entries"] = self._manifest()
-            if self.health_url is not None:
-                value["health"] = self.health_url  # where 'tghost status' reads this host's health (§4.3)
-        if kind == "tool-service" and name in self.catalog.external:
-            value["external"] = True  # announced here, served elsewhere (config.py; docs/protocol.md §4.3)
-        if kind == "tool" and status == "available" and self.catalog.access is not None:
-            value["access"] = self.catalog.access.access_of(name).to_json()  # who may call it (§4.3)
+        lists = kind == "host" and status == "available"
+        value = announcement_value(
+            kind, name, status, host=self.identity.to_json(), lease=self.lease, sent_at=now,
+            since=min(now, self._started_at if kind == "host" else self._since.get((kind, name), now)),
+            descriptor=descriptor, plugin=plugin, entries=self._manifest() if lists else None,
+            health=self.health_url if lists else None,
+            external=kind == "tool-service" and name in self.catalog.external,
+            access=self._access(name) if kind == "tool" and status == "available" else None)
         if self.signer is not None:
             value = self.signer.sign(value, self.topic)
         return announcement_key(kind, name, self.identity.id), value
+
+    def _access(self, tool: str) -> dict[str, Any] | None:
+        """Who may call ``tool`` here, as announced (``None``: no ``[access]`` policy, everyone)."""
+        access = self.catalog.access
+        return None if access is None else access.access_of(tool).to_json()
 
     # -- sending ---------------------------------------------------------------------------
 

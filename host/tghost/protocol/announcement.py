@@ -1,6 +1,7 @@
 """announcement: the announcement message format and the epoch topics it travels on
-(docs/protocol.md §4). Shared by the announcer (host side) and the directory (agent side).
-The topics and their epochs are :mod:`tghost.protocol.epochs`' (re-exported here).
+(docs/protocol.md §4): :func:`announcement_value` builds a message as the announcer (host side)
+sends it, :class:`Announcement` parses it as the directory (agent side) reads it. The topics and
+their epochs are :mod:`tghost.protocol.epochs`' (re-exported here).
 
 Pure data: never does I/O, never knows about Pulsar clients, hosts or directories.
 """
@@ -34,6 +35,7 @@ __all__ = [
     "HostInfo",
     "Lease",
     "announcement_key",
+    "announcement_value",
     "current_topic",
     "epoch_of",
     "epoch_topic",
@@ -49,6 +51,28 @@ def announcement_key(kind: str, name: str, host_id: str) -> str:
     """The message key: ``<kind>/<name>@<host-id>``, one per provider, so compaction keeps each
     provider's latest state. ``kind`` is ``tool-service``, ``tool`` or ``host`` (name = host id)."""
     return f"{kind}/{name}@{host_id}"
+
+
+def announcement_value(
+    kind: str, name: str, status: str, *, host: dict[str, Any], lease: float, sent_at: float, since: float,
+    descriptor: dict[str, Any] | None = None, plugin: dict[str, Any] | None = None,
+    entries: dict[str, list[str]] | None = None, health: str | None = None, external: bool = False,
+    access: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One message value (docs/protocol.md §4.3), as a host sends it (``json.dumps`` of it is the
+    wire format, keys in this order) and :class:`Announcement` parses it.
+
+    ``host`` is the sender's identity object (``id``, ``hostname``, ``pid``, ``version``,
+    ``instance``, optionally ``session-key``); ``lease`` is seconds, ``sent_at`` and ``since``
+    unix seconds; ``descriptor`` and ``plugin`` are sent as ``null`` when ``None``. The OPTIONAL
+    fields are sent only when given: ``entries`` (the manifest, ``{"tool-service": [ids], "tool":
+    [names]}``) and ``health`` (a URL) on host messages, ``external`` (when true) on tool-service
+    messages, ``access`` (``{"anonymous": bool, "keys": [key ids]}``) on tool messages.
+    """
+    value: dict[str, Any] = {"kind": kind, "name": name, "status": status, "descriptor": descriptor, "host": host,
+                             "plugin": plugin, "lease": {"seconds": lease, "sent_at": sent_at}, "since": since}
+    optional = {"entries": entries, "health": health, "external": external or None, "access": access}
+    return value | {key: field for key, field in optional.items() if field is not None}
 
 
 class Lease(BaseModel):
