@@ -46,12 +46,12 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from tghost import __version__
 from tghost.agent.directory import ToolDirectory
 from tghost.announcing.announcer import Announcer, HostIdentity
-from tghost.author.arguments import closed_schema, schema_of_arguments
+from tghost.author.arguments import closed_schema
 from tghost.author.service import ToolService
 from tghost.discovery.catalog import Catalog
 from tghost.discovery.discover import catalog_of
 from tghost.protocol.announcement import EPOCH_SECONDS, epoch_of, epoch_topic, read_window
-from tghost.protocol.descriptors import Argument
+from tghost.protocol.descriptors import Argument, schema_of_arguments
 from tghost.protocol.trust import Signer
 from tghost.pulsar.clients import PulsarSettings
 from tghost.testing import Sent, publish_history

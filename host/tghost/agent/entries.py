@@ -11,8 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from tghost.agent.ledger import Provider
-from tghost.author.arguments import schema_of_arguments
-from tghost.protocol.descriptors import ToolDescriptor, ToolServiceDescriptor
+from tghost.protocol.descriptors import ToolDescriptor, ToolServiceDescriptor, schema_of_arguments
 
 __all__ = ["Change", "DirectoryTool", "ServiceEntry", "Side", "input_schema"]
 
@@ -20,7 +19,7 @@ __all__ = ["Change", "DirectoryTool", "ServiceEntry", "Side", "input_schema"]
 def input_schema(tool: ToolDescriptor) -> dict[str, Any]:
     """The JSON Schema (draft 2020-12 object schema) of the tool's arguments: its ``input-schema``
     if it has one (a tghost host announces the schema it checks, :attr:`tghost.ToolService.arguments_schema`),
-    else built from its seed 000 ``arguments`` list (:func:`tghost.author.arguments.schema_of_arguments`)."""
+    else built from its seed 000 ``arguments`` list (:func:`tghost.protocol.descriptors.schema_of_arguments`)."""
     if tool.input_schema is not None:
         return dict(tool.input_schema)
     return schema_of_arguments(tool.arguments)

@@ -1,7 +1,8 @@
 """arguments: the one argument policy of both authoring styles (``@tghost.tool`` and ``ToolService``).
 
 Every service has one JSON Schema for its arguments (its ``input_schema``, the signature's, or
-one derived from its seed 000 ``arguments``). Before ``invoke`` the host, in this order:
+one derived from its seed 000 ``arguments``,
+:func:`tghost.protocol.descriptors.schema_of_arguments`). Before ``invoke`` the host, in this order:
 
 1. converts, at the top level only, a string holding a JSON number for a ``number`` or
    ``integer`` argument (``"10"`` -> ``10``, ``"2.5"`` -> ``2.5``; an integer only if integral)
@@ -22,28 +23,13 @@ import re
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from tghost.protocol.descriptors import Argument
-
-__all__ = ["Problem", "closed_schema", "coerce", "jsonschema_problems", "schema_of_arguments", "unknown"]
+__all__ = ["Problem", "closed_schema", "coerce", "jsonschema_problems", "unknown"]
 
 #: One argument problem: the field path (empty: the arguments object) and the message.
 Problem = tuple[Sequence[str | int], str]
 
 #: A JSON number, as JSON writes it (no leading ``+``, no ``nan``/``inf``, no spaces).
 _JSON_NUMBER = re.compile(r"-?(0|[1-9]\d*)(\.\d+)?([eE][+-]?\d+)?")
-
-
-def schema_of_arguments(arguments: Iterable[Argument]) -> dict[str, Any]:
-    """The JSON Schema object of a seed 000 ``arguments`` list: every argument required, each
-    property with its ``type`` and (if not empty) ``description``."""
-    arguments = list(arguments)
-    properties: dict[str, Any] = {}
-    for argument in arguments:
-        prop: dict[str, Any] = {"type": argument.type}
-        if argument.description:
-            prop["description"] = argument.description
-        properties[argument.name] = prop
-    return {"type": "object", "properties": properties, "required": [a.name for a in arguments]}
 
 
 def closed_schema(schema: dict[str, Any], allow_unknown: bool) -> dict[str, Any]:

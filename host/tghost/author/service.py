@@ -21,7 +21,7 @@ from typing import Any, NamedTuple, get_type_hints, overload
 import docstring_parser
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
-from tghost.author.arguments import Problem, closed_schema, coerce, jsonschema_problems, schema_of_arguments, unknown
+from tghost.author.arguments import Problem, closed_schema, coerce, jsonschema_problems, unknown
 from tghost.protocol import wire
 from tghost.protocol.callers import Caller
 from tghost.protocol.descriptors import (
@@ -33,6 +33,7 @@ from tghost.protocol.descriptors import (
     describe_validation_error,
     request_queue,
     response_queue,
+    schema_of_arguments,
 )
 
 __all__ = ["Call", "Context", "InvalidArguments", "ToolError", "ToolService", "arguments_from_schema",

@@ -1,4 +1,6 @@
-"""descriptors: the two descriptor tiers of seed 000 (tool service, tool) plus seed 001's group/state.
+"""descriptors: the two descriptor tiers of seed 000 (tool service, tool) plus seed 001's group/state,
+and the JSON Schema of a seed 000 ``arguments`` list (:func:`schema_of_arguments`: a host checks
+arguments against it, a caller shows it).
 
 Pure data: JSON keys are exactly the seed's (``request-queue``, ``config-params`` ...).
 No I/O.
@@ -6,6 +8,7 @@ No I/O.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -20,6 +23,7 @@ __all__ = [
     "describe_validation_error",
     "request_queue",
     "response_queue",
+    "schema_of_arguments",
 ]
 
 #: Service ids and tool names: what Pulsar topics and MCP tool names both accept.
@@ -67,6 +71,19 @@ class Argument(_Model):
     name: str = Field(min_length=1)
     type: str = "string"
     description: str = ""
+
+
+def schema_of_arguments(arguments: Iterable[Argument]) -> dict[str, Any]:
+    """The JSON Schema object of a seed 000 ``arguments`` list: every argument required, each
+    property with its ``type`` and (if not empty) ``description``."""
+    arguments = list(arguments)
+    properties: dict[str, Any] = {}
+    for argument in arguments:
+        prop: dict[str, Any] = {"type": argument.type}
+        if argument.description:
+            prop["description"] = argument.description
+        properties[argument.name] = prop
+    return {"type": "object", "properties": properties, "required": [a.name for a in arguments]}
 
 
 class ToolServiceDescriptor(_Model):
