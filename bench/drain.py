@@ -23,7 +23,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from tghost.agent.client import ToolCallError, ToolServiceClient
-from tghost.pulsar.clients import free_port
+from tghost.system.net import free_port
 
 from .common import broker, host_env, process, ready, report, service_client
 

@@ -26,7 +26,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from tghost.agent.directory import ToolDirectory
-from tghost.pulsar.clients import BrokerError, PulsarSettings, free_port
+from tghost.pulsar.clients import BrokerError, PulsarSettings
+from tghost.system.net import free_port
 
 from .common import report
 

@@ -30,10 +30,11 @@ from tghost.operate.host import Host, HostConfig
 from tghost.protocol.epochs import DEFAULT_TOPIC, EPOCH_SECONDS, epoch_of, epoch_topic
 from tghost.protocol.trust import Signer
 from tghost.protocol.wire import Progress
-from tghost.pulsar.clients import PulsarSettings, free_port
+from tghost.pulsar.clients import PulsarSettings
 from tghost.pulsar.embedded import EmbeddedBroker
 from tghost.serving.request import CallListener
 from tghost.serving.settings import ServeSettings
+from tghost.system.net import free_port
 
 __all__ = [
     "Conformance",

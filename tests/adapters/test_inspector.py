@@ -18,8 +18,9 @@ from tests.conftest import tghost_cli
 from tghost.adapters.inspector import serve
 from tghost.adapters.inspector.app import COOKIE
 from tghost.agent.directory import ToolDirectory
-from tghost.pulsar.clients import PulsarSettings, free_port
+from tghost.pulsar.clients import PulsarSettings
 from tghost.pulsar.embedded import EmbeddedBroker
+from tghost.system.net import free_port
 from tghost.testing import LocalHost
 
 TOKEN = "s3cret-" + uuid.uuid4().hex

@@ -21,8 +21,9 @@ from tghost.announcing.announcer import announcement_key
 from tghost.discovery.discover import catalog_of
 from tghost.operate.metrics import HostMetrics
 from tghost.protocol.announcement import current_topic
-from tghost.pulsar.clients import BrokerError, PulsarSettings, free_port
+from tghost.pulsar.clients import BrokerError, PulsarSettings
 from tghost.pulsar.embedded import EmbeddedBroker
+from tghost.system.net import free_port
 from tghost.testing import LocalHost
 
 from ..conftest import LoopThread

@@ -26,8 +26,9 @@ from tghost.announcing.announcer import Announcer, HostIdentity
 from tghost.discovery.discover import catalog_of
 from tghost.protocol.announcement import DEFAULT_TOPIC, current_topic
 from tghost.protocol.trust import Signer, TrustedKeys
-from tghost.pulsar.clients import PulsarSettings, free_port
+from tghost.pulsar.clients import PulsarSettings
 from tghost.pulsar.embedded import EmbeddedBroker
+from tghost.system.net import free_port
 from tghost.testing import LocalHost
 
 CALLS = 20

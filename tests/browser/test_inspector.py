@@ -23,8 +23,8 @@ import pytest
 
 from tests.conftest import READY, HostProcess, PluginDir
 from tests.test_docs import commands
-from tghost.pulsar.clients import free_port
 from tghost.pulsar.embedded import EmbeddedBroker
+from tghost.system.net import free_port
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright is not installed (tox -e browser)")
 CHROMIUM = shutil.which("chromium")

@@ -31,9 +31,10 @@ from tghost.cli.app import cli
 from tghost.cli.directory import WATCH_WIDTHS
 from tghost.cli.options import LogLevel
 from tghost.protocol.descriptors import ToolDescriptor, ToolServiceDescriptor
-from tghost.pulsar.clients import PulsarSettings, free_port
+from tghost.pulsar.clients import PulsarSettings
 from tghost.pulsar.embedded import EmbeddedBroker
 from tghost.serving.settings import ServeSettings
+from tghost.system.net import free_port
 
 ECHO = """
 import asyncio

@@ -23,8 +23,8 @@ import tghost
 from tests.conftest import READY, HostProcess, PluginDir, tghost_cli
 from tests.test_docs import ROOT, block
 from tghost.discovery.discover import catalog_of_plugin
-from tghost.pulsar.clients import free_port
 from tghost.pulsar.embedded import EmbeddedBroker
+from tghost.system.net import free_port
 from tghost.testing import LocalHost
 
 EMBEDDING = "docs/embedding.md"

@@ -30,9 +30,10 @@ from tghost.operate.host import Host, HostConfig
 from tghost.operate.metrics import HostMetrics, HostMonitor
 from tghost.protocol.announcement import current_topic
 from tghost.protocol.trust import TrustedKeys
-from tghost.pulsar.clients import PulsarSettings, free_port
+from tghost.pulsar.clients import PulsarSettings
 from tghost.pulsar.embedded import EmbeddedBroker
 from tghost.serving.settings import ServeSettings
+from tghost.system.net import free_port
 from tghost.testing import LocalHost
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]

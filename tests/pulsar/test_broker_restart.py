@@ -18,8 +18,9 @@ import pytest
 import tghost
 from tghost.agent.directory import Change, ToolDirectory
 from tghost.discovery.discover import catalog_of
-from tghost.pulsar.clients import PulsarSettings, free_port
+from tghost.pulsar.clients import PulsarSettings
 from tghost.pulsar.embedded import EmbeddedBroker
+from tghost.system.net import free_port
 from tghost.testing import LocalHost
 
 LEASE = 1.5

@@ -29,9 +29,9 @@ from tghost.pulsar.clients import (
     NotPulsarBroker,
     PulsarSettings,
     client_logger,
-    free_port,
 )
 from tghost.pulsar.embedded import EmbeddedBroker
+from tghost.system.net import free_port
 
 
 async def until(condition: Callable[[], bool], timeout: float = 60.0) -> None:

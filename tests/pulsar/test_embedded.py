@@ -30,8 +30,9 @@ from click.testing import CliRunner
 from tests.conftest import HostProcess, PluginDir, tghost_cli
 from tghost.cli.app import cli
 from tghost.pulsar import broker_log, embedded
-from tghost.pulsar.clients import free_port, is_reachable
+from tghost.pulsar.clients import is_reachable
 from tghost.pulsar.embedded import EmbeddedBroker, default_data_dir, stop_broker
+from tghost.system.net import free_port
 
 ECHO = """
 import tghost

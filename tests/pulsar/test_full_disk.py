@@ -37,9 +37,10 @@ from tests.pulsar.test_embedded import ECHO, Output, until
 from tghost.agent.client import ToolCallError, ToolServiceClient
 from tghost.protocol.descriptors import request_queue, response_queue
 from tghost.pulsar import broker_log
-from tghost.pulsar.clients import PulsarSettings, free_port
+from tghost.pulsar.clients import PulsarSettings
 from tghost.pulsar.embedded import EmbeddedBroker, default_data_dir, stop_broker
 from tghost.pulsar.store import MIB, StoreDamage, find_damage
+from tghost.system.net import free_port
 
 DISK_MIB = 20
 #: ``tghost broker --low-space``: warn below this many MiB free.

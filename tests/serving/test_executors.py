@@ -28,11 +28,12 @@ from tghost.discovery.catalog import Catalog
 from tghost.discovery.discover import discover
 from tghost.operate.host import Host, HostConfig
 from tghost.protocol.descriptors import request_queue, response_queue
-from tghost.pulsar.clients import PulsarSettings, free_port
+from tghost.pulsar.clients import PulsarSettings
 from tghost.pulsar.embedded import EmbeddedBroker
 from tghost.serving.executors.base import PROCESS, THREAD, WorkerLimits
 from tghost.serving.request import CallRecord
 from tghost.serving.settings import ServeSettings
+from tghost.system.net import free_port
 from tghost.testing import LocalHost
 
 #: One plugin, one service that misbehaves on request, and services that stream and run async.

@@ -24,12 +24,13 @@ from tghost.agent.directory import ToolDirectory
 from tghost.conformance import RawWire
 from tghost.operate.audit import audit_entry
 from tghost.protocol import wire
-from tghost.pulsar.clients import PulsarSettings, free_port
+from tghost.pulsar.clients import PulsarSettings
 from tghost.pulsar.embedded import EmbeddedBroker
 from tghost.serving.executors.base import PROCESS
 from tghost.serving.request import CallRecord
 from tghost.serving.settings import ServeSettings
 from tghost.system import tracing
+from tghost.system.net import free_port
 from tghost.testing import LocalHost
 
 EXPORTER = InMemorySpanExporter()

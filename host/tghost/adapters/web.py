@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from mcp.server.transport_security import TransportSecurityMiddleware, TransportSecuritySettings
 
-from tghost.pulsar.clients import is_loopback
+from tghost.system.net import is_loopback
 
 __all__ = ["LOOPBACK_HOSTS", "TransportSecurityMiddleware", "bind", "serve_app", "transport_security",
            "warn_if_unreachable_by_name"]

@@ -20,7 +20,7 @@ from click.core import ParameterSource
 
 from tghost.cli.app import cli
 from tghost.cli.options import LogLevel, setup_logging
-from tghost.pulsar.clients import BrokerError, endpoints, is_loopback
+from tghost.pulsar.clients import BrokerError, endpoints
 from tghost.pulsar.embedded import (
     DEFAULT_PORT,
     LOG_LEVELS,
@@ -36,6 +36,7 @@ from tghost.pulsar.embedded import (
     stop_broker,
 )
 from tghost.pulsar.store import MIB
+from tghost.system.net import is_loopback
 
 F = TypeVar("F", bound=Callable[..., Any])
 

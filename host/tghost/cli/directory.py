@@ -33,7 +33,8 @@ from tghost.cli.options import (
     trust_options,
 )
 from tghost.protocol.trust import Signer, TrustedKeys
-from tghost.pulsar.clients import PulsarSettings, is_loopback
+from tghost.pulsar.clients import PulsarSettings
+from tghost.system.net import is_loopback
 
 F = TypeVar("F", bound=Callable[..., Any])
 #: ``tghost inspect``'s default port: one above the MCP bridge's 8765, so both run side by side.

@@ -22,7 +22,8 @@ import click
 from tghost.cli import output
 from tghost.cli.app import cli
 from tghost.cli.options import open_directory, pulsar_options, trust_options
-from tghost.pulsar.clients import PulsarSettings, is_loopback
+from tghost.pulsar.clients import PulsarSettings
+from tghost.system.net import is_loopback
 
 if TYPE_CHECKING:
     from tghost.agent.hosts import LiveHost

@@ -28,6 +28,7 @@ import pulsar.asyncio
 from tghost.pulsar import hop
 from tghost.system import exits
 from tghost.system.locks import first_free_slot
+from tghost.system.net import is_loopback
 
 __all__ = [
     "CLIENT_LOG",
@@ -40,13 +41,10 @@ __all__ = [
     "PulsarSettings",
     "client_logger",
     "endpoints",
-    "free_port",
-    "is_loopback",
     "is_reachable",
 ]
 
 DEFAULT_URL = "pulsar://localhost:6650"
-LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1"})
 log = logging.getLogger(__name__)
 
 
@@ -379,11 +377,6 @@ def endpoints(url: str) -> list[tuple[str, int]]:
     return found
 
 
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` names this machine's loopback interface (where the embedded broker runs)."""
-    return host in LOOPBACK or host.startswith("127.")
-
-
 def is_reachable(url: str, timeout: float = 1.0) -> bool:
     """True when something accepts TCP connections at one of the URL's hosts (``timeout`` seconds each)."""
     for address in endpoints(url):
@@ -408,10 +401,3 @@ async def _accepts_connections(url: str, timeout: float) -> bool:
             await writer.wait_closed()
         return True
     return False
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])

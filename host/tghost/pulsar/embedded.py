@@ -29,7 +29,7 @@ from types import FrameType, TracebackType
 from typing import IO, Any
 
 from tghost.pulsar.broker_log import DISK_FULL, STORE_DAMAGED, BrokerLog, LogPump, words
-from tghost.pulsar.clients import BrokerError, endpoints, is_loopback, is_reachable
+from tghost.pulsar.clients import BrokerError, endpoints, is_reachable
 from tghost.pulsar.store import (
     MIB,
     STORE,
@@ -42,6 +42,7 @@ from tghost.pulsar.store import (
     size,
 )
 from tghost.system.locks import held, try_lock
+from tghost.system.net import is_loopback
 from tghost.system.paths import app_dir
 from tghost.system.processes import die_with_parent
 

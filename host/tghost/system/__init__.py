@@ -1,7 +1,7 @@
 """system: what every stage needs from the machine and the runtime: file-lock slots
 (:mod:`.locks`), child processes (:mod:`.processes`), how this process ends (:mod:`.exits`),
-log summaries (:mod:`.logs`), traces (:mod:`.tracing`), and the public packages' names loaded
-on first use (:mod:`.lazy`).
+loopback names and free ports (:mod:`.net`), log summaries (:mod:`.logs`), traces
+(:mod:`.tracing`), and the public packages' names loaded on first use (:mod:`.lazy`).
 
 Imports nothing of tghost.
 """
