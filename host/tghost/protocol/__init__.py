@@ -7,9 +7,12 @@ announcement signatures, caller signatures and caller sessions. docs/protocol.md
 each; every name here is stable (docs/architecture.md "The public line"), while the modules
 behind it are internal and free to move: import from ``tghost.protocol`` itself.
 
-No I/O: nothing here opens a socket, a file or a thread (the import-linter contracts in
-pyproject.toml keep it so). Each name is loaded on first use, so ``tghost.protocol.epochs``
-stays importable without pydantic.
+No I/O but key files: nothing here opens a socket or a thread (the import-linter contracts in
+pyproject.toml keep Pulsar out), and the only files it touches are the PEM key files named to it,
+read and written by :mod:`.trust` alone (``load_private_key``, ``load_public_key``,
+``write_key_pair``; ``Signer.from_file``, ``TrustedKeys.from_files`` and
+``AccessPolicy.from_table`` read through them). Each name is loaded on first use, so
+``tghost.protocol.epochs`` stays importable without pydantic.
 """
 
 from typing import TYPE_CHECKING

@@ -13,7 +13,8 @@ Config (README "Who may call what")::
 
 A tool's announced access is ``{"anonymous": bool, "keys": [key ids]}``: who may call it.
 
-Pure data: never talks to Pulsar and never reads a request.
+Pure data but for the caller key files a table names (read by :meth:`AccessPolicy.from_table`,
+through :func:`tghost.protocol.trust.load_public_key`): never talks to Pulsar and never reads a request.
 """
 
 from __future__ import annotations
