@@ -28,11 +28,11 @@ import psutil
 
 from tghost.agent.client import ToolCallError, ToolServiceClient
 from tghost.agent.directory import Change, ToolDirectory
+from tghost.broker import EmbeddedBroker
 from tghost.discovery.discover import ENTRY_POINT_GROUP
 from tghost.protocol.descriptors import request_queue, response_queue
 from tghost.protocol.trust import Signer
 from tghost.pulsar.clients import PulsarSettings
-from tghost.pulsar.embedded import EmbeddedBroker
 from tghost.system.net import free_port
 
 RESULTS = Path(__file__).parent / "results"

@@ -12,10 +12,10 @@ from importlib.metadata import entry_points
 import pulsar
 import pytest
 
+from tghost.broker import EmbeddedBroker
 from tghost.discovery.discover import ENTRY_POINT_GROUP, discover
 from tghost.protocol.descriptors import ToolServiceDescriptor, request_queue, response_queue
 from tghost.pulsar.clients import PulsarSettings
-from tghost.pulsar.embedded import EmbeddedBroker
 from tghost.testing import LocalHost, check_conformance
 
 #: A valid call of each example service: (arguments, config).

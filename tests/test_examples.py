@@ -12,9 +12,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tests.test_docs import block, commands
+from tghost.broker import EmbeddedBroker
 from tghost.discovery.config import load_config_tools
 from tghost.discovery.discover import discover
-from tghost.pulsar.embedded import EmbeddedBroker
 from tghost.testing import LocalHost
 
 from .conftest import HostProcess

@@ -257,7 +257,7 @@ def test_no_user_page_names_an_internal_module_in_its_prose(tmp_path: Path) -> N
     ("from tghost.pulsar.clients import BrokerUnavailable", "use `tghost.BrokerUnavailable`"),
     ("import tghost.protocol.groups", "name a public path"),
     ("from tghost.protocol import wire", "name a public path"),
-    ("from tghost.pulsar.embedded import EmbeddedBroker", "use `tghost.testing.EmbeddedBroker`"),
+    ("from tghost.broker import EmbeddedBroker", "use `tghost.testing.EmbeddedBroker`"),
     ("import tghost\ntghost.discovery.discover.catalog_of([])", "name a public path"),
     ("import tghost\ntghost.agent.calls.CallOptions", "use `tghost.CallOptions`"),
 ])

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from tests.author.test_scaffold import OFFLINE_PIP, _env
 from tests.test_docs import block, commands
+from tghost.broker import EmbeddedBroker
 from tghost.discovery.discover import ENTRY_POINT_GROUP
-from tghost.pulsar.embedded import EmbeddedBroker
 
 from .conftest import HostProcess
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.test_docs import block, commands
-from tghost.pulsar.embedded import EmbeddedBroker
+from tghost.broker import EmbeddedBroker
 
 from .conftest import HostProcess
 

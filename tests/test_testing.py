@@ -16,7 +16,7 @@ import pytest
 
 import tghost
 from tghost.agent.client import ToolCallError
-from tghost.pulsar.embedded import EmbeddedBroker
+from tghost.broker import EmbeddedBroker
 from tghost.testing import LocalHost
 
 

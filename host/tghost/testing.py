@@ -23,6 +23,7 @@ import pytest
 from tghost.agent.client import ToolServiceClient
 from tghost.announcing.announcer import Announcer, HostIdentity
 from tghost.author.service import ToolService
+from tghost.broker import EmbeddedBroker
 from tghost.conformance import Conformance, Finding, RawWire, check_conformance
 from tghost.discovery.catalog import Catalog
 from tghost.discovery.discover import catalog_of, catalog_of_plugin
@@ -31,7 +32,6 @@ from tghost.protocol.epochs import DEFAULT_TOPIC, EPOCH_SECONDS, epoch_of, epoch
 from tghost.protocol.trust import Signer
 from tghost.protocol.wire import Progress
 from tghost.pulsar.clients import PulsarSettings
-from tghost.pulsar.embedded import EmbeddedBroker
 from tghost.serving.request import CallListener
 from tghost.serving.settings import ServeSettings
 from tghost.system.net import free_port

@@ -28,8 +28,8 @@ from amplifier_core.testing import MockCoordinator
 from tests.author.test_scaffold import OFFLINE_PIP
 from tests.conftest import READY, HostProcess, PluginDir, live_tools, tghost_cli
 from tests.operate.test_plugin_watch import FIRST, SECOND
+from tghost.broker import EmbeddedBroker
 from tghost.discovery.discover import ENTRY_POINT_GROUP
-from tghost.pulsar.embedded import EmbeddedBroker
 
 MODULE_SOURCE = Path(__file__).parent / "amplifier-module-tool-readonly-fs"
 

@@ -14,7 +14,7 @@ import pytest
 from tests.conftest import HostProcess, PluginDir, tghost_cli
 from tghost import ToolDescriptor, ToolServiceDescriptor
 from tghost.adapters.export import input_schema, mcp_tool, trustgraph_tool
-from tghost.pulsar.embedded import EmbeddedBroker
+from tghost.broker import EmbeddedBroker
 
 #: A class-based service described by a seed 000 ``arguments`` list only (no JSON Schema), and
 #: a decorated one whose schema comes from its signature.

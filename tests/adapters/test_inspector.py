@@ -18,8 +18,8 @@ from tests.conftest import tghost_cli
 from tghost.adapters.inspector import serve
 from tghost.adapters.inspector.app import COOKIE
 from tghost.agent.directory import ToolDirectory
+from tghost.broker import EmbeddedBroker
 from tghost.pulsar.clients import PulsarSettings
-from tghost.pulsar.embedded import EmbeddedBroker
 from tghost.system.net import free_port
 from tghost.testing import LocalHost
 

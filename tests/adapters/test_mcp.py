@@ -30,8 +30,8 @@ from tests.conftest import HostProcess, PluginDir, tghost_cli
 from tests.test_docs import block, commands
 from tghost.adapters.mcp import Bridge
 from tghost.agent.directory import ToolDirectory
+from tghost.broker import EmbeddedBroker
 from tghost.pulsar.clients import PulsarSettings
-from tghost.pulsar.embedded import EmbeddedBroker
 from tghost.system.net import free_port
 
 

@@ -22,9 +22,9 @@ from tests.conftest import HostProcess, LoopThread, PluginDir, live_tools, tghos
 from tests.operate.test_plugin_watch import FIRST, SECOND, eventually
 from tghost.adapters.trustgraph.config_service import ConfigServiceClient, ConfigServiceError
 from tghost.adapters.trustgraph.sync import MARKER
+from tghost.broker import EmbeddedBroker
 from tghost.protocol.trust import write_key_pair
 from tghost.pulsar.clients import PulsarSettings
-from tghost.pulsar.embedded import EmbeddedBroker
 from tghost.system.net import free_port
 
 SKIP_REASON = "trustgraph-flow 2.11 is not installed here: run 'tox -e trustgraph'"

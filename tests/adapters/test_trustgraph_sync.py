@@ -10,7 +10,7 @@ from typing import Any
 
 from tests.conftest import tghost_cli
 from tghost.adapters.trustgraph.sync import MARKER, ItemChange, plan
-from tghost.pulsar.embedded import EmbeddedBroker
+from tghost.broker import EmbeddedBroker
 
 OWNER = "tghost"
 

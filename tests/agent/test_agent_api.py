@@ -24,7 +24,7 @@ from tests.test_docs import block
 from tghost.agent import calls
 from tghost.agent.entries import Change, DirectoryTool, ServiceEntry
 from tghost.agent.hosts import LiveHost
-from tghost.pulsar.embedded import EmbeddedBroker
+from tghost.broker import EmbeddedBroker
 
 PAGE = "docs/agent-api.md"
 TEXT = (Path(__file__).resolve().parents[2] / PAGE).read_text()

@@ -14,11 +14,11 @@ import tghost
 from tghost.agent.client import ToolCallError, call_timeout
 from tghost.agent.directory import ToolCallRecord, ToolDirectory
 from tghost.announcing.announcer import announcement_key
+from tghost.broker import EmbeddedBroker
 from tghost.discovery.discover import catalog_of
 from tghost.protocol.announcement import current_topic
 from tghost.protocol.descriptors import DEFAULT_TIMEOUT, ToolServiceDescriptor
 from tghost.pulsar.clients import PulsarSettings
-from tghost.pulsar.embedded import EmbeddedBroker
 from tghost.serving.settings import ServeSettings
 from tghost.testing import LocalHost
 

@@ -18,11 +18,11 @@ import tghost
 from tghost.agent.client import ToolCallError
 from tghost.agent.directory import CONFLICT, Change, ToolCallRecord, ToolDirectory
 from tghost.announcing.announcer import announcement_key
+from tghost.broker import EmbeddedBroker
 from tghost.discovery.discover import catalog_of
 from tghost.operate.metrics import HostMetrics
 from tghost.protocol.announcement import current_topic
 from tghost.pulsar.clients import BrokerError, PulsarSettings
-from tghost.pulsar.embedded import EmbeddedBroker
 from tghost.system.net import free_port
 from tghost.testing import LocalHost
 

@@ -23,11 +23,11 @@ from tghost.adapters.export import select_tools
 from tghost.agent.client import ToolCallError
 from tghost.agent.directory import CONFLICT, STALE, ToolDirectory
 from tghost.announcing.announcer import Announcer, HostIdentity
+from tghost.broker import EmbeddedBroker
 from tghost.discovery.discover import catalog_of
 from tghost.protocol.announcement import DEFAULT_TOPIC, current_topic
 from tghost.protocol.trust import Signer, TrustedKeys
 from tghost.pulsar.clients import PulsarSettings
-from tghost.pulsar.embedded import EmbeddedBroker
 from tghost.system.net import free_port
 from tghost.testing import LocalHost
 

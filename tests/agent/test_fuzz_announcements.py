@@ -28,12 +28,12 @@ from pydantic import ValidationError
 import tghost
 from tghost.agent.directory import ToolDirectory
 from tghost.announcing.announcer import Announcer, HostIdentity, announcement_key
+from tghost.broker import EmbeddedBroker
 from tghost.discovery.discover import catalog_of
 from tghost.protocol.announcement import DEFAULT_TOPIC, current_topic
 from tghost.protocol.descriptors import ToolDescriptor
 from tghost.protocol.trust import Signer, TrustedKeys
 from tghost.pulsar.clients import PulsarSettings
-from tghost.pulsar.embedded import EmbeddedBroker
 from tghost.testing import LocalHost
 
 

@@ -23,9 +23,9 @@ from tests.conftest import live_tools, tghost_cli
 from tghost.adapters.mcp import CALL_TOOL, SEARCH_TOOLS, Bridge
 from tghost.agent.directory import ToolDirectory
 from tghost.agent.search import SearchError, ToolIndex
+from tghost.broker import EmbeddedBroker
 from tghost.protocol.descriptors import ToolDescriptor
 from tghost.pulsar.clients import PulsarSettings
-from tghost.pulsar.embedded import EmbeddedBroker
 from tghost.testing import LocalHost
 
 #: A small realistic set: (name, description, {argument: description}).

@@ -12,10 +12,10 @@ from collections import Counter
 import tghost
 from tghost.agent.directory import Change, ToolDirectory
 from tghost.agent.window import TopicWindow
+from tghost.broker import EmbeddedBroker
 from tghost.discovery.discover import catalog_of
 from tghost.protocol.announcement import epoch_topic, read_window
 from tghost.pulsar.clients import PulsarSettings
-from tghost.pulsar.embedded import EmbeddedBroker
 from tghost.testing import LocalHost, publish_history, simulated_history
 
 

@@ -17,11 +17,11 @@ import tghost
 from tests.adapters.test_mcp import mcp_client, text
 from tests.conftest import HostProcess, LoopThread, PluginDir, tghost_cli
 from tghost.agent.directory import ToolDirectory
+from tghost.broker import EmbeddedBroker
 from tghost.discovery.catalog import Catalog
 from tghost.discovery.config import load_config_tools
 from tghost.discovery.discover import catalog_of
 from tghost.pulsar.clients import PulsarSettings
-from tghost.pulsar.embedded import EmbeddedBroker
 
 dynamic_tool_service = pytest.importorskip(
     "trustgraph.base.dynamic_tool_service", reason="trustgraph-base 2.11 is not installed here")

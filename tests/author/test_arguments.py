@@ -18,7 +18,7 @@ import tghost
 from tghost.adapters.export import input_schema
 from tghost.agent.client import ToolCallError
 from tghost.author.arguments import coerce
-from tghost.pulsar.embedded import EmbeddedBroker
+from tghost.broker import EmbeddedBroker
 from tghost.testing import LocalHost
 
 

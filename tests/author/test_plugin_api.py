@@ -19,9 +19,9 @@ import pytest
 
 import tghost
 from tests.test_docs import block, module_of
+from tghost.broker import EmbeddedBroker
 from tghost.protocol import wire
 from tghost.protocol.descriptors import ToolDescriptor
-from tghost.pulsar.embedded import EmbeddedBroker
 from tghost.testing import LocalHost
 
 PAGE = "docs/plugin-api.md"

@@ -18,9 +18,9 @@ import pytest
 from tests.conftest import READY, HostProcess, tghost_cli
 from tests.test_docs import commands
 from tghost.author.scaffold import BadPluginName, PluginNames
+from tghost.broker import EmbeddedBroker
 from tghost.cli import pip_command
 from tghost.discovery.discover import ENTRY_POINT_GROUP
-from tghost.pulsar.embedded import EmbeddedBroker
 
 #: pip, with no look at an index for its own new version: tests stay offline, and stderr stays pip's answer.
 OFFLINE_PIP = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}

@@ -23,7 +23,7 @@ import pytest
 
 from tests.conftest import READY, HostProcess, PluginDir
 from tests.test_docs import commands
-from tghost.pulsar.embedded import EmbeddedBroker
+from tghost.broker import EmbeddedBroker
 from tghost.system.net import free_port
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright is not installed (tox -e browser)")

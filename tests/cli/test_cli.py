@@ -26,13 +26,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import HostProcess, PluginDir, live_tools, tghost_cli
 from tests.discovery.test_discover import GREETER
+from tghost.broker import EmbeddedBroker
 from tghost.cli import pulsar_options
 from tghost.cli.app import cli
 from tghost.cli.directory import WATCH_WIDTHS
 from tghost.cli.options import LogLevel
 from tghost.protocol.descriptors import ToolDescriptor, ToolServiceDescriptor
 from tghost.pulsar.clients import PulsarSettings
-from tghost.pulsar.embedded import EmbeddedBroker
 from tghost.serving.settings import ServeSettings
 from tghost.system.net import free_port
 

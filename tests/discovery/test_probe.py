@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from tests.conftest import PluginDir
+from tghost.broker import EmbeddedBroker
 from tghost.discovery.discover import discover, load_in_probe
 from tghost.discovery.probe import probe
-from tghost.pulsar.embedded import EmbeddedBroker
 
 GOOD = '''
 import tghost

@@ -16,10 +16,10 @@ import pytest
 import tghost
 from tghost.agent.client import ToolCallError
 from tghost.agent.directory import ToolDirectory
+from tghost.broker import EmbeddedBroker
 from tghost.discovery.discover import catalog_of
 from tghost.operate.audit import AuditLog, audit_entry
 from tghost.pulsar.clients import PulsarSettings
-from tghost.pulsar.embedded import EmbeddedBroker
 from tghost.serving.request import CallRecord
 from tghost.serving.server import Server
 from tghost.testing import LocalHost, RawWire

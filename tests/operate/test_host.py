@@ -22,8 +22,8 @@ import pytest
 import tghost
 from tests.conftest import READY, HostProcess, PluginDir, tghost_cli
 from tests.test_docs import ROOT, block
+from tghost.broker import EmbeddedBroker
 from tghost.discovery.discover import catalog_of_plugin
-from tghost.pulsar.embedded import EmbeddedBroker
 from tghost.system.net import free_port
 from tghost.testing import LocalHost
 

@@ -23,6 +23,7 @@ from tests.conftest import PluginDir
 from tghost.agent.client import ToolCallError, ToolServiceClient
 from tghost.agent.directory import ToolDirectory
 from tghost.announcing.announcer import Announcer
+from tghost.broker import EmbeddedBroker
 from tghost.discovery.catalog import Catalog
 from tghost.discovery.discover import PluginSelection, catalog_of, discover
 from tghost.operate.health import Health
@@ -31,7 +32,6 @@ from tghost.operate.metrics import HostMetrics, HostMonitor
 from tghost.protocol.announcement import current_topic
 from tghost.protocol.trust import TrustedKeys
 from tghost.pulsar.clients import PulsarSettings
-from tghost.pulsar.embedded import EmbeddedBroker
 from tghost.serving.settings import ServeSettings
 from tghost.system.net import free_port
 from tghost.testing import LocalHost

@@ -19,11 +19,11 @@ import tghost
 from tests.conftest import READY, HostProcess, PluginDir, live_tools, tghost_cli
 from tests.discovery.test_discover import FAMILY
 from tghost.agent.client import ToolServiceClient
+from tghost.broker import EmbeddedBroker
 from tghost.discovery.catalog import PluginReport
 from tghost.discovery.discover import PluginSelection, discover
 from tghost.operate import plugin_watch
 from tghost.operate.plugin_watch import PluginWatcher, WatchSettings, plugin_part
-from tghost.pulsar.embedded import EmbeddedBroker
 from tghost.testing import LocalHost
 
 T = TypeVar("T")

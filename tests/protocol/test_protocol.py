@@ -17,6 +17,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from tghost.agent.ledger import Ledger
 from tghost.announcing.announcer import Announcer, HostIdentity
+from tghost.broker import EmbeddedBroker
 from tghost.discovery.catalog import Catalog
 from tghost.discovery.discover import ENTRY_POINT_GROUP, discover
 from tghost.protocol import wire
@@ -29,7 +30,6 @@ from tghost.protocol.announcement import (
     read_window,
 )
 from tghost.protocol.trust import Signer, TrustedKeys, signed_bytes
-from tghost.pulsar.embedded import EmbeddedBroker
 from tghost.testing import LocalHost, RawWire
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"

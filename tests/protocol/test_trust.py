@@ -27,6 +27,7 @@ import tghost
 from tests.conftest import HostProcess, PluginDir
 from tghost.agent.directory import HIJACK, ToolDirectory
 from tghost.announcing.announcer import Announcer, HostIdentity, announcement_key
+from tghost.broker import EmbeddedBroker
 from tghost.discovery.discover import ENTRY_POINT_GROUP, catalog_of
 from tghost.protocol.announcement import current_topic
 from tghost.protocol.trust import (
@@ -44,7 +45,6 @@ from tghost.protocol.trust import (
     write_key_pair,
 )
 from tghost.pulsar.clients import PulsarSettings
-from tghost.pulsar.embedded import EmbeddedBroker
 from tghost.testing import LocalHost
 
 

@@ -22,6 +22,7 @@ import pulsar.asyncio
 import pytest
 
 from tests.conftest import tghost_cli
+from tghost.broker import EmbeddedBroker
 from tghost.pulsar import clients
 from tghost.pulsar.clients import (
     CLIENT_LOG,
@@ -30,7 +31,6 @@ from tghost.pulsar.clients import (
     PulsarSettings,
     client_logger,
 )
-from tghost.pulsar.embedded import EmbeddedBroker
 from tghost.system.net import free_port
 
 

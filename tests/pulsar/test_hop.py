@@ -12,9 +12,9 @@ import pytest
 
 import tghost
 from tghost.agent.client import ToolCallError
+from tghost.broker import EmbeddedBroker
 from tghost.protocol import wire
 from tghost.pulsar import hop
-from tghost.pulsar.embedded import EmbeddedBroker
 from tghost.testing import LocalHost, RawWire
 
 

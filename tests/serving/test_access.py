@@ -24,6 +24,7 @@ from tests.conftest import live_tools, tghost_cli
 from tests.test_docs import block
 from tghost.agent.client import ToolCallError, ToolServiceClient
 from tghost.agent.directory import ToolDirectory
+from tghost.broker import EmbeddedBroker
 from tghost.conformance import RawWire
 from tghost.discovery.discover import catalog_of
 from tghost.operate.audit import audit_entry
@@ -34,7 +35,6 @@ from tghost.protocol.callers import CALLER, sign_request
 from tghost.protocol.sessions import CallerSession, HostSessionKey
 from tghost.protocol.trust import Signer, write_key_pair
 from tghost.pulsar.clients import PulsarSettings
-from tghost.pulsar.embedded import EmbeddedBroker
 from tghost.serving.request import CallRecord
 from tghost.testing import LocalHost
 

@@ -25,6 +25,7 @@ from tests.conftest import PluginDir
 from tghost.adapters.mcp import Bridge
 from tghost.agent.client import ToolCallError, ToolServiceClient
 from tghost.agent.directory import ToolDirectory
+from tghost.broker import EmbeddedBroker
 from tghost.discovery.catalog import Catalog
 from tghost.discovery.discover import discover
 from tghost.protocol import wire
@@ -32,7 +33,6 @@ from tghost.protocol.access import AccessPolicy
 from tghost.protocol.callers import sign_request
 from tghost.protocol.trust import Signer, write_key_pair
 from tghost.pulsar.clients import PulsarSettings
-from tghost.pulsar.embedded import EmbeddedBroker
 from tghost.serving.executors.base import PROCESS, THREAD
 from tghost.serving.executors.thread import STUCK_WARNING_AFTER
 from tghost.serving.request import CallRecord

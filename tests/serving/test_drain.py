@@ -21,8 +21,8 @@ import pytest
 import tghost
 from tests.conftest import READY, HostProcess, PluginDir
 from tghost.agent.client import ToolCallError, ToolServiceClient
+from tghost.broker import EmbeddedBroker
 from tghost.pulsar.clients import PulsarSettings
-from tghost.pulsar.embedded import EmbeddedBroker
 from tghost.serving.handoff import PeerLookout
 from tghost.serving.settings import ServeSettings
 from tghost.testing import LocalHost

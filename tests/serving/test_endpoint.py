@@ -16,10 +16,10 @@ import pytest
 import tghost
 from tests.conftest import PluginDir
 from tghost.agent.client import ToolCallError
+from tghost.broker import EmbeddedBroker
 from tghost.discovery.discover import catalog_of, discover
 from tghost.protocol import wire
 from tghost.pulsar.clients import PulsarSettings
-from tghost.pulsar.embedded import EmbeddedBroker
 from tghost.serving.deadlines import Deadlines
 from tghost.serving.request import CallRecord
 from tghost.serving.server import Server

@@ -24,12 +24,12 @@ import pytest
 import tghost
 from tests.conftest import HostProcess, PluginDir
 from tghost.agent.client import ToolCallError, ToolServiceClient
+from tghost.broker import EmbeddedBroker
 from tghost.discovery.catalog import Catalog
 from tghost.discovery.discover import discover
 from tghost.operate.host import Host, HostConfig
 from tghost.protocol.descriptors import request_queue, response_queue
 from tghost.pulsar.clients import PulsarSettings
-from tghost.pulsar.embedded import EmbeddedBroker
 from tghost.serving.executors.base import PROCESS, THREAD, WorkerLimits
 from tghost.serving.request import CallRecord
 from tghost.serving.settings import ServeSettings

@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tghost
+from tghost.broker import EmbeddedBroker
 from tghost.protocol import wire
-from tghost.pulsar.embedded import EmbeddedBroker
 from tghost.serving.settings import ServeSettings
 from tghost.testing import LocalHost, RawWire
 

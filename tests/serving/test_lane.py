@@ -17,9 +17,9 @@ import pytest
 
 import tghost
 from tghost.agent.client import ToolCallError
+from tghost.broker import EmbeddedBroker
 from tghost.discovery.discover import catalog_of
 from tghost.protocol import wire
-from tghost.pulsar.embedded import EmbeddedBroker
 from tghost.serving.request import CallRecord
 from tghost.serving.settings import ServeSettings
 from tghost.testing import LocalHost, RawWire

@@ -27,12 +27,12 @@ from tests.test_docs import block
 from tghost import Context, Progress
 from tghost.adapters.mcp import Bridge
 from tghost.agent.directory import ToolDirectory
+from tghost.broker import EmbeddedBroker
 from tghost.conformance import RawWire
 from tghost.discovery.catalog import Catalog
 from tghost.discovery.discover import discover
 from tghost.protocol import wire
 from tghost.pulsar.clients import PulsarSettings
-from tghost.pulsar.embedded import EmbeddedBroker
 from tghost.serving.executors.base import PROCESS, THREAD
 from tghost.serving.settings import ServeSettings
 from tghost.testing import LocalHost

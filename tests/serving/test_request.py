@@ -16,10 +16,10 @@ import pulsar
 import pytest
 
 import tghost
+from tghost.broker import EmbeddedBroker
 from tghost.protocol import wire
 from tghost.protocol.descriptors import ToolServiceDescriptor
 from tghost.pulsar import hop
-from tghost.pulsar.embedded import EmbeddedBroker
 from tghost.serving.request import (
     CallRecord,
     ChunkNotSent,

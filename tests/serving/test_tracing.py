@@ -21,11 +21,11 @@ import tghost
 from tests.conftest import tghost_cli
 from tghost.agent.client import ToolCallError
 from tghost.agent.directory import ToolDirectory
+from tghost.broker import EmbeddedBroker
 from tghost.conformance import RawWire
 from tghost.operate.audit import audit_entry
 from tghost.protocol import wire
 from tghost.pulsar.clients import PulsarSettings
-from tghost.pulsar.embedded import EmbeddedBroker
 from tghost.serving.executors.base import PROCESS
 from tghost.serving.request import CallRecord
 from tghost.serving.settings import ServeSettings

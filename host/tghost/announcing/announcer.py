@@ -25,6 +25,7 @@ from typing import IO, Any
 import pulsar.asyncio
 
 from tghost._version import __version__
+from tghost.broker import local_disk_trouble
 from tghost.discovery.catalog import Catalog
 from tghost.protocol.announcement import (
     DEFAULT_TOPIC,
@@ -39,7 +40,6 @@ from tghost.protocol.descriptors import ToolDescriptor, ToolServiceDescriptor
 from tghost.protocol.sessions import SESSION_KEY, HostSessionKey
 from tghost.protocol.trust import Signer
 from tghost.pulsar.clients import is_reachable
-from tghost.pulsar.embedded import local_disk_trouble
 from tghost.system.locks import first_free_slot
 
 __all__ = ["DEFAULT_TOPIC", "Announcer", "HostIdentity", "announcement_key"]

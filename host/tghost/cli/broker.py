@@ -18,10 +18,7 @@ from urllib.parse import urlsplit
 import click
 from click.core import ParameterSource
 
-from tghost.cli.app import cli
-from tghost.cli.options import LogLevel, setup_logging
-from tghost.pulsar.clients import BrokerError, endpoints
-from tghost.pulsar.embedded import (
+from tghost.broker import (
     DEFAULT_PORT,
     LOG_LEVELS,
     NOTE,
@@ -35,7 +32,10 @@ from tghost.pulsar.embedded import (
     start_detached,
     stop_broker,
 )
-from tghost.pulsar.store import MIB
+from tghost.broker.store import MIB
+from tghost.cli.app import cli
+from tghost.cli.options import LogLevel, setup_logging
+from tghost.pulsar.clients import BrokerError, endpoints
 from tghost.system.net import is_loopback
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 from pulsar.asyncio import PulsarException
 
+from tghost.broker import default_data_dir, ensure_broker
 from tghost.cli.app import cli
 from tghost.cli.options import (
     LogLevel,
@@ -29,7 +30,6 @@ from tghost.protocol.epochs import MAX_LEASE
 from tghost.protocol.trust import KeyFileError, Signer
 from tghost.pulsar import hop
 from tghost.pulsar.clients import BrokerError, PulsarSettings
-from tghost.pulsar.embedded import default_data_dir, ensure_broker
 from tghost.serving.executors.base import ISOLATIONS, THREAD, WorkerLimits
 from tghost.serving.settings import ServeSettings
 

@@ -1,6 +1,5 @@
-"""pulsar: reach Pulsar. Clients with auth and TLS, the one hop from the C++ client's threads
-into the event loop, and the embedded pulsar-lite broker: its life (embedded), its data on disk
-(store) and its log (broker_log).
+"""pulsar: reach Pulsar. Clients with auth and TLS, and the one hop from the C++ client's threads
+into the event loop. The embedded pulsar-lite broker is :mod:`tghost.broker`'s.
 
 Knows nothing of tools, services or the wire format.
 """

@@ -1,7 +1,7 @@
 """clients: Pulsar clients for the cluster named by ``--pulsar-url`` (auth, TLS), that wait for
 the broker, fail fast and clearly when the URL is not a Pulsar broker, and log through Python
 logging (pulsar-lite's limits: docs/protocol.md §4.10). The embedded pulsar-lite process is
-:mod:`tghost.pulsar.embedded`'s.
+:mod:`tghost.broker`'s.
 
 Never knows about plugins, services or tools.
 """

@@ -1,7 +1,7 @@
 """locks: ``flock``-held lock files, released by the kernel when their process dies, so a crash
 never leaves one stale. Used for a host's identity slot (:mod:`tghost.announcing.announcer`), a
 client's consumer-id slot (:mod:`tghost.pulsar.clients`) and an embedded broker's data dir
-(:mod:`tghost.pulsar.embedded`).
+(:mod:`tghost.broker.status`).
 
 POSIX only (``fcntl``), as pulsar-lite is.
 """

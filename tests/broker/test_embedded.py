@@ -28,10 +28,10 @@ import pytest
 from click.testing import CliRunner
 
 from tests.conftest import HostProcess, PluginDir, tghost_cli
+from tghost.broker import EmbeddedBroker, default_data_dir, log, process, stop_broker
+from tghost.broker.status import ELSEWHERE
 from tghost.cli.app import cli
-from tghost.pulsar import broker_log, embedded
 from tghost.pulsar.clients import is_reachable
-from tghost.pulsar.embedded import EmbeddedBroker, default_data_dir, stop_broker
 from tghost.system.net import free_port
 
 ECHO = """
@@ -277,7 +277,7 @@ def test_a_broker_started_with_a_data_dir_is_found_from_its_port(local: Local, t
     assert status.returncode == 0 and json.loads(status.stdout)["data_dir"] == str(data_dir)
     stopped = local.tghost("broker", "stop", "--port", str(local.port))
     assert stopped.returncode == 0 and f"stopped the embedded broker at {local.url}" in stopped.stdout
-    assert not is_reachable(local.url) and not (local.data_dir() / embedded.ELSEWHERE).exists()
+    assert not is_reachable(local.url) and not (local.data_dir() / ELSEWHERE).exists()
 
 
 def test_a_relative_data_dir_is_this_directorys_and_found_from_the_port(local: Local, tmp_path: Path) -> None:
@@ -390,7 +390,7 @@ def test_the_broker_exits_1_naming_the_broker_that_holds_its_data_dir(local: Loc
 def test_the_broker_exits_1_when_another_pulsar_lite_locked_its_data(local: Local, tmp_path: Path) -> None:
     data_dir = tmp_path / "shared"
     data_dir.mkdir()
-    other = subprocess.Popen([embedded._binary(), "--addr", f"127.0.0.1:{local.port}", "--db-path",
+    other = subprocess.Popen([process._binary(), "--addr", f"127.0.0.1:{local.port}", "--db-path",
                               str(data_dir / "db"), "--log-level", "error"], cwd=tmp_path,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -438,7 +438,7 @@ def test_pulsar_lite_metrics_when_asked_are_on_loopback_only(tmp_path: Path) -> 
 
 
 def test_the_broker_log_is_rotated_and_capped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(broker_log, "LOG_MAX_BYTES", 400)
+    monkeypatch.setattr(log, "LOG_MAX_BYTES", 400)
     with EmbeddedBroker(tmp_path, free_port(), log_level="info"):
         pass
     logs = sorted(tmp_path.glob("broker.log*"))

@@ -32,14 +32,13 @@ import pulsar
 import pulsar.asyncio
 import pytest
 
+from tests.broker.test_embedded import ECHO, Output, until
 from tests.conftest import HostProcess, LoopThread, PluginDir, live_tools, tghost_cli
-from tests.pulsar.test_embedded import ECHO, Output, until
 from tghost.agent.client import ToolCallError, ToolServiceClient
+from tghost.broker import EmbeddedBroker, default_data_dir, log, stop_broker
+from tghost.broker.store import MIB, StoreDamage, find_damage
 from tghost.protocol.descriptors import request_queue, response_queue
-from tghost.pulsar import broker_log
 from tghost.pulsar.clients import PulsarSettings
-from tghost.pulsar.embedded import EmbeddedBroker, default_data_dir, stop_broker
-from tghost.pulsar.store import MIB, StoreDamage, find_damage
 from tghost.system.net import free_port
 
 DISK_MIB = 20
@@ -362,10 +361,10 @@ def _tear(data_dir: Path, at_record: int) -> None:
     """Put 100 bytes that are no record in front of record ``at_record`` of the first entry log,
     as a write cut short by a full disk leaves them (pulsar-lite's index then misses every
     record behind them)."""
-    log = data_dir / "db.rocksdb" / "entrylog" / "0.log"
-    data = log.read_bytes()
+    entry_log = data_dir / "db.rocksdb" / "entrylog" / "0.log"
+    data = entry_log.read_bytes()
     starts = [i for i in range(len(data)) if data.startswith(b"GELP", i)]
-    log.write_bytes(data[:starts[at_record]] + b"\0" * 100 + data[starts[at_record]:])
+    entry_log.write_bytes(data[:starts[at_record]] + b"\0" * 100 + data[starts[at_record]:])
 
 
 def test_broker_start_moves_a_torn_store_aside_and_says_so(tmp_path: Path) -> None:
@@ -402,7 +401,7 @@ def test_a_log_file_that_cannot_be_written_says_so_once_and_no_traceback(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     complaints = io.StringIO()
-    handler = broker_log._QuietFileHandler(Path("/dev/full"), complaints)  # every write: ENOSPC
+    handler = log._QuietFileHandler(Path("/dev/full"), complaints)  # every write: ENOSPC
     try:
         for number in range(50):
             handler.handle(logging.makeLogRecord({"msg": f"line {number}"}))
@@ -413,7 +412,7 @@ def test_a_log_file_that_cannot_be_written_says_so_once_and_no_traceback(
     assert handler.dropped == 50 and "Logging error" not in capsys.readouterr().err
 
     (tmp_path / "broker.log").write_text("a line the full disk cut sho")
-    later = broker_log._QuietFileHandler(tmp_path / "broker.log", complaints)
+    later = log._QuietFileHandler(tmp_path / "broker.log", complaints)
     later.failed, later.dropped = "[Errno 28] No space left on device", 7  # as after writes failed
     later.handle(logging.makeLogRecord({"msg": "back"}))
     later.close()

@@ -17,9 +17,9 @@ import pytest
 
 import tghost
 from tghost.agent.directory import Change, ToolDirectory
+from tghost.broker import EmbeddedBroker
 from tghost.discovery.discover import catalog_of
 from tghost.pulsar.clients import PulsarSettings
-from tghost.pulsar.embedded import EmbeddedBroker
 from tghost.system.net import free_port
 from tghost.testing import LocalHost
 

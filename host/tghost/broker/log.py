@@ -1,4 +1,4 @@
-"""broker_log: pulsar-lite's log. Its output and tghost's notes go to ``broker.log`` in the data
+"""log: pulsar-lite's log. Its output and tghost's notes go to ``broker.log`` in the data
 dir (rotated; a full disk drops lines quietly, and says so once) and, in the foreground, to the
 terminal, routine warnings and repeats held back; what the lines say about a full disk or a
 damaged store is kept for the broker to act on.
