@@ -1,16 +1,23 @@
 """Shared test fixtures. The broker fixture ``pulsar_broker`` comes from ``tghost.testing``.
 
 The tests mirror the stage packages of ``host/tghost`` (``tests/<stage>/``); the ones at this
-level check the README, ``docs/`` and the examples. Every test that talks to a real broker is
-marked ``broker`` here (it uses the ``pulsar_broker`` or ``host_process`` fixture, or starts a
-broker or a ``LocalHost`` itself), so ``pytest -m "not broker"`` runs the rest in seconds.
+level check the README, ``docs/`` and the examples.
+
+Two speeds, selected by fixture: a test that talks to a real broker requests one of
+:data:`BROKER_FIXTURES` (``pulsar_broker``: the session's broker; ``host_process``: ``tghost
+run`` subprocesses; ``own_brokers``: brokers it starts, stops or restarts itself, in this
+process or detached), and exactly those tests are marked ``broker``; ``pytest -m "not broker"``
+runs the rest. In those, starting an embedded broker or connecting to one from this process fails
+at once, naming the fixture to request (:class:`BrokerGuard`), so no test reaches a
+broker without being marked. Subprocesses are not watched: a test whose ``tghost`` commands start
+or reach a broker requests one of these fixtures too.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
-import inspect
 import json
 import os
 import queue
@@ -24,33 +31,118 @@ import uuid
 from collections.abc import Callable, Coroutine, Iterator
 from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import pytest
 
+from tghost.broker import EmbeddedBroker, stop_broker
 from tghost.discovery.discover import ENTRY_POINT_GROUP
+from tghost.pulsar.clients import PulsarSettings
+from tghost.system.net import free_port
 
 T = TypeVar("T")
 
-#: Fixtures that start or use a real broker, and the names a test uses to start one itself.
-BROKER_FIXTURES = frozenset({"pulsar_broker", "host_process"})
-BROKER_NAMES = ("EmbeddedBroker", "LocalHost", "ensure_broker", "tghost_cli(", "live_tools(", "subprocess")
+#: The fixtures that give a test a real broker; a test that requests one is marked ``broker``.
+BROKER_FIXTURES = frozenset({"pulsar_broker", "host_process", "own_brokers"})
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test that talks to a real broker ``broker`` (see the module docstring)."""
+    """Mark ``broker`` every test that requests one of :data:`BROKER_FIXTURES` (directly or
+    through another fixture)."""
     for item in items:
-        if BROKER_FIXTURES & set(getattr(item, "fixturenames", ())) or _starts_a_broker(item):
+        if not BROKER_FIXTURES.isdisjoint(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.broker)
 
 
-def _starts_a_broker(item: pytest.Item) -> bool:
-    function = getattr(item, "function", None)
-    try:
-        source = inspect.getsource(function) if function is not None else ""
-    except (OSError, TypeError):
-        return True
-    return any(name in source for name in BROKER_NAMES)
+#: What a test that reached for a broker without asking is told.
+UNASKED = ("this test talks to a broker: request the pulsar_broker fixture (or host_process for 'tghost run' "
+           "subprocesses, own_brokers for brokers of its own), so that it is marked 'broker' and "
+           "-m 'not broker' leaves it out")
+
+
+class BrokerGuard:
+    """Keeps a test from reaching a broker: once :meth:`install` ed, :meth:`EmbeddedBroker.start`
+    fails at once with :data:`UNASKED`, and so does :meth:`PulsarSettings.connect` (every client
+    tghost makes comes from it) as soon as a Pulsar broker answered it; where none answers it
+    fails as it always does. :meth:`check` fails too if a refusal was swallowed on the way."""
+
+    def __init__(self) -> None:
+        self.refused = 0
+        """How many times a broker was reached and refused."""
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Patch :class:`EmbeddedBroker` and :class:`PulsarSettings` (undone with ``monkeypatch``)."""
+        connect = PulsarSettings.connect
+
+        async def refuse_connected(settings: PulsarSettings) -> NoReturn:
+            client = await connect(settings)
+            await client.close()
+            self.refuse()
+
+        monkeypatch.setattr(EmbeddedBroker, "start", lambda *args, **kwargs: self.refuse())
+        monkeypatch.setattr(PulsarSettings, "connect", refuse_connected)
+
+    def refuse(self) -> NoReturn:
+        """Count a refusal and fail the test with :data:`UNASKED`."""
+        self.refused += 1
+        pytest.fail(UNASKED, pytrace=False)
+
+    def check(self) -> None:
+        """Fail the test with :data:`UNASKED` if anything was refused."""
+        if self.refused:
+            pytest.fail(UNASKED, pytrace=False)
+
+
+@pytest.fixture(autouse=True)
+def _no_broker_unless_asked(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A :class:`BrokerGuard` around every test that requests none of :data:`BROKER_FIXTURES`."""
+    if not BROKER_FIXTURES.isdisjoint(request.fixturenames):
+        yield
+        return
+    guard = BrokerGuard()
+    guard.install(monkeypatch)
+    yield
+    guard.check()
+
+
+class OwnBrokers:
+    """The embedded brokers one test starts itself, to stop, restart, fill or damage them:
+    :meth:`start` runs one in this process, :meth:`detached` takes in one that a ``tghost``
+    subprocess started detached (``tghost broker start``, ``tghost run``). :meth:`stop_all` stops
+    each, last first; one that fails to stop does not keep the others running."""
+
+    def __init__(self, tmp_path_factory: pytest.TempPathFactory) -> None:
+        self._tmp_path_factory = tmp_path_factory
+        self._stops = contextlib.ExitStack()
+
+    def start(self, data_dir: Path | None = None, port: int | None = None, **options: Any) -> EmbeddedBroker:
+        """A started :class:`EmbeddedBroker` on ``port`` (default: a free one) with its data in
+        ``data_dir`` (default: a fresh temporary dir); ``options`` are the broker's own
+        (``log_level``, ``metrics_port``, ``echo``...). The test may stop and start it again.
+
+        Raises:
+            BrokerError: it did not start (see :meth:`EmbeddedBroker.start`).
+        """
+        broker = EmbeddedBroker(data_dir or self._tmp_path_factory.mktemp("broker"), port or free_port(), **options)
+        self._stops.callback(broker.stop)
+        return broker.start()
+
+    def detached(self, port: int, data_dir: Path | None = None) -> None:
+        """Stop the detached broker on ``port`` with ``data_dir`` (default: the one running
+        there) at the end, if it still runs."""
+        self._stops.callback(stop_broker, port, data_dir)
+
+    def stop_all(self) -> None:
+        """Stop every broker started or taken in, last first (raises the last failure, if any)."""
+        self._stops.close()
+
+
+@pytest.fixture
+def own_brokers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OwnBrokers]:
+    """Brokers of this test's own (:class:`OwnBrokers`), all stopped at its end."""
+    brokers = OwnBrokers(tmp_path_factory)
+    yield brokers
+    brokers.stop_all()
 
 
 #: What ``tghost run`` logs once it serves: its catalog's size and the broker's URL.

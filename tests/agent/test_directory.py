@@ -26,7 +26,7 @@ from tghost.pulsar.clients import BrokerError, PulsarSettings
 from tghost.system.net import free_port
 from tghost.testing import LocalHost
 
-from ..conftest import LoopThread
+from ..conftest import LoopThread, OwnBrokers
 
 
 @tghost.tool(service="kb", config=["collection"])
@@ -703,7 +703,7 @@ async def test_changes_with_replay_start_with_every_live_tool_then_follow(
 
 
 async def test_a_directory_started_before_its_broker_sees_every_tool(
-    tmp_path: Any, topic: str, caplog: pytest.LogCaptureFixture
+    own_brokers: OwnBrokers, topic: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The agent starts first and waits; the broker comes; one host announces while the agent
     is busy elsewhere, another after it follows changes(replay=True): it sees all four tools."""
@@ -715,7 +715,7 @@ async def test_a_directory_started_before_its_broker_sees_every_tool(
     async with asyncio.timeout(60):
         while not any(f"waiting for a Pulsar broker at {url}" in r.message for r in caplog.records):
             await asyncio.sleep(0.05)
-    broker = await asyncio.to_thread(EmbeddedBroker(tmp_path, port).start)
+    broker = await asyncio.to_thread(own_brokers.start, port=port)
     try:
         await asyncio.wait_for(starting, 60)
         async with LocalHost(url, kb_catalog(), announce_as="host-a", topic=topic):

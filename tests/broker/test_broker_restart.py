@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 import tghost
+from tests.conftest import OwnBrokers
 from tghost.agent.directory import Change, ToolDirectory
-from tghost.broker import EmbeddedBroker
 from tghost.discovery.discover import catalog_of
 from tghost.pulsar.clients import PulsarSettings
 from tghost.system.net import free_port
@@ -71,10 +71,11 @@ async def calls(found: ToolDirectory) -> list[str]:
         found.invoke("query-products", {"question": "p"}, timeout=10)))
 
 
-async def test_host_and_directory_survive_a_broker_restart(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+async def test_host_and_directory_survive_a_broker_restart(
+        own_brokers: OwnBrokers, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="tghost")
     data_dir, port = tmp_path / "broker", free_port()
-    broker = EmbeddedBroker(data_dir, port).start()
+    broker = own_brokers.start(data_dir, port)
     topic = f"persistent://tg/config/restart-{uuid.uuid4().hex[:8]}"
     try:
         async with LocalHost(broker.url, catalog(), announce_as="host-a", lease=LEASE, topic=topic) as host:
@@ -92,7 +93,7 @@ async def test_host_and_directory_survive_a_broker_restart(tmp_path: Path, caplo
                 await until(lambda: not found.is_connected())
                 await asyncio.sleep(2 * LEASE)  # longer than a lease: a naive directory would expire the host
                 sent_before = host.announcer.sent
-                broker = await asyncio.to_thread(EmbeddedBroker(data_dir, port).start)
+                broker = await asyncio.to_thread(own_brokers.start, data_dir, port)  # a new process, same store
 
                 await until(lambda: connected(host, found))
                 await until(lambda: host.announcer.sent >= sent_before + full_announcement)  # announced again

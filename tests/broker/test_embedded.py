@@ -20,15 +20,15 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pulsar
 import pytest
 from click.testing import CliRunner
 
-from tests.conftest import HostProcess, PluginDir, tghost_cli
-from tghost.broker import EmbeddedBroker, default_data_dir, log, process, stop_broker
+from tests.conftest import HostProcess, OwnBrokers, PluginDir, tghost_cli
+from tghost.broker import default_data_dir, log, process
 from tghost.broker.status import ELSEWHERE
 from tghost.cli.app import cli
 from tghost.pulsar.clients import is_reachable
@@ -87,11 +87,11 @@ class Output:
 @dataclass
 class Local:
     """A user of this machine with a private config (and home) dir, the echo plugin installed,
-    and a free local URL where nothing runs yet."""
+    and a free local URL where nothing runs yet; the brokers started there are stopped at the end."""
 
     port: int
     env: dict[str, str]
-    brokers: list[tuple[int, Path]] = field(default_factory=list)
+    brokers: OwnBrokers
 
     @property
     def url(self) -> str:
@@ -112,22 +112,20 @@ class Local:
 
     def cleanup(self, port: int, data_dir: Path | None = None) -> None:
         """Stop the detached broker on ``port`` at the end of the test."""
-        self.brokers.append((port, data_dir or self.data_dir(port)))
+        self.brokers.detached(port, data_dir or self.data_dir(port))
 
 
 @pytest.fixture
-def local(tmp_path: Path, plugin_dir: PluginDir, monkeypatch: pytest.MonkeyPatch) -> Iterator[Local]:
+def local(tmp_path: Path, plugin_dir: PluginDir, monkeypatch: pytest.MonkeyPatch, own_brokers: OwnBrokers) -> Local:
     plugin_dir.add("echo", ECHO)
     home = tmp_path / "home"
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(home / ".config"))
     port = free_port()
     env = plugin_dir.user_env(f"pulsar://127.0.0.1:{port}", home / ".config", "embedded")
-    user = Local(port, {**env, "HOME": str(home)})
+    user = Local(port, {**env, "HOME": str(home)}, own_brokers)
     user.cleanup(port)
-    yield user
-    for broker_port, data_dir in user.brokers:
-        stop_broker(broker_port, data_dir)
+    return user
 
 
 def record(data_dir: Path) -> dict[str, object]:
@@ -417,53 +415,54 @@ def test_the_broker_exits_1_when_pulsar_lite_dies(local: Local) -> None:
 
 
 @linux_only
-def test_pulsar_lite_listens_only_on_its_port_by_default_and_logs_at_warn(tmp_path: Path) -> None:
-    port = free_port()
-    with EmbeddedBroker(tmp_path, port) as broker:
-        assert broker.process is not None
-        assert listening(broker.process.pid) == {("127.0.0.1", port)}  # no metrics endpoint
+def test_pulsar_lite_listens_only_on_its_port_by_default_and_logs_at_warn(own_brokers: OwnBrokers) -> None:
+    broker = own_brokers.start()
+    assert broker.process is not None
+    assert listening(broker.process.pid) == {("127.0.0.1", broker.port)}  # no metrics endpoint
+    broker.stop()
     log_lines = broker.log_path.read_text().splitlines()
     assert log_lines and all(" tghost] " in line for line in log_lines), log_lines  # no INFO from pulsar-lite
 
 
 @linux_only
-def test_pulsar_lite_metrics_when_asked_are_on_loopback_only(tmp_path: Path) -> None:
-    port, metrics = free_port(), free_port()
-    with EmbeddedBroker(tmp_path, port, metrics_port=metrics) as broker:
-        assert broker.process is not None
-        assert until(lambda: ("127.0.0.1", metrics) in listening(broker.process.pid))  # type: ignore[union-attr]
-        assert listening(broker.process.pid) == {("127.0.0.1", port), ("127.0.0.1", metrics)}
-        with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=10) as response:
-            assert response.status == 200
+def test_pulsar_lite_metrics_when_asked_are_on_loopback_only(own_brokers: OwnBrokers) -> None:
+    metrics = free_port()
+    broker = own_brokers.start(metrics_port=metrics)
+    assert broker.process is not None
+    assert until(lambda: ("127.0.0.1", metrics) in listening(broker.process.pid))  # type: ignore[union-attr]
+    assert listening(broker.process.pid) == {("127.0.0.1", broker.port), ("127.0.0.1", metrics)}
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=10) as response:
+        assert response.status == 200
 
 
-def test_the_broker_log_is_rotated_and_capped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_broker_log_is_rotated_and_capped(own_brokers: OwnBrokers, tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(log, "LOG_MAX_BYTES", 400)
-    with EmbeddedBroker(tmp_path, free_port(), log_level="info"):
-        pass
+    own_brokers.start(tmp_path, log_level="info").stop()
     logs = sorted(tmp_path.glob("broker.log*"))
     assert [p.name for p in logs] == ["broker.log", "broker.log.1", "broker.log.2"]
     longest_line = max(len(line) + 1 for p in logs for line in p.read_text().splitlines())
     assert all(p.stat().st_size <= 400 + longest_line for p in logs)
 
 
-def test_routine_pulsar_lite_warnings_stay_in_its_log_and_off_the_terminal(tmp_path: Path) -> None:
+def test_routine_pulsar_lite_warnings_stay_in_its_log_and_off_the_terminal(own_brokers: OwnBrokers) -> None:
     """pulsar-lite warns 'No dispatcher found for subscription' for each message published after a
     reader went (every 'tghost tools' or 'tghost call' leaves two, and each heartbeat then warns):
     the foreground broker keeps them in its log and out of its terminal."""
     terminal = io.StringIO()
-    with EmbeddedBroker(tmp_path, free_port(), echo=terminal) as broker:
-        client = pulsar.Client(broker.url, logger=logging.getLogger("test.pulsar"))
-        try:
-            topic = f"persistent://tg/test/readers-{uuid.uuid4().hex[:8]}"
-            producer = client.create_producer(topic, batching_enabled=False)
-            producer.send(b"one")
-            reader = client.create_reader(topic, pulsar.MessageId.earliest)
-            assert reader.read_next(10_000).data() == b"one"
-            reader.close()
-            producer.send(b"two")  # pulsar-lite still looks for the closed reader's dispatcher
-        finally:
-            client.close()
-        assert until(lambda: "No dispatcher found for subscription" in broker.log_path.read_text())
+    broker = own_brokers.start(echo=terminal)
+    client = pulsar.Client(broker.url, logger=logging.getLogger("test.pulsar"))
+    try:
+        topic = f"persistent://tg/test/readers-{uuid.uuid4().hex[:8]}"
+        producer = client.create_producer(topic, batching_enabled=False)
+        producer.send(b"one")
+        reader = client.create_reader(topic, pulsar.MessageId.earliest)
+        assert reader.read_next(10_000).data() == b"one"
+        reader.close()
+        producer.send(b"two")  # pulsar-lite still looks for the closed reader's dispatcher
+    finally:
+        client.close()
+    assert until(lambda: "No dispatcher found for subscription" in broker.log_path.read_text())
+    broker.stop()
     assert "started pulsar-lite pid" in terminal.getvalue()  # what is not routine still shows
     assert "No dispatcher found" not in terminal.getvalue(), terminal.getvalue()

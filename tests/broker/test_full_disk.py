@@ -33,9 +33,9 @@ import pulsar.asyncio
 import pytest
 
 from tests.broker.test_embedded import ECHO, Output, until
-from tests.conftest import HostProcess, LoopThread, PluginDir, live_tools, tghost_cli
+from tests.conftest import HostProcess, LoopThread, OwnBrokers, PluginDir, live_tools, tghost_cli
 from tghost.agent.client import ToolCallError, ToolServiceClient
-from tghost.broker import EmbeddedBroker, default_data_dir, log, stop_broker
+from tghost.broker import default_data_dir, log, stop_broker
 from tghost.broker.store import MIB, StoreDamage, find_damage
 from tghost.protocol.descriptors import request_queue, response_queue
 from tghost.pulsar.clients import PulsarSettings
@@ -343,17 +343,18 @@ def _tools_or_nothing(env: dict[str, str]) -> dict[str, object]:
 # -- a damaged store at start, and the log file on a full disk (no tmpfs needed) -------------
 
 
-def _store_with_messages(data_dir: Path, count: int) -> str:
+def _store_with_messages(brokers: OwnBrokers, data_dir: Path, count: int) -> str:
     """Publish ``count`` persistent messages through a broker on ``data_dir``, then stop it; returns the topic."""
     topic = f"persistent://tg/test/store-{uuid.uuid4().hex[:8]}"
-    with EmbeddedBroker(data_dir, free_port()) as broker:
-        client = pulsar.Client(broker.url, logger=pulsar.FileLogger(pulsar.LoggerLevel.Error, os.devnull))
-        try:
-            producer = client.create_producer(topic, batching_enabled=False)
-            for number in range(count):
-                producer.send(f"message {number}".encode())
-        finally:
-            client.close()
+    broker = brokers.start(data_dir)
+    client = pulsar.Client(broker.url, logger=pulsar.FileLogger(pulsar.LoggerLevel.Error, os.devnull))
+    try:
+        producer = client.create_producer(topic, batching_enabled=False)
+        for number in range(count):
+            producer.send(f"message {number}".encode())
+    finally:
+        client.close()
+        broker.stop()
     return topic
 
 
@@ -367,32 +368,30 @@ def _tear(data_dir: Path, at_record: int) -> None:
     entry_log.write_bytes(data[:starts[at_record]] + b"\0" * 100 + data[starts[at_record]:])
 
 
-def test_broker_start_moves_a_torn_store_aside_and_says_so(tmp_path: Path) -> None:
+def test_broker_start_moves_a_torn_store_aside_and_says_so(own_brokers: OwnBrokers, tmp_path: Path) -> None:
     data_dir, port = tmp_path / "broker", free_port()
-    _store_with_messages(data_dir, 5)
+    _store_with_messages(own_brokers, data_dir, 5)
     _tear(data_dir, 2)
     damage = find_damage(data_dir)
     assert damage is not None and damage.after == 3
-    try:
-        started = tghost_cli("broker", "start", "--port", str(port), "--data-dir", str(data_dir), "--json")
-        assert started.returncode == 0, started.stderr
-        notes = json.loads(started.stdout)["notes"]
-        assert len(notes) == 1 and "moved the damaged store aside" in notes[0] and "3 message(s)" in notes[0]
-        assert "the embedded broker moved the damaged store aside" in started.stderr
-        aside = [path.name for path in data_dir.glob("store.corrupt-*/*")]
-        assert sorted(aside) == ["db.metadata.json", "db.rocksdb"] and find_damage(data_dir) is None
-        assert "moved the damaged store aside" in (data_dir / "broker.log").read_text()
-    finally:
-        stop_broker(port, data_dir)
+    own_brokers.detached(port, data_dir)
+    started = tghost_cli("broker", "start", "--port", str(port), "--data-dir", str(data_dir), "--json")
+    assert started.returncode == 0, started.stderr
+    notes = json.loads(started.stdout)["notes"]
+    assert len(notes) == 1 and "moved the damaged store aside" in notes[0] and "3 message(s)" in notes[0]
+    assert "the embedded broker moved the damaged store aside" in started.stderr
+    aside = [path.name for path in data_dir.glob("store.corrupt-*/*")]
+    assert sorted(aside) == ["db.metadata.json", "db.rocksdb"] and find_damage(data_dir) is None
+    assert "moved the damaged store aside" in (data_dir / "broker.log").read_text()
 
 
-def test_a_store_pulsar_lite_refuses_is_moved_aside_and_it_starts(tmp_path: Path) -> None:
+def test_a_store_pulsar_lite_refuses_is_moved_aside_and_it_starts(own_brokers: OwnBrokers, tmp_path: Path) -> None:
     data_dir = tmp_path / "broker"
-    _store_with_messages(data_dir, 1)
+    _store_with_messages(own_brokers, data_dir, 1)
     (data_dir / "db.rocksdb" / "CURRENT").write_text("garbage\n")  # RocksDB: "Corruption: CURRENT file corrupted"
-    with EmbeddedBroker(data_dir, free_port()) as broker:
-        assert len(broker.notes) == 1 and "pulsar-lite refused to open it" in broker.notes[0]
-        assert "Corruption" in broker.notes[0]
+    broker = own_brokers.start(data_dir)
+    assert len(broker.notes) == 1 and "pulsar-lite refused to open it" in broker.notes[0]
+    assert "Corruption" in broker.notes[0]
     assert len(list(data_dir.glob("store.corrupt-*"))) == 1
 
 

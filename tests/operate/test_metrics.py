@@ -10,7 +10,6 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,7 +18,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import tghost
-from tests.conftest import PluginDir
+from tests.conftest import OwnBrokers, PluginDir
 from tghost.agent.client import ToolCallError, ToolServiceClient
 from tghost.agent.directory import ToolDirectory
 from tghost.announcing.announcer import Announcer
@@ -33,7 +32,6 @@ from tghost.protocol.announcement import current_topic
 from tghost.protocol.trust import TrustedKeys
 from tghost.pulsar.clients import PulsarSettings
 from tghost.serving.settings import ServeSettings
-from tghost.system.net import free_port
 from tghost.testing import LocalHost
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
@@ -247,19 +245,16 @@ def test_health_is_starting_until_the_connection_is_known_and_degraded_without_i
     assert Health(connected=lambda: 1 / 0).snapshot()["status"] == "degraded"  # type: ignore[arg-type, return-value]
 
 
-async def test_health_turns_degraded_while_the_broker_is_down_and_ok_once_back(tmp_path: Path) -> None:
-    broker = EmbeddedBroker(tmp_path / "broker", free_port()).start()
+async def test_health_turns_degraded_while_the_broker_is_down_and_ok_once_back(own_brokers: OwnBrokers) -> None:
+    broker = own_brokers.start()
     catalog = catalog_of([echo])
-    try:
-        async with monitored_host(broker.url, catalog, "persistent://tg/config/health-restart") as (monitor, _):
-            url = f"http://127.0.0.1:{monitor.http.port}/health"
-            assert json.loads((await asyncio.to_thread(get, url))[1])["connected"] is True
-            broker.stop()
-            down = await health_when(url, "degraded")
-            broker.start()
-            back = await health_when(url, "ok")
-    finally:
+    async with monitored_host(broker.url, catalog, "persistent://tg/config/health-restart") as (monitor, _):
+        url = f"http://127.0.0.1:{monitor.http.port}/health"
+        assert json.loads((await asyncio.to_thread(get, url))[1])["connected"] is True
         broker.stop()
+        down = await health_when(url, "degraded")
+        broker.start()
+        back = await health_when(url, "ok")
     assert down[0] == 503 and down[1]["connected"] is False and down[1]["services"] == ["echo"]
     assert back[0] == 200 and back[1]["connected"] is True
 

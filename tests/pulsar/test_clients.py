@@ -21,7 +21,7 @@ import pulsar
 import pulsar.asyncio
 import pytest
 
-from tests.conftest import tghost_cli
+from tests.conftest import OwnBrokers, tghost_cli
 from tghost.broker import EmbeddedBroker
 from tghost.pulsar import clients
 from tghost.pulsar.clients import (
@@ -192,13 +192,14 @@ def test_commands_on_a_fresh_broker_print_no_client_log(pulsar_broker: EmbeddedB
 # -- waiting for a broker --------------------------------------------------------------------
 
 
-async def test_connect_waits_for_a_broker_that_starts_later(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+async def test_connect_waits_for_a_broker_that_starts_later(own_brokers: OwnBrokers,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="tghost.pulsar.clients")
     port = free_port()
     url = f"pulsar://127.0.0.1:{port}"
     connecting = asyncio.create_task(PulsarSettings(url, connect_timeout=120, retry_interval=0.5).connect())
     await until(lambda: any(f"waiting for a Pulsar broker at {url}" in r.message for r in caplog.records))
-    broker = await asyncio.to_thread(EmbeddedBroker(tmp_path, port).start)
+    broker = await asyncio.to_thread(own_brokers.start, port=port)
     try:
         client = await asyncio.wait_for(connecting, 60)
         topic = f"non-persistent://tg/test/late-{uuid.uuid4().hex[:8]}"
