@@ -349,7 +349,7 @@ async def test_a_session_is_remembered_from_its_handshake_until_its_connection_c
 
 
 def test_mcp_without_a_broker_says_how_to_start_one() -> None:
-    result = tghost_cli("mcp", "--pulsar-url", "pulsar://127.0.0.1:1")
+    result = tghost_cli("mcp", "--pulsar-url", "pulsar://127.0.0.1:1", "--connect-timeout", "0")  # else it waits 30 s
     assert result.returncode == 1 and result.stdout == ""
     assert "no Pulsar broker answers at pulsar://127.0.0.1:1" in result.stderr
 
