@@ -28,7 +28,7 @@ import textwrap
 import threading
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Generator, Iterator
 from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
@@ -46,11 +46,15 @@ T = TypeVar("T")
 BROKER_FIXTURES = frozenset({"pulsar_broker", "host_process", "own_brokers"})
 
 
+def asks_for_a_broker(item: pytest.Item) -> bool:
+    """Whether the test requests one of :data:`BROKER_FIXTURES`, directly or through a fixture."""
+    return not BROKER_FIXTURES.isdisjoint(getattr(item, "fixturenames", ()))
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark ``broker`` every test that requests one of :data:`BROKER_FIXTURES` (directly or
-    through another fixture)."""
+    """Mark ``broker`` every test that :func:`asks_for_a_broker`."""
     for item in items:
-        if not BROKER_FIXTURES.isdisjoint(getattr(item, "fixturenames", ())):
+        if asks_for_a_broker(item):
             item.add_marker(pytest.mark.broker)
 
 
@@ -93,16 +97,29 @@ class BrokerGuard:
             pytest.fail(UNASKED, pytrace=False)
 
 
-@pytest.fixture(autouse=True)
-def _no_broker_unless_asked(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """A :class:`BrokerGuard` around every test that requests none of :data:`BROKER_FIXTURES`."""
-    if not BROKER_FIXTURES.isdisjoint(request.fixturenames):
-        yield
-        return
-    guard = BrokerGuard()
-    guard.install(monkeypatch)
-    yield
-    guard.check()
+#: The :class:`BrokerGuard` of the test being run, if it asks for no broker.
+GUARD = pytest.StashKey[BrokerGuard]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object]:
+    """Run a test that asks for no broker under a :class:`BrokerGuard`: its call, and the setup
+    and teardown of its fixtures, a module's or the session's included."""
+    if asks_for_a_broker(item):
+        return (yield)
+    item.stash[GUARD] = guard = BrokerGuard()
+    with pytest.MonkeyPatch.context() as patch:
+        guard.install(patch)
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, object, object]:
+    """Fail a guarded test whose code swallowed a refusal."""
+    result = yield
+    if GUARD in item.stash:
+        item.stash[GUARD].check()
+    return result
 
 
 class OwnBrokers:

@@ -21,6 +21,20 @@ def test_a_test_with_a_broker_fixture_is_marked(request: pytest.FixtureRequest, 
     assert request.node.get_closest_marker("broker") is not None
 
 
+#: EmbeddedBroker.start as tghost defines it (this module is imported outside any test).
+START = EmbeddedBroker.__dict__["start"]
+
+
+@pytest.fixture(scope="module")
+def start_seen_by_a_module_fixture() -> object:
+    return EmbeddedBroker.__dict__["start"]
+
+
+def test_a_module_fixture_set_up_for_a_test_without_a_broker_fixture_is_guarded_too(
+        start_seen_by_a_module_fixture: object) -> None:
+    assert start_seen_by_a_module_fixture is not START
+
+
 def test_without_a_broker_fixture_starting_a_broker_fails_at_once_naming_the_fixture(tmp_path: Path) -> None:
     guard = BrokerGuard()
     with pytest.MonkeyPatch.context() as patch:

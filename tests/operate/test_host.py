@@ -14,17 +14,16 @@ import socket
 import subprocess
 import sys
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 import tghost
-from tests.conftest import READY, HostProcess, PluginDir, tghost_cli
+from tests.conftest import READY, HostProcess, OwnBrokers, PluginDir, tghost_cli
 from tests.test_docs import ROOT, block
 from tghost.broker import EmbeddedBroker
 from tghost.discovery.discover import catalog_of_plugin
-from tghost.system.net import free_port
 from tghost.testing import LocalHost
 
 EMBEDDING = "docs/embedding.md"
@@ -134,13 +133,11 @@ def test_tghost_run_runs_the_shutdown_hook_once_on_sigterm_after_withdrawing(
 # docs/embedding.md
 
 
-@pytest.fixture(scope="module")
-def own_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
-    """A broker of these tests' own: the docs' programs announce on the default topic, which
+@pytest.fixture
+def own_broker(own_brokers: OwnBrokers) -> EmbeddedBroker:
+    """A broker of this test's own: the docs' programs announce on the default topic, which
     no other test's host may share."""
-    broker = EmbeddedBroker(tmp_path_factory.mktemp("embedding"), free_port()).start()
-    yield broker
-    broker.stop()
+    return own_brokers.start()
 
 
 @pytest.fixture
