@@ -1,13 +1,12 @@
-"""cli: ``tghost`` as a user runs it, in subprocesses, against the embedded broker."""
+"""cli: ``tghost`` as a user runs it, in subprocesses, against the embedded broker. What each command
+parses and says before it reaches a broker is tested in process beside it (``test_<module>.py``)."""
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import json
 import os
 import queue
-import re
 import signal
 import subprocess
 import sys
@@ -17,22 +16,12 @@ import urllib.request
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
 
-import click
 import pytest
-from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import HostProcess, PluginDir, live_tools, tghost_cli
-from tests.discovery.test_discover import GREETER
 from tghost.broker import EmbeddedBroker
-from tghost.cli import pulsar_options
-from tghost.cli.app import cli
-from tghost.cli.directory import WATCH_WIDTHS
-from tghost.cli.options import LogLevel
-from tghost.protocol.descriptors import ToolDescriptor, ToolServiceDescriptor
-from tghost.pulsar.clients import PulsarSettings
 from tghost.serving.settings import ServeSettings
 from tghost.system.net import free_port
 
@@ -90,42 +79,6 @@ def env(pulsar_broker: EmbeddedBroker, plugin_dir: PluginDir, tmp_path: Path) ->
     and a private config dir (host slots, tools.toml)."""
     plugin_dir.add("echo", ECHO)
     return plugin_dir.user_env(pulsar_broker.url, tmp_path / "config", "cli")
-
-
-def test_plugins_json_lists_loaded_and_failed_plugins_and_exits_1(plugin_dir: PluginDir) -> None:
-    plugin_dir.add("echo", ECHO, version="3.1")
-    plugin_dir.add("broken", "import not_a_module_anywhere\n")
-    result = tghost_cli("plugins", "--json", env=plugin_dir.env())
-    reports = {r["name"]: r for r in json.loads(result.stdout)}
-    assert result.returncode == 1
-    assert reports["echo"]["status"] == "loaded" and reports["echo"]["version"] == "3.1"
-    assert reports["echo"]["services"] == ["echo", "unhurried", "failing", "kb"]
-    assert reports["broken"]["status"] == "failed"
-    assert "not_a_module_anywhere" in reports["broken"]["errors"][0]
-
-
-def test_plugins_human_output_says_what_failed(plugin_dir: PluginDir) -> None:
-    plugin_dir.add("broken", "import not_a_module_anywhere\n")
-    result = tghost_cli("plugins", env=plugin_dir.env())
-    assert "broken (tghost-test-broken 1.0) failed" in result.stdout
-    assert "error: cannot load entry point 'tghost_test_broken'" in result.stdout
-
-
-def test_plugins_lists_added_plugins_with_their_kind_and_gives_the_config_file_to_their_adder(
-    plugin_dir: PluginDir, tmp_path: Path
-) -> None:
-    plugin_dir.add("greeter", GREETER)
-    config = tmp_path / "tghost.toml"
-    config.write_text('[greeter]\ngreetings = ["hi"]\n')
-    result = tghost_cli("plugins", "--config", str(config), env=plugin_dir.env(TGHOST_LOAD_PLUGINS="greeter"))
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert ("greeter-hi (? ?) loaded\n  kind:        greeter (added by plugin greeter)\n"
-            "  entry point: greeting 'hi'\n  services:    greet-hi\n") in result.stdout
-    config.write_text("[greeter\n")
-    unreadable = tghost_cli("plugins", env=plugin_dir.env(TGHOST_LOAD_PLUGINS="greeter", TGHOST_CONFIG=str(config)))
-    assert unreadable.returncode == 1
-    assert f"Error: cannot read {config}: " in unreadable.stderr
-    assert "greeter-hello (? ?) loaded" in unreadable.stdout  # listed as without a config file
 
 
 def test_run_serves_plugins_and_call_prints_the_observation(
@@ -195,17 +148,6 @@ def test_joke_service_tells_a_pun_about_cats(
     assert host.finish() == 0
 
 
-def test_call_without_a_broker_says_how_to_start_one() -> None:
-    url = f"pulsar://127.0.0.1:{free_port()}"
-    result = tghost_cli("call", "--service", "echo", "--topic", "echo", "--pulsar-url", url)
-    assert result.returncode == 1 and "start one ('tghost run' or 'tghost broker start'" in result.stderr
-
-
-def test_call_rejects_malformed_arguments_with_usage_exit_2() -> None:
-    result = tghost_cli("call", "--service", "echo", "--topic", "echo", "novalue")
-    assert result.returncode == 2 and "is not KEY=VALUE" in result.stderr
-
-
 def test_call_of_a_service_neither_announced_nor_installed_fails_at_once_unless_a_topic_is_given(
     env: dict[str, str]
 ) -> None:
@@ -269,19 +211,6 @@ def test_call_waits_as_long_as_the_service_says_else_as_long_as_a_host_does(
     unannounced = tghost_cli("call", "--help", env=env).stdout
     assert f"else {ServeSettings.timeout:g}, a host's default" in " ".join(unannounced.split())
     assert ServeSettings.timeout == ServeSettings().timeout  # the default the host serves with
-
-
-@pytest.mark.parametrize("option", [("--config", "style=pun"), ("--topic", "joke")])
-def test_call_of_a_tool_with_a_service_option_is_a_usage_error_saying_what_to_use(option: tuple[str, str]) -> None:
-    result = tghost_cli("call", "tell-joke", *option, "topic=cats")
-    assert result.returncode == 2
-    assert f"{option[0]} goes with --service, not with a tool name" in result.stderr
-    assert f"tghost call --service ID {option[0]}" in result.stderr
-
-
-def test_call_refuses_an_argument_given_twice() -> None:
-    result = tghost_cli("call", "tell-joke", "topic=cats", "topic:=\"dogs\"")
-    assert result.returncode == 2 and "'topic' is given twice" in result.stderr
 
 
 def test_tools_json_lists_what_a_running_host_announced(env: dict[str, str],
@@ -393,42 +322,6 @@ def test_watch_shows_a_second_host_arriving_and_leaving(env: dict[str, str], plu
         watcher.wait(10)
 
 
-def _settings_seen(args: list[str], env: dict[str, str]) -> PulsarSettings:
-    """Run a command decorated with ``pulsar_options`` and return the PulsarSettings it was handed."""
-    seen: list[PulsarSettings] = []
-
-    @click.command()
-    @pulsar_options
-    def probe(pulsar: PulsarSettings, descriptors_topic: str) -> None:
-        seen.append(pulsar)
-
-    result = CliRunner().invoke(probe, args, env=env, catch_exceptions=False)
-    assert result.exit_code == 0, result.output
-    return seen[0]
-
-
-def test_pulsar_options_come_from_the_environment(tmp_path: Path) -> None:
-    ca = tmp_path / "ca.pem"
-    ca.write_text("not checked here")
-    settings = _settings_seen([], {"TGHOST_PULSAR_URL": "pulsar+ssl://broker:6651", "TGHOST_PULSAR_TOKEN": "env-jwt",
-                                   "TGHOST_TLS_TRUST_CERTS": str(ca), "TGHOST_TLS_ALLOW_INSECURE": "1",
-                                   "TGHOST_TLS_VALIDATE_HOSTNAME": "true"})
-    assert settings == PulsarSettings("pulsar+ssl://broker:6651", token="env-jwt", tls_trust_certs=str(ca),
-                                      tls_allow_insecure=True, tls_validate_hostname=True)
-
-
-def test_pulsar_option_flags_override_the_environment() -> None:
-    settings = _settings_seen(["--pulsar-url", "pulsar://other:6650", "--pulsar-token", "flag-jwt"],
-                              {"TGHOST_PULSAR_URL": "pulsar://env:6650", "TGHOST_PULSAR_TOKEN": "env-jwt"})
-    assert (settings.url, settings.token, settings.tls_trust_certs) == ("pulsar://other:6650", "flag-jwt", None)
-    assert not settings.tls_allow_insecure
-
-
-def test_a_missing_trust_certs_file_is_a_usage_error() -> None:
-    result = tghost_cli("call", "--service", "echo", "--tls-trust-certs", "/nonexistent/ca.pem")
-    assert result.returncode == 2 and "/nonexistent/ca.pem" in result.stderr
-
-
 def test_run_and_call_with_a_pulsar_token(env: dict[str, str], host_process: Callable[..., HostProcess]) -> None:
     """The token passes through ``tghost run`` and ``tghost call`` to the broker without breaking
     anything. pulsar-lite 0.2.0 does not enforce auth: it accepts any token, so this cannot show
@@ -458,58 +351,6 @@ def test_run_and_call_with_a_pulsar_token_file(env: dict[str, str], tmp_path: Pa
     assert (by_env.returncode, by_env.stdout) == (0, "token file from env\n"), by_env.stderr
     host.process.send_signal(signal.SIGINT)
     assert host.finish() == 0
-
-
-def test_a_pulsar_token_file_gives_its_contents_without_surrounding_whitespace(tmp_path: Path) -> None:
-    token = tmp_path / "pulsar-token"
-    token.write_text("  eyJ.jwt.sig \n\n")
-    assert _settings_seen(["--pulsar-token-file", str(token)], {}).token == "eyJ.jwt.sig"
-    assert _settings_seen([], {"TGHOST_PULSAR_TOKEN_FILE": str(token)}).token == "eyJ.jwt.sig"
-
-
-def _without_tghost_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("TGHOST_")}
-
-
-@pytest.mark.parametrize("contents", [None, "", " \n\t\n"], ids=["missing", "empty", "whitespace"])
-def test_a_missing_or_empty_pulsar_token_file_is_a_usage_error_naming_the_option(
-        tmp_path: Path, contents: str | None) -> None:
-    token = tmp_path / "pulsar-token"
-    if contents is not None:
-        token.write_text(contents)
-    result = tghost_cli("call", "--pulsar-token-file", str(token), "--service", "echo", env=_without_tghost_env())
-    assert result.returncode == 2, result.stderr
-    assert "--pulsar-token-file / TGHOST_PULSAR_TOKEN_FILE" in result.stderr and str(token) in result.stderr
-
-
-def test_a_pulsar_token_and_a_pulsar_token_file_together_are_a_usage_error(tmp_path: Path) -> None:
-    token = tmp_path / "pulsar-token"
-    token.write_text("x")
-    by_flags = tghost_cli("call", "--pulsar-token", "x", "--pulsar-token-file", str(token), "--service", "echo",
-                          env=_without_tghost_env())
-    by_env = tghost_cli("call", "--pulsar-token-file", str(token), "--service", "echo",
-                        env={**_without_tghost_env(), "TGHOST_PULSAR_TOKEN": "x"})
-    for result in (by_flags, by_env):
-        assert result.returncode == 2, result.stderr
-        assert "--pulsar-token (env TGHOST_PULSAR_TOKEN) or --pulsar-token-file" in result.stderr
-
-
-def test_plugin_flags_block_plugins_and_plugins_lists_why(plugin_dir: PluginDir) -> None:
-    plugin_dir.add("echo", ECHO)
-    plugin_dir.add("shout", SHOUT)
-    env = plugin_dir.env(TGHOST_DISABLE_PLUGINS="echo")
-    result = tghost_cli("plugins", "--json", "--load-plugins", "echo,shout,typo", env=env)
-    reports = {r["name"]: r for r in json.loads(result.stdout)}
-    assert reports["echo"]["status"] == "blocked" and reports["echo"]["blocked"] == "disabled by TGHOST_DISABLE_PLUGINS"
-    assert reports["shout"]["status"] == "loaded" and reports["shout"]["services"] == ["shout"]
-    assert reports["typo"]["status"] == "missing" and "--load-plugins names entry point 'typo'" in (
-        reports["typo"]["errors"][0])
-    assert result.returncode == 1  # the unknown name is an error
-    assert {r["status"] for name, r in reports.items() if name not in ("echo", "shout", "typo")} == {"blocked"}
-    human = tghost_cli("plugins", "--load-plugins", "shout", "--disable-plugins", "", env=env)
-    assert human.returncode == 0, human.stdout
-    assert "echo (tghost-test-echo 1.0) blocked\n  entry point: tghost_test_echo\n  blocked:     not listed in " \
-           "--load-plugins" in human.stdout
 
 
 def test_status_reports_a_running_host_and_exits_1_once_it_stops(
@@ -609,12 +450,6 @@ def test_status_with_no_live_host_exits_3_and_without_a_broker_1(env: dict[str, 
     assert nowhere.returncode == 1 and "no Pulsar broker answers" in nowhere.stderr
 
 
-def test_connect_timeout_comes_from_the_flag_or_the_environment() -> None:
-    assert _settings_seen([], {}).connect_timeout == PulsarSettings.connect_timeout
-    assert _settings_seen([], {"TGHOST_CONNECT_TIMEOUT": "120"}).connect_timeout == 120
-    assert _settings_seen(["--connect-timeout", "0"], {"TGHOST_CONNECT_TIMEOUT": "120"}).connect_timeout == 0
-
-
 def test_watch_started_before_the_broker_waits_for_it(plugin_dir: PluginDir, tmp_path: Path,
                                                       host_process: Callable[..., HostProcess]) -> None:
     """'tghost watch' follows like an agent: started with no broker, it waits (one line per
@@ -654,142 +489,3 @@ def test_a_host_stopped_while_its_broker_is_down_withdraws_nothing_and_exits(
     assert host.finish() == 0
     assert "not connected to the broker: withdrawing nothing; entries expire after the 30.0s lease" in host.log
     assert "could not withdraw" not in host.log
-
-
-def test_help_lists_every_command_by_its_own_first_line_without_importing_any() -> None:
-    from tghost.cli.app import COMMANDS, cli
-
-    ctx = click.Context(cli)
-    for name, entry in COMMANDS.items():  # the table's help is the command's own
-        assert cli.get_command(ctx, name).get_short_help_str(10_000) == entry.help, name  # type: ignore[union-attr]
-    probe = ("import sys\nfrom tghost.cli.app import cli\ntry:\n    cli(['--help'])\nexcept SystemExit:\n    pass\n"
-             "print(sorted(m for m in sys.modules if m.startswith('tghost.cli.') or m in "
-             "('pydantic', 'cryptography', 'opentelemetry', 'pulsar')))")
-    shown = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
-    listed, imported = shown.rsplit("\n", 2)[0], shown.rsplit("\n", 2)[1]
-    assert all(f"  {name} " in listed for name in COMMANDS)
-    assert imported == "['tghost.cli.app']"  # no command module, and none of the heavy libraries
-
-
-
-#: What each command loads before it runs (its module's imports, as ``COMMAND --help`` shows them),
-#: among the libraries that cost start-up: only what it uses. The rest load where they are used
-#: (tracing, signing keys, search, the web and MCP adapters).
-HEAVY = ("pydantic", "pulsar", "pluggy", "cryptography", "opentelemetry", "tantivy", "starlette", "uvicorn", "mcp",
-         "jinja2", "prometheus_client")
-LOADS = {
-    "new": set(), "install": set(), "uninstall": set(), "keygen": set(), "pulsar": set(),  # no plugin, no broker
-    "broker": {"pulsar"},  # asks the port with the client's handshake
-    **dict.fromkeys(("tools", "call", "watch", "export", "inspect", "mcp", "trustgraph"),
-                    frozenset({"pulsar", "pydantic"})),  # the directory: Pulsar and the descriptor models
-    "status": {"pulsar"},  # the directory's models once it asks the announcements, not for --url
-    "plugins": {"pulsar", "pydantic", "pluggy"}, "run": {"pulsar", "pydantic", "pluggy"},  # plugins too
-}
-
-
-@pytest.mark.parametrize("command", sorted(LOADS))
-def test_no_command_loads_a_library_it_does_not_use(command: str) -> None:
-    probe = (f"import sys\nfrom tghost.cli.app import cli\ntry:\n    cli([{command!r}, '--help'])\n"
-             f"except SystemExit:\n    pass\nprint(sorted(m for m in sys.modules if m in {HEAVY!r}))")
-    shown = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
-    assert set(ast.literal_eval(shown.splitlines()[-1])) == LOADS[command]
-
-
-def test_every_command_has_its_loads_stated() -> None:
-    from tghost.cli.app import COMMANDS
-
-    assert set(LOADS) == set(COMMANDS)
-
-def _help(*command: str) -> str:
-    result = CliRunner().invoke(cli, [*command, "--help"], terminal_width=200)
-    assert result.exit_code == 0, result.output
-    return result.output
-
-
-def test_connect_timeout_is_in_the_help_of_the_commands_that_wait_only() -> None:
-    for command in ("tools", "call", "export"):
-        assert "--connect-timeout" not in _help(command), command
-    for command in ("run", "watch", "mcp"):
-        assert "--connect-timeout" in _help(command), command
-
-
-def test_log_levels_are_spelt_warning_everywhere_and_described() -> None:
-    assert re.search(r"--log-level \[debug\|info\|warning\|error\]\s+Least severe log line", _help("run"))
-    assert "--log-level [debug|info|warning|error]" in _help("mcp")
-    assert "--log-level [error|warning|info|debug|trace]" in _help("broker")
-    assert LogLevel().convert("warn", None, None) == "warning"
-    port = str(free_port())
-    result = CliRunner().invoke(cli, ["broker", "--log-level", "warn", "status", "--port", port])
-    assert result.exit_code == 3, result.output  # accepted: not running there
-
-
-def test_errors_start_with_click_s_error(tmp_path: Path) -> None:
-    config = tmp_path / "tools.toml"
-    config.write_text("not toml [")
-    result = CliRunner().invoke(cli, ["plugins", "--config", str(config)], env={"TGHOST_LOAD_PLUGINS": ""})
-    assert result.exit_code == 1 and "Error: " in result.output and "\nerror: " not in "\n" + result.output
-
-
-def test_watch_lines_keep_their_columns_whatever_the_names(capsys: pytest.CaptureFixture[str]) -> None:
-    from tghost.agent.entries import Change, DirectoryTool, ServiceEntry
-    from tghost.cli.directory import _print_change
-
-    def change(kind: Literal["added", "expired"], name: str, service: str) -> Change:
-        descriptor = ToolDescriptor.model_validate({"name": name, "description": "d", "service": service})
-        entry = ServiceEntry(ToolServiceDescriptor.model_validate(
-            {"id": service, "request-queue": f"non-persistent://tg/request/{service}",
-             "response-queue": f"non-persistent://tg/response/{service}"}), ())
-        return Change(kind, name, DirectoryTool(descriptor, entry, ()))
-
-    for kind, name, service in (("added", "x", "s"), ("expired", "tell-joke", "joke-service"),
-                                ("added", "summarise-a-long-document", "summaries")):
-        _print_change(change(kind, name, service), as_json=False)
-    lines = capsys.readouterr().out.splitlines()
-    assert {line.index(service) for line, service in zip(lines, ("s", "joke-service", "summaries"), strict=True)} \
-        == {sum(WATCH_WIDTHS[:2]) + 4}
-
-
-def test_the_inspector_and_the_mcp_bridge_default_to_different_ports() -> None:
-    """Both run on one machine with no flags."""
-    ctx = click.Context(cli)
-    ports = {name: next(p.default for p in cli.get_command(ctx, name).params if p.name == "http_port")  # type: ignore[union-attr]
-             for name in ("inspect", "mcp")}
-    assert ports == {"inspect": 8766, "mcp": 8765}
-
-
-def test_status_asks_an_unsigned_host_only_for_the_plain_health_url_on_this_machine() -> None:
-    """A host message's hostname and URL are claims: unsigned, a URL with a path, query or user of
-    its choosing is never asked, nor is a redirect followed."""
-    import http.server
-    import socket as sockets
-
-    from tghost.agent.hosts import LiveHost
-    from tghost.cli.status import _announced_health
-
-    class Redirect(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            self.send_response(302)
-            self.send_header("Location", "http://127.0.0.1:1/elsewhere")
-            self.end_headers()
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.HTTPServer(("127.0.0.1", 0), Redirect)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    port = server.server_address[1]
-
-    def asked(url: str, verified: bool = False) -> dict[str, Any] | None:
-        host = LiveHost(id="h", instances=("i",), host={"hostname": sockets.gethostname()}, lease_end=0.0,
-                        lease_seconds=30.0, signed_by="k" if verified else None, verified=verified, services=(),
-                        external=(), tools=(), conflicts=(), health=url)
-        return _announced_health(host, 2.0)
-
-    try:
-        for forged in (f"http://127.0.0.1:{port}/admin/delete", f"http://127.0.0.1:{port}/health?drop=1",
-                       f"http://user@127.0.0.1:{port}/health", f"http://{sockets.gethostname()}:{port}/health"):
-            assert asked(forged) == {"status": "unverified"}, forged
-        followed = asked(f"http://127.0.0.1:{port}/health")  # the plain form is asked: a redirect is refused
-        assert followed is not None and followed["status"] == "unreachable" and "redirects" in followed["error"]
-    finally:
-        server.shutdown()

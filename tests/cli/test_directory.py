@@ -1,0 +1,102 @@
+"""cli.directory: ``tghost tools``, ``watch``, ``export``, ``mcp`` and ``inspect`` before they
+reach a broker: their usage errors (exit 2), the message when no broker answers (exit 1), the
+web commands' token rule and Host names, and ``watch``'s columns. In process, with no broker."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import click
+import pytest
+from click.testing import CliRunner, Result
+
+from tghost.agent.entries import Change, DirectoryTool, ServiceEntry
+from tghost.cli.app import cli
+from tghost.cli.directory import WATCH_WIDTHS, _print_change
+from tghost.protocol.descriptors import ToolDescriptor, ToolServiceDescriptor
+from tghost.system.net import free_port
+
+
+def _tghost(*args: str, env: dict[str, str | None] | None = None) -> Result:
+    """``tghost ARGS`` in process, on a port where no broker runs."""
+    return CliRunner().invoke(cli, [*args, "--pulsar-url", f"pulsar://127.0.0.1:{free_port()}"], env=env)
+
+
+@pytest.mark.parametrize(("args", "error"), [
+    (("--limit", "3"), "--limit goes with --search, e.g. --search 'weather forecast' --limit 3"),
+    (("--search", "  "), "Invalid value for --search: the query has no words to search for"),
+    (("--search", "?!"), "Invalid value for --search: the query has no words to search for"),
+    (("--search", "weather", "--limit", "0"), "Invalid value for --limit: limit must be a whole number from 1 to"),
+    (("--search", "weather", "--limit", "1001"), "Invalid value for --limit: limit must be a whole number from 1"),
+], ids=["limit-alone", "blank-query", "no-words", "limit-0", "limit-1001"])
+def test_tools_search_and_limit_usage_errors_come_before_the_broker(args: tuple[str, ...], error: str) -> None:
+    result = _tghost("tools", *args)
+    assert result.exit_code == 2 and error in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("command", [("tools",), ("tools", "--search", "weather", "--limit", "3"),
+                                     ("export", "--format", "openai")], ids=["tools", "tools-search", "export"])
+def test_one_shot_commands_without_a_broker_exit_1_saying_how_to_start_one(command: tuple[str, ...]) -> None:
+    result = _tghost(*command)
+    assert result.exit_code == 1 and result.stdout == ""
+    assert "Error: no Pulsar broker answers at pulsar://127.0.0.1:" in result.stderr
+    assert "start one ('tghost run' or 'tghost broker start'" in result.stderr
+
+
+def test_export_needs_a_format() -> None:
+    result = _tghost("export")
+    assert result.exit_code == 2 and "Missing option '--format'" in result.stderr
+
+
+@pytest.mark.parametrize(("command", "env"), [("mcp", "TGHOST_MCP_TOKEN_FILE"),
+                                              ("inspect", "TGHOST_INSPECT_TOKEN_FILE")])
+def test_web_commands_off_loopback_need_a_token_file(command: str, env: str) -> None:
+    args = ("--transport", "http") if command == "mcp" else ()
+    result = _tghost(command, *args, "--host", "0.0.0.0", env={env: None})
+    assert result.exit_code == 2
+    assert f"--host 0.0.0.0 makes the {'MCP bridge' if command == 'mcp' else 'inspector'} reachable" in result.stderr
+    assert f"give --token-file FILE (env {env})" in result.stderr
+
+
+@pytest.mark.parametrize("command", ["mcp", "inspect"])
+def test_an_empty_token_file_is_a_usage_error_naming_the_option(command: str, tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text(" \n")
+    args = ("--transport", "http") if command == "mcp" else ()
+    result = _tghost(command, *args, "--host", "0.0.0.0", "--token-file", str(token))
+    assert result.exit_code == 2 and "Invalid value for --token-file /" in result.stderr
+    assert f"the token file {str(token)!r} is empty (or only whitespace)" in result.stderr
+
+
+@pytest.mark.parametrize(("command", "env"), [("mcp", "TGHOST_MCP_ALLOWED_HOSTS"),
+                                              ("inspect", "TGHOST_INSPECT_ALLOWED_HOSTS")])
+def test_an_allowed_host_that_is_a_url_is_a_usage_error_naming_the_option(command: str, env: str) -> None:
+    result = _tghost(command, "--allowed-host", "tools.example.com", "--allowed-host", "https://tools.example.com")
+    assert result.exit_code == 2
+    assert f"Invalid value for --allowed-host / {env}: 'https://tools.example.com' is not a Host header value" \
+        in result.stderr
+
+
+def test_the_inspector_and_the_mcp_bridge_default_to_different_ports() -> None:
+    """Both run on one machine with no flags."""
+    ctx = click.Context(cli)
+    ports = {name: next(p.default for p in cli.get_command(ctx, name).params if p.name == "http_port")  # type: ignore[union-attr]
+             for name in ("inspect", "mcp")}
+    assert ports == {"inspect": 8766, "mcp": 8765}
+
+
+def test_watch_lines_keep_their_columns_whatever_the_names(capsys: pytest.CaptureFixture[str]) -> None:
+    def change(kind: Literal["added", "expired"], name: str, service: str) -> Change:
+        descriptor = ToolDescriptor.model_validate({"name": name, "description": "d", "service": service})
+        entry = ServiceEntry(ToolServiceDescriptor.model_validate(
+            {"id": service, "request-queue": f"non-persistent://tg/request/{service}",
+             "response-queue": f"non-persistent://tg/response/{service}"}), ())
+        return Change(kind, name, DirectoryTool(descriptor, entry, ()))
+
+    for kind, name, service in (("added", "x", "s"), ("expired", "tell-joke", "joke-service"),
+                                ("added", "summarise-a-long-document", "summaries")):
+        _print_change(change(kind, name, service), as_json=False)
+    lines = capsys.readouterr().out.splitlines()
+    assert {line.index(service) for line, service in zip(lines, ("s", "joke-service", "summaries"), strict=True)} \
+        == {sum(WATCH_WIDTHS[:2]) + 4}
