@@ -135,12 +135,6 @@ def test_mcp_export_lists_tool_objects_filtered_by_group(live: dict[str, str]) -
     assert greet["annotations"] == {"title": "Greet"}
 
 
-def test_export_needs_a_format_and_a_broker() -> None:
-    assert tghost_cli("export").returncode == 2
-    result = tghost_cli("export", "--format", "mcp", "--pulsar-url", "pulsar://127.0.0.1:1")
-    assert result.returncode == 1 and "no Pulsar broker answers" in result.stderr
-
-
 def test_input_schema_prefers_the_tools_own_schema() -> None:
     own = {"type": "object", "properties": {"q": {"type": "string", "minLength": 1}}, "required": ["q"]}
     tool = ToolDescriptor.model_validate({"name": "ask", "description": "Ask.", "service": "kb",

@@ -93,7 +93,7 @@ class _Refuse(http.server.BaseHTTPRequestHandler):
 def http_url() -> Iterator[str]:
     """A local port that holds an HTTP server, where a user might point --pulsar-url by mistake."""
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Refuse)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True).start()  # poll: a quick shutdown
     yield f"pulsar://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
     server.server_close()
