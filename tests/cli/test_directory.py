@@ -94,8 +94,10 @@ def test_watch_lines_keep_their_columns_whatever_the_names(capsys: pytest.Captur
              "response-queue": f"non-persistent://tg/response/{service}"}), ())
         return Change(kind, name, DirectoryTool(descriptor, entry, ()))
 
-    for kind, name, service in (("added", "x", "s"), ("expired", "tell-joke", "joke-service"),
-                                ("added", "summarise-a-long-document", "summaries")):
+    changes: list[tuple[Literal["added", "expired"], str, str]] = [
+        ("added", "x", "s"), ("expired", "tell-joke", "joke-service"),
+        ("added", "summarise-a-long-document", "summaries")]
+    for kind, name, service in changes:
         _print_change(change(kind, name, service), as_json=False)
     lines = capsys.readouterr().out.splitlines()
     assert {line.index(service) for line, service in zip(lines, ("s", "joke-service", "summaries"), strict=True)} \

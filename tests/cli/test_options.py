@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,7 @@ def _without_tghost_env() -> dict[str, str | None]:
     return {k: None for k in os.environ if k.startswith("TGHOST_")}
 
 
-def _call(*args: str, env: dict[str, str | None] | None = None) -> Result:
+def _call(*args: str, env: Mapping[str, str | None] | None = None) -> Result:
     """``tghost call ARGS`` in process, with none of this process's TGHOST_* variables."""
     return CliRunner().invoke(cli, ["call", *args], env={**_without_tghost_env(), **(env or {})})
 
