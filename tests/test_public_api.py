@@ -58,12 +58,12 @@ PROTOCOL = [
     "RESTATEMENT_MARGIN", "Request", "Response", "SESSION", "SESSION_KEY", "SESSION_SIGNATURE", "SIGNATURE",
     "SIGNATURE_FIELD", "SIGNED_AT", "Signer", "TIMEOUT", "TOOL_SERVICE_ERROR", "TooLarge", "ToolAccess",
     "ToolDescriptor", "ToolServiceDescriptor", "TrustedKeys", "UNAUTHORIZED", "UNAVAILABLE", "UNKNOWN_KEY",
-    "UNKNOWN_SESSION", "UNSIGNED", "WILDCARD", "announcement_key", "caller_key_id", "canonical_json",
-    "control_topic", "current_topic", "decode_request", "decode_response", "encode_error", "encode_progress",
-    "encode_request", "encode_response", "epoch_of", "epoch_topic", "fingerprint", "full_topic_name",
-    "is_available", "key_id", "mac_bytes", "next_state", "observation", "open_session", "parse_descriptor",
-    "read_window", "request_queue", "response_queue", "select", "sign_request", "signed_bytes",
-    "signed_request_bytes", "signed_within", "verify_mac", "verify_request",
+    "UNKNOWN_SESSION", "UNSIGNED", "WILDCARD", "announcement_key", "announcement_value", "caller_key_id",
+    "canonical_json", "check_lease", "control_topic", "current_topic", "decode_request", "decode_response",
+    "encode_error", "encode_progress", "encode_request", "encode_response", "epoch_of", "epoch_topic", "fingerprint",
+    "full_topic_name", "is_available", "key_id", "mac_bytes", "next_state", "observation", "open_session",
+    "parse_descriptor", "read_window", "request_queue", "response_queue", "schema_of_arguments", "select",
+    "sign_request", "signed_bytes", "signed_request_bytes", "signed_within", "verify_mac", "verify_request",
 ]
 
 #: Pages a user reads to use tghost: they name public paths only.

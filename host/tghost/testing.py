@@ -26,7 +26,7 @@ from tghost.author.service import ToolService
 from tghost.broker import EmbeddedBroker
 from tghost.conformance import Conformance, Finding, RawWire, check_conformance
 from tghost.discovery.catalog import Catalog
-from tghost.discovery.discover import catalog_of, catalog_of_plugin
+from tghost.discovery.discover import catalog_of
 from tghost.operate.host import Host, HostConfig
 from tghost.protocol.epochs import DEFAULT_TOPIC, EPOCH_SECONDS, epoch_of, epoch_topic
 from tghost.protocol.trust import Signer
@@ -70,8 +70,8 @@ class LocalHost(Host):
       (e.g. ``service.tool("query-customers", collection="customers")``); or a discovered
       ``Catalog``;
     - or ``plugin``: a plugin module (or object) whose hooks register them, loaded as the host
-      loads an entry point's module (:func:`tghost.discovery.discover.catalog_of_plugin`), so the test
-      covers ``tghost_register_tools`` and ``tghost_shutdown`` too.
+      loads an entry point's module, so the test covers ``tghost_register_tools`` and
+      ``tghost_shutdown`` too (a ``Catalog`` passed in is the test's to shut down).
 
     :meth:`call` and :meth:`stream` take a tool name, whose config values go into the request,
     as ``ToolDirectory`` and ``tghost call TOOL`` send them; or a service id.
@@ -80,7 +80,8 @@ class LocalHost(Host):
     ``epoch_seconds``, and withdraws them on exit, as ``tghost run`` does. ``authorize`` is a
     function with the contract of the ``tghost_authorize`` hook (a ``Catalog`` or ``plugin``
     brings its own). ``listeners`` are told of every call (``tghost.CallRecord``), as
-    metrics and the audit log are. In-flight calls get ``grace`` seconds on exit.
+    metrics and the audit log are. ``settings`` are the host's serving limits; by default a
+    test's: ``ServeSettings(grace=5.0)``, the seconds in-flight calls get on exit.
 
     Raises:
         DescriptorError, ValueError: a descriptor is invalid, a name is registered twice, or the
@@ -102,21 +103,15 @@ class LocalHost(Host):
         authorize: Callable[..., Any] | None = None,
         epoch_seconds: float = EPOCH_SECONDS,
         listeners: Sequence[CallListener] = (),
-        grace: float = 5.0,
     ) -> None:
-        if plugin is not None:
-            catalog = catalog_of_plugin(plugin)
-        elif isinstance(services, Catalog):
-            catalog = services
-        else:
-            catalog = catalog_of(services, tools, authorize=authorize)
-        config = HostConfig(pulsar=PulsarSettings(url), topic=topic, serve=settings or ServeSettings(),
+        given = None if plugin is not None else services if isinstance(services, Catalog) \
+            else catalog_of(services, tools, authorize=authorize)
+        config = HostConfig(pulsar=PulsarSettings(url), topic=topic, serve=settings or ServeSettings(grace=5.0),
                             announce=announce_as is not None, host_id=announce_as, lease=lease, signer=signer,
                             epoch_seconds=epoch_seconds)
-        super().__init__(config, catalog, listeners=listeners)
-        self.services, self.descriptors = catalog.services, catalog.descriptors
+        super().__init__(config, given, plugin=plugin, listeners=listeners)
+        self.services, self.descriptors = self.catalog.services, self.catalog.descriptors
         self.pulsar = config.pulsar
-        self.grace = grace
         self._clients: dict[str, ToolServiceClient] = {}
         self._callers_client: pulsar.asyncio.Client | None = None
         self._lock = asyncio.Lock()
@@ -126,11 +121,10 @@ class LocalHost(Host):
         return self
 
     async def stop(self, grace: float | None = None) -> int:
-        """Stop the host (:meth:`tghost.Host.stop`), giving in-flight calls ``grace`` seconds
-        (default: this host's ``grace``), then close the test's callers: a call in flight is
-        answered first."""
+        """Stop the host (:meth:`tghost.Host.stop`), then close the test's callers: a call in
+        flight is answered first."""
         try:
-            return await super().stop(self.grace if grace is None else grace)
+            return await super().stop(grace)
         finally:
             for caller in self._clients.values():
                 await caller.close()

@@ -29,9 +29,9 @@ from click.testing import CliRunner
 
 from tests.conftest import HostProcess, OwnBrokers, PluginDir, tghost_cli
 from tghost.broker import default_data_dir, log, process
-from tghost.broker.status import ELSEWHERE
+from tghost.broker.status import ELSEWHERE, make_data_dir
 from tghost.cli.app import cli
-from tghost.pulsar.clients import is_reachable
+from tghost.pulsar.clients import BrokerError, is_reachable
 from tghost.system.net import free_port
 
 ECHO = """
@@ -466,3 +466,11 @@ def test_routine_pulsar_lite_warnings_stay_in_its_log_and_off_the_terminal(own_b
     broker.stop()
     assert "started pulsar-lite pid" in terminal.getvalue()  # what is not routine still shows
     assert "No dispatcher found" not in terminal.getvalue(), terminal.getvalue()
+
+
+def test_a_data_dir_that_cannot_be_made_is_a_broker_error_that_says_so(tmp_path: Path) -> None:
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    with pytest.raises(BrokerError, match=r"cannot use .*a-file/broker as the broker's data dir \(Not a directory\): "
+                                          r"choose a directory this user can write"):
+        make_data_dir(blocked / "broker")

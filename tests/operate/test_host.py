@@ -23,7 +23,7 @@ import tghost
 from tests.conftest import READY, HostProcess, OwnBrokers, PluginDir, tghost_cli
 from tests.test_docs import ROOT, block
 from tghost.broker import EmbeddedBroker
-from tghost.discovery.discover import catalog_of_plugin
+from tghost.system.net import free_port
 from tghost.testing import LocalHost
 
 EMBEDDING = "docs/embedding.md"
@@ -76,7 +76,7 @@ async def test_a_host_that_cannot_start_stops_what_it_started_and_runs_the_shutd
         taken.listen()
         port = taken.getsockname()[1]
         plugin = lifecycle_plugin(events, asyncio.Event())
-        host = tghost.Host(tghost.HostConfig(metrics_port=port), catalog_of_plugin(plugin))
+        host = tghost.Host(tghost.HostConfig(metrics_port=port), plugin=plugin)
         with pytest.raises(tghost.HostError) as info:
             await host.start()
     assert info.value.setting == "metrics_port"
@@ -84,6 +84,61 @@ async def test_a_host_that_cannot_start_stops_what_it_started_and_runs_the_shutd
     assert events == ["shutdown hook"]
     await host.stop()
     assert events == ["shutdown hook"]
+
+
+async def test_overlapping_stops_wait_for_the_one_stop_and_a_cancelled_serve_still_stops(
+    pulsar_broker: EmbeddedBroker,
+) -> None:
+    events: list[str] = []
+    release = asyncio.Event()
+    host = tghost.Host(tghost.HostConfig(pulsar=tghost.PulsarSettings(pulsar_broker.url), announce=False),
+                       plugin=lifecycle_plugin(events, release))
+    serving = asyncio.create_task(host.serve(handle_signals=False))
+    while not host._serving:
+        await asyncio.sleep(0.01)
+    first, second = asyncio.create_task(host.stop()), asyncio.create_task(host.stop())
+    await asyncio.sleep(0)
+    serving.cancel()  # the serve() that was waiting: its stop is the same stop
+    assert await first == await second == 0
+    with pytest.raises(asyncio.CancelledError):
+        await serving
+    assert events == ["shutdown hook"]
+    with pytest.raises(RuntimeError, match="starts once"):
+        await host.start()
+
+
+async def test_cancelling_serve_withdraws_drains_and_runs_the_shutdown_hook(pulsar_broker: EmbeddedBroker) -> None:
+    events: list[str] = []
+    host = tghost.Host(tghost.HostConfig(pulsar=tghost.PulsarSettings(pulsar_broker.url), announce=False),
+                       plugin=lifecycle_plugin(events, asyncio.Event()))
+    serving = asyncio.create_task(host.serve(handle_signals=False))
+    while not host._serving:
+        await asyncio.sleep(0.01)
+    serving.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await serving
+    assert events == ["shutdown hook"]
+    assert host.server.endpoints[0].counters["received"] == 0
+
+
+def test_a_host_given_its_services_takes_the_config_files_access_policy_and_refuses_plugin_settings(
+    tmp_path: Path,
+) -> None:
+    @tghost.tool
+    def shout(text: str) -> str:
+        """Say it louder."""
+        return text.upper()
+
+    policy = tmp_path / "access.toml"
+    policy.write_text('[access]\nanonymous = ["shout"]\n')
+    host = tghost.Host(tghost.HostConfig(config_file=policy), [shout])
+    access = host.load().access
+    assert access is not None and access.anonymous == frozenset({"shout"})
+    for config in (tghost.HostConfig(watch_plugins=True), tghost.HostConfig(plugins=tghost.PluginSelection())):
+        with pytest.raises(ValueError, match="choose installed plugins"):
+            tghost.Host(config, [shout])
+    with pytest.raises(ValueError, match="at most 600s"):
+        tghost.HostConfig(lease=601)
 
 
 SHUTDOWN_COUNTER = """
@@ -128,6 +183,21 @@ def test_tghost_run_runs_the_shutdown_hook_once_on_sigterm_after_withdrawing(
     assert shutdowns.read_text() == "shutdown\n", host.log
     assert host.log.index("stopping: no new requests") < host.log.index("stopped after 1 request(s)"), host.log
     assert json.loads(tghost_cli("tools", "--json", env=env).stdout) == []
+
+
+def test_tghost_run_runs_the_shutdown_hook_once_when_its_broker_cannot_start(
+    plugin_dir: PluginDir, tmp_path: Path,
+) -> None:
+    plugin_dir.add("shutdown-counter", SHUTDOWN_COUNTER)
+    shutdowns = tmp_path / "shutdowns"
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")  # a data dir inside a file cannot be made
+    env = {**plugin_dir.user_env(f"pulsar://127.0.0.1:{free_port()}", tmp_path / "config", "host-stop"),
+           "TGHOST_TEST_SHUTDOWNS": str(shutdowns)}
+    ran = tghost_cli("run", "--data-dir", str(blocked / "broker"), env=env)
+    assert ran.returncode == 1, ran.stderr
+    assert ran.stderr.startswith("Error: ") or "\nError: " in ran.stderr, ran.stderr
+    assert shutdowns.read_text() == "shutdown\n", ran.stderr
 
 
 # docs/embedding.md

@@ -30,13 +30,13 @@ from tghost.discovery.catalog import Catalog
 from tghost.protocol.announcement import (
     DEFAULT_TOPIC,
     EPOCH_SECONDS,
-    MAX_LEASE,
     announcement_key,
     announcement_value,
     epoch_of,
     epoch_topic,
 )
 from tghost.protocol.descriptors import ToolDescriptor, ToolServiceDescriptor
+from tghost.protocol.epochs import check_lease
 from tghost.protocol.sessions import SESSION_KEY, HostSessionKey
 from tghost.protocol.trust import Signer
 from tghost.pulsar.clients import is_reachable
@@ -171,12 +171,9 @@ class Announcer:
         health_url: str | None = None,
     ) -> None:
         """Raises:
-            ValueError: ``lease`` is not above 0 and at most
-                :data:`tghost.protocol.announcement.MAX_LEASE` seconds (directories honour no more).
+            ValueError: ``lease`` is out of range (:func:`tghost.protocol.epochs.check_lease`).
         """
-        if not 0 < lease <= MAX_LEASE:
-            raise ValueError(f"a lease of {lease}s: give more than 0 and at most {MAX_LEASE:.0f}s, the longest a "
-                             "directory honours (docs/protocol.md §4.7)")
+        check_lease(lease)
         self.catalog = catalog
         self.identity = identity
         self.topic = topic

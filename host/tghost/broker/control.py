@@ -30,6 +30,7 @@ from tghost.broker.status import (
     DataDirLock,
     broker_status,
     default_data_dir,
+    make_data_dir,
     point_to,
     running_data_dir,
 )
@@ -87,8 +88,7 @@ def start_detached(port: int = DEFAULT_PORT, data_dir: Path | None = None, *, lo
         BrokerError: it did not start within ``ready_timeout`` seconds, or the port is taken, or
             the data dir is locked; the message is the broker's own, with the fix.
     """
-    data_dir = Path(data_dir or default_data_dir(port))
-    data_dir.mkdir(parents=True, exist_ok=True)
+    data_dir = make_data_dir(Path(data_dir or default_data_dir(port)))
     with held(data_dir / _START_LOCK):
         status = broker_status(port, data_dir)
         if status.running and status.answering:

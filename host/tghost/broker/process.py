@@ -21,7 +21,7 @@ from types import TracebackType
 from typing import IO
 
 from tghost.broker.log import DISK_FULL, STORE_DAMAGED, BrokerLog, LogPump, words
-from tghost.broker.status import DEFAULT_PORT, DataDirLock, Place, default_data_dir, where_args
+from tghost.broker.status import DEFAULT_PORT, DataDirLock, Place, default_data_dir, make_data_dir, where_args
 from tghost.broker.store import (
     MIB,
     STORE,
@@ -125,7 +125,7 @@ class EmbeddedBroker(Place):
         """
         binary = _binary()
         self._ready_timeout = ready_timeout
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        make_data_dir(self.data_dir)
         self._lock = DataDirLock.acquire(self.data_dir)
         try:
             if not _port_is_free(self.port):

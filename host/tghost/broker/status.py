@@ -31,6 +31,7 @@ __all__ = [
     "broker_status",
     "default_data_dir",
     "local_disk_trouble",
+    "make_data_dir",
     "point_to",
     "port_of",
     "running_data_dir",
@@ -46,6 +47,21 @@ def default_data_dir(port: int = DEFAULT_PORT) -> Path:
     ``<tghost app dir>/brokers/<port>`` (e.g. ``~/.config/tghost/brokers/6650``). One per port,
     so two embedded brokers never share a RocksDB directory."""
     return app_dir() / "brokers" / str(port)
+
+
+def make_data_dir(data_dir: Path) -> Path:
+    """Create ``data_dir`` (and its parents) if missing; returns it.
+
+    Raises:
+        BrokerError: it cannot be made (a file is in the way, no permission, a full disk); the
+            message names the directory and says to choose another.
+    """
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise BrokerError(f"cannot use {data_dir} as the broker's data dir ({exc.strerror}): choose a directory "
+                          "this user can write (--data-dir)") from None
+    return data_dir
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sys
 from pathlib import Path
 
 import click
@@ -28,7 +27,6 @@ from tghost.discovery.discover import PluginLoadError, PluginSelection
 from tghost.operate.host import Host, HostConfig, HostError
 from tghost.protocol.epochs import MAX_LEASE
 from tghost.protocol.trust import KeyFileError, Signer
-from tghost.pulsar import hop
 from tghost.pulsar.clients import BrokerError, PulsarSettings
 from tghost.serving.executors.base import ISOLATIONS, THREAD, WorkerLimits
 from tghost.serving.settings import ServeSettings
@@ -116,17 +114,21 @@ def run(pulsar: PulsarSettings, descriptors_topic: str, data_dir: Path | None, t
         metrics_port=metrics_port, metrics_host=metrics_host, audit_log=audit_log, audit_arguments=audit_arguments)
     host = Host(config)
     try:
-        host.load()  # a plugin or config error is told before a broker is started
+        catalog = host.load()  # a plugin or config error is told before a broker is started
+    except (ConfigError, PluginLoadError) as exc:
+        raise click.ClickException(str(exc)) from None
+    try:
         _start_broker_if_needed(pulsar.url, data_dir)
-        sys.setswitchinterval(hop.SWITCH_INTERVAL)  # the Pulsar client's threads get the GIL sooner
         asyncio.run(host.serve())
     except HostError as exc:
         raise click.ClickException(f"{exc.problem}: {_FIXES[exc.setting]}") from None
-    except (ConfigError, PluginLoadError, BrokerError) as exc:
+    except BrokerError as exc:
         raise click.ClickException(str(exc)) from None
     except PulsarException as exc:
         raise click.ClickException(f"Pulsar at {pulsar.url} failed: {exc}; check --pulsar-url "
                                    "(env TGHOST_PULSAR_URL) and that the broker is up") from None
+    finally:
+        catalog.shutdown()  # the plugins' tghost_shutdown hooks, if the host never got to run them (idempotent)
 
 
 #: What to change, on the command line, for each :class:`HostError`'s setting.

@@ -12,6 +12,7 @@ import contextlib
 import functools
 import logging
 import signal
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,12 +24,11 @@ import pulsar.asyncio
 from tghost.announcing.announcer import Announcer, HostIdentity
 from tghost.discovery.catalog import Catalog
 from tghost.discovery.config import ConfigError, load_access, load_config_tools, read_config
-from tghost.discovery.discover import PluginSelection, catalog_of, discover
-from tghost.operate.contest import ContestWatch
-from tghost.operate.plugin_watch import PluginWatcher, WatchSettings
-from tghost.protocol.epochs import DEFAULT_TOPIC, EPOCH_SECONDS
+from tghost.discovery.discover import PluginSelection, catalog_of, catalog_of_plugin, discover
+from tghost.protocol.epochs import DEFAULT_TOPIC, EPOCH_SECONDS, check_lease
 from tghost.protocol.sessions import HostSessionKey
 from tghost.protocol.trust import Signer
+from tghost.pulsar import hop
 from tghost.pulsar.clients import PulsarSettings
 from tghost.serving.access import Gate
 from tghost.serving.executors.base import PROCESS
@@ -38,7 +38,9 @@ from tghost.serving.settings import ServeSettings
 from tghost.system.paths import app_dir
 
 if TYPE_CHECKING:
+    from tghost.operate.contest import ContestWatch
     from tghost.operate.metrics import HostMonitor
+    from tghost.operate.plugin_watch import PluginWatcher
 
 __all__ = ["Host", "HostConfig", "HostError"]
 
@@ -47,7 +49,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class HostConfig:
-    """What one host serves and how; every field has ``tghost run``'s default.
+    """What one host serves and how; every field has ``tghost run``'s default but
+    ``config_file`` (``tghost run`` reads ``TGHOST_CONFIG`` or its default file; this, none).
 
     - ``pulsar``: the broker and its auth/TLS (:class:`tghost.PulsarSettings`); ``topic``: the
       announcement topic (docs/protocol.md §4.1).
@@ -60,15 +63,18 @@ class HostConfig:
       (:class:`tghost.Signer`; ``None``: unsigned). ``epoch_seconds``: how long one announcement
       topic is written before the next (docs/protocol.md §4.1).
     - ``config_file``: a TOML file of tools, external services, ``[access]`` and plugin config
-      (README "Configuration"); ``plugins``: which installed plugins load (default: from
-      ``TGHOST_LOAD_PLUGINS``/``TGHOST_DISABLE_PLUGINS``). Both apply only to a host that
-      discovers its plugins (no ``services`` given to :class:`Host`).
+      (README "Tools from configuration", "Who may call what"); ``plugins``: which installed
+      plugins load (default: from ``TGHOST_LOAD_PLUGINS``/``TGHOST_DISABLE_PLUGINS``), only for a
+      host that discovers its plugins (no services or plugin given to :class:`Host`).
     - ``watch_plugins``: serve plugins pip-installed while running, withdraw uninstalled ones,
-      looking every ``watch_interval`` seconds.
+      looking every ``watch_interval`` seconds (a host that discovers its plugins only).
     - ``metrics_port``: serve Prometheus ``/metrics`` and ``/health`` there, bound to
       ``metrics_host`` (``None``: off; ``0``: a free port). ``audit_log``: append one JSON line
       per call to this path, ``-`` for stderr (``None``: off); ``audit_arguments`` adds the
       argument values.
+
+    Raises:
+        ValueError: ``lease`` is not above 0 and at most ``MAX_LEASE`` seconds.
     """
 
     pulsar: PulsarSettings = field(default_factory=PulsarSettings)
@@ -89,6 +95,9 @@ class HostConfig:
     audit_log: str | None = None
     audit_arguments: bool = False
 
+    def __post_init__(self) -> None:
+        check_lease(self.lease)
+
 
 class HostError(RuntimeError):
     """The host cannot start: ``problem`` says what failed, ``setting`` names the
@@ -104,32 +113,47 @@ class Host:
     """One host: serves a catalog of tool services on Pulsar and announces it.
 
     ``services``: what to serve, as :class:`tghost.ToolService` instances and ``@tghost.tool``
-    functions (with ``tools``: tool descriptors or dicts over them), or a catalog; ``None``
-    discovers the installed plugins (entry points ``tghost.plugins``) and ``config.config_file``
-    on :meth:`start`, as ``tghost run`` does. ``listeners`` are told of every call
-    (``tghost.CallRecord``), beside the audit log and metrics the config asks for.
+    functions (with ``tools``: tool descriptors or dicts over them), or a :class:`tghost.Catalog`;
+    or ``plugin``: a plugin module (or object) whose hooks register them, loaded as an entry
+    point's module is, without installing it. With neither, the host discovers the installed
+    plugins (entry points ``tghost.plugins``, as ``config.plugins`` selects them) on
+    :meth:`load`, as ``tghost run`` does.
+    ``config.config_file``'s tools, external services and ``[access]`` policy apply either way.
+    ``listeners`` are told of every call (``tghost.CallRecord``), beside the audit log and
+    metrics the config asks for. The host runs the ``tghost_shutdown`` hooks of the plugins it
+    discovered or was given as services; a ``Catalog`` passed in is its owner's to shut down.
 
-    ``await host.serve()`` runs until SIGINT/SIGTERM (a second one ends the grace at once) or
-    :meth:`request_stop`; ``async with Host(config) as host:`` starts it and stops it on exit.
-    Either way :meth:`stop` runs: withdraw the announcements, stop taking requests (those that
-    did not start are answered ``unavailable``, other hosts take the new ones), give in-flight
-    calls ``config.serve.grace`` seconds, run the plugins' ``tghost_shutdown`` hooks once, and
-    close the request consumers last.
+    ``await host.serve()`` runs until SIGINT/SIGTERM (a second one ends the grace at once),
+    :meth:`request_stop` or its task's cancellation; ``async with Host(config) as host:``
+    starts it and stops it on exit. Either way :meth:`stop` runs: withdraw the announcements,
+    stop taking requests (those that did not start are answered ``unavailable``, other hosts
+    take the new ones), give in-flight calls ``config.serve.grace`` seconds, run the plugins'
+    ``tghost_shutdown`` hooks once, and close the request consumers last. A host starts once.
 
-    Raises (from :meth:`start`):
-        HostError: the metrics port cannot be bound or the audit log opened.
-        tghost.ConfigError: the config file's ``[access]`` table is wrong (the message names the file).
-        tghost.PluginLoadError: ``TGHOST_STRICT_PLUGINS=1`` and a plugin failed.
-        tghost.BrokerError: no Pulsar broker answered at ``config.pulsar.url``.
-        pulsar.asyncio.PulsarException: the broker refused a subscription or producer.
-        DescriptorError, ValueError: a given service or tool is invalid (on construction).
+    Raises:
+        ValueError: (on construction) ``services`` and ``plugin`` both given; ``config.plugins``
+            or ``config.watch_plugins`` with either (both choose installed plugins); a given
+            service, tool or plugin is invalid (``DescriptorError``; a plugin that fails to
+            register); ``config.lease`` is out of range.
+        HostError: (from :meth:`start`) the metrics port cannot be bound or the audit log opened.
+        tghost.ConfigError, tghost.PluginLoadError: (from :meth:`load`) see there.
+        tghost.BrokerError: (from :meth:`start`) no Pulsar broker answered at ``config.pulsar.url``.
+        pulsar.asyncio.PulsarException: (from :meth:`start`) the broker refused a subscription or producer.
     """
 
     def __init__(self, config: HostConfig | None = None, services: Iterable[Any] | Catalog | None = None, *,
-                 tools: Iterable[Any] = (), listeners: Sequence[CallListener] = ()) -> None:
+                 tools: Iterable[Any] = (), plugin: object | None = None,
+                 listeners: Sequence[CallListener] = ()) -> None:
         self.config = config or HostConfig()
-        self._catalog = services if isinstance(services, Catalog) or services is None \
-            else catalog_of(services, tools)
+        given = services is not None or plugin is not None
+        if services is not None and plugin is not None:
+            raise ValueError("give a Host its services or a plugin, not both")
+        if given and (self.config.plugins is not None or self.config.watch_plugins):
+            raise ValueError("HostConfig.plugins and watch_plugins choose installed plugins: give them to a Host "
+                             "that discovers its plugins (no services or plugin), or leave them unset")
+        self._catalog = _catalog(services, tools, plugin)
+        self._owns_plugins = not isinstance(services, Catalog)
+        self._configured = False
         self._listeners = list(listeners)
         self._selection = self.config.plugins or PluginSelection.from_settings()
         self.announcer: Announcer | None = None
@@ -137,23 +161,27 @@ class Host:
         self.monitor: HostMonitor | None = None
         """Metrics and ``/health`` once started with ``config.metrics_port``, else ``None``."""
         self._server: Server | None = None
+        self._serving = False
         self._client: pulsar.asyncio.Client | None = None
         self._contest: ContestWatch | None = None
         self._watcher: PluginWatcher | None = None
         self._resources = contextlib.AsyncExitStack()
         self._stopping = asyncio.Event()
-        self._cancelled: int | None = None
+        self._started = False
+        self._stopped: asyncio.Task[int] | None = None
+        self._signals = False
 
     @property
     def catalog(self) -> Catalog:
-        """What the host serves: its services, tools, access policy and plugin reports."""
+        """What the host serves: its services, tools, access policy and plugin reports (:meth:`load`)."""
         return self.load()
 
     @property
     def server(self) -> Server:
         """The services' request endpoints, once started."""
-        if self._server is None:
-            raise RuntimeError("the host is not started: 'await host.start()' or 'async with host'")
+        if not self._serving:
+            raise RuntimeError("the host is not serving: 'await host.start()' or 'async with host'")
+        assert self._server is not None
         return self._server
 
     @property
@@ -171,19 +199,26 @@ class Host:
         await self.stop()
 
     async def serve(self, *, handle_signals: bool = True) -> int:
-        """Start, serve until SIGINT/SIGTERM (``handle_signals``) or :meth:`request_stop`, then
-        :meth:`stop`. Returns the number of calls cancelled at the end of the grace."""
+        """Start, serve until SIGINT/SIGTERM (``handle_signals``), :meth:`request_stop` or this
+        task's cancellation, then :meth:`stop`. Returns the number of calls cancelled at the end
+        of the grace. Like ``tghost run``, it lets the Pulsar client's threads take the GIL sooner
+        (``sys.setswitchinterval``, a process-wide setting) while it serves."""
         loop = asyncio.get_running_loop()
         signals = (signal.SIGINT, signal.SIGTERM) if handle_signals else ()
         for sig in signals:
             loop.add_signal_handler(sig, self._on_signal)
+        self._signals = bool(signals)
+        switch_interval = sys.getswitchinterval()
+        sys.setswitchinterval(hop.SWITCH_INTERVAL)
         try:
             await self.start()
             await self._stopping.wait()
-            return await self.stop()
         finally:
+            cancelled = await self.stop()
+            sys.setswitchinterval(switch_interval)
             for sig in signals:
                 loop.remove_signal_handler(sig)
+        return cancelled
 
     def request_stop(self) -> None:
         """Make :meth:`serve` stop the host (from the event loop's thread); a second call ends
@@ -198,6 +233,26 @@ class Host:
             log.warning("second signal: ending the grace period now; calls still running are answered 'unavailable'")
         self.request_stop()
 
+    def load(self) -> Catalog:
+        """What the host will serve: the services given, else the installed plugins, with
+        ``config.config_file``'s tools, external services and ``[access]`` policy. Blocks
+        (plugins are imported); :meth:`start` calls it, and calling it first reports a plugin or
+        config error before anything connects. Idempotent.
+
+        Raises:
+            tghost.ConfigError: the config file's ``[access]`` table is wrong (the message names the file).
+            tghost.PluginLoadError: ``TGHOST_STRICT_PLUGINS=1`` and a plugin failed.
+        """
+        if self._catalog is None:
+            self._catalog = discover(selection=self._selection, config=self._document or {},
+                                     isolate_imports=self.config.serve.isolation == PROCESS)
+            _report_plugins(self._catalog)
+        if not self._configured:
+            self._configured = True
+            if self.config.config_file is not None:
+                _add_config(self._catalog, self.config.config_file, self._document)
+        return self._catalog
+
     @functools.cached_property
     def _document(self) -> dict[str, Any] | None:
         """``config.config_file`` as a dict for the plugins; ``None`` when unreadable (the error
@@ -207,24 +262,18 @@ class Host:
         except ConfigError:
             return None
 
-    def load(self) -> Catalog:
-        """What the host will serve: the services given, else the installed plugins (as
-        ``config.plugins`` selects them) with ``config.config_file``'s tools, external services
-        and ``[access]`` policy. Blocks (plugins are imported); :meth:`start` calls it, and calling
-        it before shows a plugin or config error before anything connects. Idempotent.
-
-        Raises:
-            tghost.ConfigError: the config file's ``[access]`` table is wrong.
-            tghost.PluginLoadError: ``TGHOST_STRICT_PLUGINS=1`` and a plugin failed.
-        """
-        if self._catalog is None:
-            self._catalog = _discover(self.config, self._selection, self._document)
-        return self._catalog
-
     async def start(self) -> Host:
         """Load the plugins (if no services were given), connect, serve, announce, and start
         the metrics, contest watch and plugin watch the config asks for; returns ``self``. On
-        failure whatever started is stopped (the plugins' shutdown hooks included) and the error raised."""
+        failure (or cancellation) it stops what it started, the plugins' shutdown hooks
+        included, and raises.
+
+        Raises:
+            RuntimeError: the host was started before (a host starts once).
+        """
+        if self._started:
+            raise RuntimeError("this host was started before: a Host starts once; make a new one")
+        self._started = True
         try:
             await self._start()
         except BaseException:
@@ -243,18 +292,23 @@ class Host:
             self.announcer = Announcer(catalog, identity, config.topic, config.lease, config.signer,
                                        epoch_seconds=config.epoch_seconds,
                                        health_url=self.monitor.http.health_url() if self.monitor else None)
-        server = Server(catalog.services, catalog.descriptors, config.serve, self._listeners,
-                        authorize=catalog.authorize, gate=Gate.of(catalog.access, catalog.tools, session))
+        server = self._server = Server(catalog.services, catalog.descriptors, config.serve, self._listeners,
+                                       authorize=catalog.authorize,
+                                       gate=Gate.of(catalog.access, catalog.tools, session))
         self._client = await config.pulsar.connect()
         await server.start(self._client)
-        self._server = server
-        _log_catalog(catalog, config.pulsar.url)
+        self._serving = True
+        _log_catalog(catalog, config.pulsar.url, "; Ctrl-C to stop" if self._signals else "")
         await self._announce()
         if self.monitor is not None and self.announcer is not None:
+            from tghost.operate.contest import ContestWatch
+
             self._contest = ContestWatch.of(self.announcer, config.pulsar, lambda: catalog.tools.keys()).start()
         if self.monitor is not None:
             await self.monitor.observe(catalog, server, self.announcer, self._contest)
         if config.watch_plugins:
+            from tghost.operate.plugin_watch import PluginWatcher, WatchSettings
+
             self._watcher = PluginWatcher(catalog, server, self.announcer, WatchSettings(
                 config.watch_interval, self._selection, self._document or {},
                 config.serve.isolation == PROCESS)).start()
@@ -299,40 +353,48 @@ class Host:
 
     async def stop(self, grace: float | None = None) -> int:
         """Withdraw, drain (in-flight calls get ``grace`` seconds, default ``config.serve.grace``),
-        run the plugins' ``tghost_shutdown`` hooks once, close. Idempotent: a second call
-        returns the first one's count of calls cancelled at the end of the grace."""
-        if self._cancelled is not None:
-            return self._cancelled
-        self._cancelled = 0
+        run the plugins' ``tghost_shutdown`` hooks once, close. Every step runs even when one
+        before it failed. Returns the number of calls cancelled at the end of the grace. Every
+        call, overlapping or later, waits for the one stop and returns its count; cancelling a
+        caller does not cancel the stop."""
         self._stopping.set()
+        if self._stopped is None:
+            self._stopped = asyncio.ensure_future(self._stop(grace))
+        return await asyncio.shield(self._stopped)
+
+    async def _stop(self, grace: float | None) -> int:
+        cancelled = 0
+        received = _received(self._server) if self._serving and self._server is not None else 0
         try:
-            if self._watcher is not None:
-                await self._watcher.stop()
-            if self.announcer is not None:
-                await self.announcer.withdraw()
-            received = _received(self._server) if self._server is not None else 0
-            if self._server is not None:
-                self._cancelled = await self._drain(self._server, grace)
-            if self._catalog is not None:  # nothing runs the plugins' code now
-                await asyncio.to_thread(self._catalog.shutdown)
-            if self._server is not None:
-                await self._server.close()  # the last step: until here, a lone host answers 'unavailable'
-                log.info("stopped after %d request(s): %d answered 'unavailable' while stopping, %d cancelled at "
-                         "the end of the grace", _received(self._server), _received(self._server) - received,
-                         self._cancelled)
+            try:
+                if self._watcher is not None:
+                    await self._watcher.stop()
+                if self.announcer is not None:
+                    await self.announcer.withdraw()
+                if self._serving and self._server is not None:
+                    cancelled = await self._drain(self._server, grace)
+            finally:
+                if self._catalog is not None and self._owns_plugins:  # nothing runs the plugins' code now
+                    await asyncio.to_thread(self._catalog.shutdown)
+                if self._serving and self._server is not None:
+                    await self._server.close()  # the last step: until here, a lone host answers 'unavailable'
+                    log.info("stopped after %d request(s): %d answered 'unavailable' while stopping, %d cancelled "
+                             "at the end of the grace", _received(self._server),
+                             _received(self._server) - received, cancelled)
         finally:
             if self._contest is not None:
                 await self._contest.close()
             if self._client is not None:
                 await self._client.close()
             await self._resources.aclose()
-        return self._cancelled
+        return cancelled
 
     async def _drain(self, server: Server, grace: float | None) -> int:
         in_flight = sum(endpoint.in_flight for endpoint in server.endpoints)
         if in_flight:
-            log.info("stopping: no new requests; waiting up to %ss for %d in-flight call(s) (a second Ctrl-C ends "
-                     "the wait)", self.config.serve.grace if grace is None else grace, in_flight)
+            log.info("stopping: no new requests; waiting up to %ss for %d in-flight call(s)%s",
+                     self.config.serve.grace if grace is None else grace, in_flight,
+                     " (a second Ctrl-C ends the wait)" if self._signals else "")
         else:
             log.info("stopping: no new requests; no call in flight")
         cancelled = await server.drain(grace)
@@ -341,27 +403,35 @@ class Host:
         return cancelled
 
 
-def _discover(config: HostConfig, selection: PluginSelection, document: dict[str, Any] | None) -> Catalog:
-    """The installed plugins ``selection`` allows, given the config file's ``document``, with
-    the file's tools, external services and ``[access]`` policy; every plugin that failed is logged."""
-    catalog = discover(selection=selection, config=document or {},
-                       isolate_imports=config.serve.isolation == PROCESS)
-    if config.config_file is not None:
-        report = load_config_tools(catalog, config.config_file, document)
-        if report.services:
-            log.info("config %s: added external services %s", config.config_file, ", ".join(report.services))
-        if report.tools:
-            log.info("config %s: added tools %s", config.config_file, ", ".join(report.tools))
-        load_access(catalog, config.config_file, document or {})
+def _catalog(services: Iterable[Any] | Catalog | None, tools: Iterable[Any], plugin: object | None) -> Catalog | None:
+    """What a host was given to serve, as a catalog; ``None`` to discover the installed plugins."""
+    if plugin is not None:
+        return catalog_of_plugin(plugin)
+    if services is None or isinstance(services, Catalog):
+        return services
+    return catalog_of(services, tools)
+
+
+def _report_plugins(catalog: Catalog) -> None:
+    """Log every plugin that failed, and a host with nothing to serve."""
     for plugin in catalog.plugins:
         for error in plugin.errors:
             log.error("plugin %s: %s (run 'tghost plugins' for details)", plugin.name, error)
     if not catalog.services and not catalog.external:
         log.warning("no tool services to serve: pip install a tghost plugin (see 'tghost plugins')")
-    return catalog
 
 
-def _log_catalog(catalog: Catalog, url: str) -> None:
+def _add_config(catalog: Catalog, path: Path, document: dict[str, Any] | None) -> None:
+    """The config file's tools, external services and ``[access]`` policy, added to ``catalog``."""
+    report = load_config_tools(catalog, path, document)
+    if report.services:
+        log.info("config %s: added external services %s", path, ", ".join(report.services))
+    if report.tools:
+        log.info("config %s: added tools %s", path, ", ".join(report.tools))
+    load_access(catalog, path, document or {})
+
+
+def _log_catalog(catalog: Catalog, url: str, hint: str) -> None:
     for sid, descriptor in catalog.descriptors.items():
         tools = sorted(name for name, tool in catalog.tools.items() if tool.service == sid)
         log.info("serving %s on %s (plugin %s) tools: %s", sid, descriptor.request_queue,
@@ -370,8 +440,8 @@ def _log_catalog(catalog: Catalog, url: str) -> None:
         tools = sorted(name for name, tool in catalog.tools.items() if tool.service == sid)
         log.info("announcing external service %s (served elsewhere, on %s; from %s) tools: %s", sid,
                  descriptor.request_queue, catalog.service_origin[sid].name, ", ".join(tools) or "-")
-    log.info("%d service(s), %d tool(s) on %s; Ctrl-C to stop",
-             len(catalog.descriptors) + len(catalog.external), len(catalog.tools), url)
+    log.info("%d service(s), %d tool(s) on %s%s",
+             len(catalog.descriptors) + len(catalog.external), len(catalog.tools), url, hint)
 
 
 def _received(server: Server) -> int:

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
         HostInfo,
         Lease,
         announcement_key,
+        announcement_value,
         parse_descriptor,
     )
     from tghost.protocol.callers import (
@@ -50,12 +51,14 @@ if TYPE_CHECKING:
         ToolServiceDescriptor,
         request_queue,
         response_queue,
+        schema_of_arguments,
     )
     from tghost.protocol.epochs import (
         DEFAULT_TOPIC,
         EPOCH_SECONDS,
         MAX_LEASE,
         RESTATEMENT_MARGIN,
+        check_lease,
         current_topic,
         epoch_of,
         epoch_topic,
@@ -127,7 +130,8 @@ if TYPE_CHECKING:
 _LAZY = {
     "ToolAccess": "tghost.protocol.access",
     **dict.fromkeys((
-        "KINDS", "Announcement", "Entries", "HostInfo", "Lease", "announcement_key", "parse_descriptor",
+        "KINDS", "Announcement", "Entries", "HostInfo", "Lease", "announcement_key", "announcement_value",
+        "parse_descriptor",
     ), "tghost.protocol.announcement"),
     **dict.fromkeys((
         "CALLER", "SIGNATURE", "SIGNED_AT", "Caller", "caller_key_id", "sign_request", "signed_request_bytes",
@@ -135,11 +139,11 @@ _LAZY = {
     ), "tghost.protocol.callers"),
     **dict.fromkeys((
         "DEFAULT_TIMEOUT", "Argument", "ConfigParam", "DescriptorError", "ToolDescriptor", "ToolServiceDescriptor",
-        "request_queue", "response_queue",
+        "request_queue", "response_queue", "schema_of_arguments",
     ), "tghost.protocol.descriptors"),
     **dict.fromkeys((
-        "DEFAULT_TOPIC", "EPOCH_SECONDS", "MAX_LEASE", "RESTATEMENT_MARGIN", "current_topic", "epoch_of",
-        "epoch_topic", "read_window",
+        "DEFAULT_TOPIC", "EPOCH_SECONDS", "MAX_LEASE", "RESTATEMENT_MARGIN", "check_lease", "current_topic",
+        "epoch_of", "epoch_topic", "read_window",
     ), "tghost.protocol.epochs"),
     **dict.fromkeys((
         "DEFAULT_GROUPS", "DEFAULT_STATE", "WILDCARD", "is_available", "next_state", "select",
@@ -223,8 +227,10 @@ __all__ = [
     "ToolServiceDescriptor",
     "TrustedKeys",
     "announcement_key",
+    "announcement_value",
     "caller_key_id",
     "canonical_json",
+    "check_lease",
     "control_topic",
     "current_topic",
     "decode_request",
@@ -247,6 +253,7 @@ __all__ = [
     "read_window",
     "request_queue",
     "response_queue",
+    "schema_of_arguments",
     "select",
     "sign_request",
     "signed_bytes",

@@ -33,6 +33,15 @@ RESTATEMENT_MARGIN = 30.0
 MAX_LEASE = 600.0
 
 
+def check_lease(lease: float) -> None:
+    """Raises:
+        ValueError: ``lease`` (seconds) is not above 0 and at most :data:`MAX_LEASE` (directories honour no more).
+    """
+    if not 0 < lease <= MAX_LEASE:
+        raise ValueError(f"a lease of {lease}s: give more than 0 and at most {MAX_LEASE:.0f}s, the longest a "
+                         "directory honours (docs/protocol.md §4.7)")
+
+
 def epoch_of(t: float, epoch_seconds: float = EPOCH_SECONDS) -> int:
     """The epoch of unix time ``t`` (seconds): ``floor(t / epoch_seconds)``."""
     return math.floor(t / epoch_seconds)

@@ -64,13 +64,20 @@ class Server:
         """Start the stall detector (unless ``stall_threshold`` is 0) and every service endpoint.
 
         Raises:
-            pulsar.asyncio.PulsarException: a subscription or producer could not be created.
+            pulsar.asyncio.PulsarException: a subscription or producer could not be created; the
+                endpoints that did start are closed again, and the stall detector stopped.
         """
         if self.settings.stall_threshold > 0:
             self.stall_detector = StallDetector(self.settings.stall_threshold, owner_type=ThreadExecutor,
                                          label=lambda executor: executor.service_id).start()
         self._client = client
-        await asyncio.gather(*(endpoint.start(client) for endpoint in self.endpoints))
+        try:
+            await self._start_all(self.endpoints)
+        except BaseException:
+            self.endpoints = []
+            if self.stall_detector is not None:
+                self.stall_detector.stop()
+            raise
 
     async def add(self, services: dict[str, ToolService], descriptors: dict[str, ToolServiceDescriptor]) -> None:
         """Start serving more services (by service id) on the client given to :meth:`start`, with
@@ -88,12 +95,17 @@ class Server:
         if taken:
             raise ValueError(f"service id(s) {taken} already served")
         endpoints = self._endpoints(services, descriptors)
+        await self._start_all(endpoints)
+        self.endpoints += endpoints
+
+    async def _start_all(self, endpoints: list[ServiceEndpoint]) -> None:
+        """Start ``endpoints`` on the client; if one fails, close those that started and raise its error."""
+        assert self._client is not None
         results = await asyncio.gather(*(e.start(self._client) for e in endpoints), return_exceptions=True)
         failed = next((r for r in results if isinstance(r, BaseException)), None)
         if failed is not None:
             await self._shut(endpoints, 0)
             raise failed
-        self.endpoints += endpoints
 
     async def remove(self, service_ids: Iterable[str], grace: float | None = None) -> int:
         """Stop serving ``service_ids`` as :meth:`stop` does for all: hand off and stop receiving,
