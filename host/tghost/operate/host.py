@@ -243,15 +243,18 @@ class Host:
             tghost.ConfigError: the config file's ``[access]`` table is wrong (the message names the file).
             tghost.PluginLoadError: ``TGHOST_STRICT_PLUGINS=1`` and a plugin failed.
         """
-        if self._catalog is None:
-            self._catalog = discover(selection=self._selection, config=self._document or {},
-                                     isolate_imports=self.config.serve.isolation == PROCESS)
-            _report_plugins(self._catalog)
-        if not self._configured:
-            self._configured = True
-            if self.config.config_file is not None:
-                _add_config(self._catalog, self.config.config_file, self._document)
-        return self._catalog
+        if self._configured and self._catalog is not None:
+            return self._catalog
+        discovered = self._catalog is None
+        catalog = self._catalog = self._catalog if self._catalog is not None else discover(
+            selection=self._selection, config=self._document or {},
+            isolate_imports=self.config.serve.isolation == PROCESS)
+        if self.config.config_file is not None:
+            _add_config(catalog, self.config.config_file, self._document)
+        if discovered:
+            _report_plugins(catalog)
+        self._configured = True
+        return catalog
 
     @functools.cached_property
     def _document(self) -> dict[str, Any] | None:
@@ -363,8 +366,7 @@ class Host:
         return await asyncio.shield(self._stopped)
 
     async def _stop(self, grace: float | None) -> int:
-        cancelled = 0
-        received = _received(self._server) if self._serving and self._server is not None else 0
+        cancelled = received = 0
         try:
             try:
                 if self._watcher is not None:
@@ -372,6 +374,7 @@ class Host:
                 if self.announcer is not None:
                     await self.announcer.withdraw()
                 if self._serving and self._server is not None:
+                    received = _received(self._server)  # what came until now was served as ever
                     cancelled = await self._drain(self._server, grace)
             finally:
                 if self._catalog is not None and self._owns_plugins:  # nothing runs the plugins' code now
