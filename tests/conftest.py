@@ -28,7 +28,7 @@ import textwrap
 import threading
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Generator, Iterator
+from collections.abc import Callable, Coroutine, Generator, Iterable, Iterator
 from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
@@ -234,36 +234,27 @@ def plugin_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> PluginDir:
     return PluginDir(root)
 
 
-class HostProcess:
-    """A ``tghost run`` subprocess (or another long-running ``command``, e.g. ``("trustgraph",
-    "sync")``); its stderr log is collected in ``self.log``.
+class Output:
+    """A subprocess's stdout or stderr, read line by line in a daemon thread, so :meth:`wait_for`
+    keeps its deadline even when the process goes quiet; what was read so far is :attr:`text`."""
 
-    A daemon thread reads stderr line by line into a queue, so :meth:`wait_for` keeps its
-    deadline even when the host goes quiet.
-    """
-
-    def __init__(self, args: list[str], env: dict[str, str], cwd: Path | None = None,
-                 command: tuple[str, ...] = ("run",), stdout: int = subprocess.DEVNULL) -> None:
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "tghost", *command, *args],
-            env=env, cwd=cwd, stderr=subprocess.PIPE, stdout=stdout, text=True,
-        )
-        self.log = ""
+    def __init__(self, stream: Iterable[str]) -> None:
+        self.text = ""
         self._lines: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
+        threading.Thread(target=self._read, args=(stream,), daemon=True).start()
 
-    def _read(self) -> None:
-        assert self.process.stderr is not None
-        for line in self.process.stderr:
+    def _read(self, stream: Iterable[str]) -> None:
+        for line in stream:
             self._lines.put(line)
-        self._lines.put(None)  # end of the log: the process exited
+        self._lines.put(None)  # the end: the process closed the stream
 
-    def wait_for(self, pattern: str, timeout: float = 30.0) -> str:
-        """Read the log until a line matches ``pattern``; returns that line.
+    def wait_for(self, match: str | Callable[[str], bool], timeout: float = 30.0) -> str:
+        """Read until a line matches ``match`` (a regex, or a predicate); returns that line.
 
         Raises:
-            AssertionError: the process exited or the line did not come in ``timeout`` seconds.
+            AssertionError: the stream ended or the line did not come in ``timeout`` seconds.
         """
+        found = match if callable(match) else lambda line: re.search(match, line) is not None
         deadline = time.monotonic() + timeout
         while (left := deadline - time.monotonic()) > 0:
             try:
@@ -273,17 +264,48 @@ class HostProcess:
             if line is None:
                 self._lines.put(None)
                 break
-            self.log += line
-            if re.search(pattern, line):
+            self.text += line
+            if found(line):
                 return line
-        raise AssertionError(f"no log line matching {pattern!r} in {timeout}s; log so far:\n{self.log}")
+        raise AssertionError(f"no line matching {match!r} in {timeout}s; output so far:\n{self.text}")
+
+    def rest(self, timeout: float = 10.0) -> str:
+        """Everything read until the stream ends (or ``timeout`` seconds pass)."""
+        with contextlib.suppress(AssertionError):
+            self.wait_for(lambda line: False, timeout)
+        return self.text
+
+
+class HostProcess:
+    """A ``tghost run`` subprocess (or another long-running ``command``, e.g. ``("trustgraph",
+    "sync")``); its stderr log, read as an :class:`Output`, is :attr:`log`."""
+
+    def __init__(self, args: list[str], env: dict[str, str], cwd: Path | None = None,
+                 command: tuple[str, ...] = ("run",), stdout: int = subprocess.DEVNULL) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tghost", *command, *args],
+            env=env, cwd=cwd, stderr=subprocess.PIPE, stdout=stdout, text=True,
+        )
+        assert self.process.stderr is not None
+        self.stderr = Output(self.process.stderr)
+
+    @property
+    def log(self) -> str:
+        """The stderr log read so far."""
+        return self.stderr.text
+
+    def wait_for(self, pattern: str, timeout: float = 30.0) -> str:
+        """Read the log until a line matches ``pattern`` (a regex); returns that line.
+
+        Raises:
+            AssertionError: the process exited or the line did not come in ``timeout`` seconds.
+        """
+        return self.stderr.wait_for(pattern, timeout)
 
     def finish(self, timeout: float = 30.0) -> int:
-        """Wait for exit; returns the exit code and appends the rest of the log."""
+        """Wait for exit; returns the exit code and reads the rest of the log."""
         self.process.wait(timeout)
-        while (line := self._lines.get(timeout=5)) is not None:
-            self.log += line
-        self._lines.put(None)
+        self.stderr.rest(5)
         return self.process.returncode
 
 

@@ -10,16 +10,14 @@ import io
 import json
 import logging
 import os
-import queue
 import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,7 +25,7 @@ import pulsar
 import pytest
 from click.testing import CliRunner
 
-from tests.conftest import HostProcess, OwnBrokers, PluginDir, tghost_cli
+from tests.conftest import HostProcess, Output, OwnBrokers, PluginDir, tghost_cli
 from tghost.broker import default_data_dir, log, process
 from tghost.broker.status import ELSEWHERE, make_data_dir
 from tghost.cli.app import cli
@@ -48,40 +46,6 @@ def tghost_register_services(register):
 """
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc; PR_SET_PDEATHSIG")
-
-
-class Output:
-    """A subprocess's stdout or stderr, read line by line in a thread, so waits keep their deadline."""
-
-    def __init__(self, stream: Iterator[str]) -> None:
-        self.text = ""
-        self._lines: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._read, args=(stream,), daemon=True).start()
-
-    def _read(self, stream: Iterator[str]) -> None:
-        for line in stream:
-            self._lines.put(line)
-        self._lines.put(None)
-
-    def wait_for(self, predicate: Callable[[str], bool], timeout: float = 60.0) -> str:
-        deadline = time.monotonic() + timeout
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                line = self._lines.get(timeout=left)
-            except queue.Empty:
-                break
-            if line is None:
-                self._lines.put(None)
-                break
-            self.text += line
-            if predicate(line):
-                return line
-        raise AssertionError(f"no such line in {timeout}s; output so far:\n{self.text}")
-
-    def rest(self, timeout: float = 10.0) -> str:
-        with contextlib.suppress(AssertionError):
-            self.wait_for(lambda line: False, timeout)
-        return self.text
 
 
 @dataclass
