@@ -116,10 +116,6 @@ class LocalHost(Host):
         self._callers_client: pulsar.asyncio.Client | None = None
         self._lock = asyncio.Lock()
 
-    async def __aenter__(self) -> LocalHost:
-        await self.start()
-        return self
-
     async def stop(self, grace: float | None = None) -> int:
         """Stop the host (:meth:`tghost.Host.stop`), then close the test's callers: a call in
         flight is answered first."""

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 import pulsar.asyncio
 
@@ -191,7 +191,7 @@ class Host:
             raise RuntimeError("the host is not started: 'await host.start()' or 'async with host'")
         return self._client
 
-    async def __aenter__(self) -> Host:
+    async def __aenter__(self) -> Self:
         return await self.start()
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -265,7 +265,7 @@ class Host:
         except ConfigError:
             return None
 
-    async def start(self) -> Host:
+    async def start(self) -> Self:
         """Load the plugins (if no services were given), connect, serve, announce, and start
         the metrics, contest watch and plugin watch the config asks for; returns ``self``. On
         failure (or cancellation) it stops what it started, the plugins' shutdown hooks
