@@ -26,6 +26,7 @@ from tghost.protocol.access import ANONYMOUS, AccessPolicy, CallerGrant
 from tghost.protocol.callers import Caller
 from tghost.protocol.descriptors import ToolDescriptor
 from tghost.protocol.sessions import HostSessionKey, OpenSession
+from tghost.serving.replays import SharedReplays
 from tghost.system.logs import LogSummary
 
 __all__ = ["WINDOW", "Gate", "Refused"]
@@ -34,6 +35,8 @@ log = logging.getLogger(__name__)
 
 #: Seconds a signed request may be from the host's clock; a signature is accepted once within it.
 WINDOW = 60.0
+#: Seconds a host waits for its claim of a request to come back from the service's replay record.
+CLAIM_TIMEOUT = 10.0
 #: Caller sessions a gate keeps open at most; the oldest is dropped (and opened again if used).
 MAX_SESSIONS = 10_000
 
@@ -49,7 +52,8 @@ class Refused(Exception):
 
 class _Seen:
     """Signatures accepted within the window, by (key id, request id): a replay is refused.
-    Thread-safe; holds at most what one window brings."""
+    Thread-safe; holds at most what one window brings. One host's memory only: a service
+    served through an endpoint shares its record with its other hosts (:meth:`Gate.share`)."""
 
     def __init__(self, window: float) -> None:
         self.window = window
@@ -100,12 +104,21 @@ class Gate:
         self.session = session or HostSessionKey()
         self.window = window
         self._seen = _Seen(window)
+        self._shared: dict[str, SharedReplays] = {}
         self._sessions = _Sessions()
         self._rates = {key: parse(grant.rate) for key, grant in policy.callers.items() if grant.rate}
         # the in-memory storage runs a timer thread: only a policy with rates needs one
         self._limiter = MovingWindowRateLimiter(MemoryStorage()) if self._rates else None
         self._refused = LogSummary(log, "refused %(count)d request(s) under this host's [access] policy: "
                                         "%(reason)s (e.g. %(example)s)")
+
+    def share(self, topic: str, record: SharedReplays | None) -> None:
+        """Check replays of requests on ``topic`` in ``record``, the replay record the service's
+        hosts share (docs/protocol.md §2.8), instead of this host's memory; ``None``: stop."""
+        if record is None:
+            self._shared.pop(topic, None)
+        else:
+            self._shared[topic] = record
 
     @property
     def open_sessions(self) -> int:
@@ -167,10 +180,22 @@ class Gate:
             checked = signed.verify_request(grant.key, properties, body, topic, now, self.window)
         if isinstance(checked, str):
             raise Refused(wire.UNAUTHORIZED, f"caller {grant.name!r}: {checked}")
-        if not self._seen.first_time((key_id, properties["id"]), now):
+        if not self._first_time(topic, key_id, properties["id"], properties.get(signed.SIGNED_AT, ""), now):
             raise Refused(wire.UNAUTHORIZED, f"caller {grant.name!r}: request {properties['id']!r} was already "
                                         "received (a replay); send each request with a new id")
         return grant
+
+    def _first_time(self, topic: str, key_id: str, request_id: str, signed_at: str, now: float) -> bool:
+        """Whether no host of the service took this request before (this host's memory alone
+        when the service's hosts share no record). Blocks on the shared record's broker."""
+        record = self._shared.get(topic)
+        if record is None:
+            return self._seen.first_time((key_id, request_id), now)
+        try:
+            return record.claim(key_id, request_id, signed_at, CLAIM_TIMEOUT)
+        except TimeoutError as exc:
+            raise Refused(wire.UNAVAILABLE, f"{exc}: the request did not run, since no host can tell whether "
+                                            "it ran before; retry") from None
 
     def _verify_session(self, grant: CallerGrant, properties: Mapping[str, str], body: bytes, topic: str,
                         now: float) -> float | str:

@@ -28,6 +28,7 @@ import pulsar.asyncio
 from tghost.author.hookspecs import Authorize
 from tghost.author.service import Call, ToolService
 from tghost.protocol import wire
+from tghost.protocol.callers import CALLER
 from tghost.protocol.descriptors import ToolServiceDescriptor
 from tghost.pulsar import hop
 from tghost.serving import executors, handoff
@@ -36,6 +37,7 @@ from tghost.serving.cancels import ControlTopic
 from tghost.serving.deadlines import Deadlines
 from tghost.serving.executors.thread import ThreadExecutor
 from tghost.serving.lane import ThreadLane
+from tghost.serving.replays import SharedReplays
 from tghost.serving.request import (
     NOT_STARTED,
     RETURNED,
@@ -103,6 +105,7 @@ class ServiceEndpoint:
         self._tasks: set[asyncio.Task[None]] = set()
         self._calls: dict[str, tuple[asyncio.Task[None], Request]] = {}  # loop-path calls by request id
         self._control = ControlTopic(descriptor, self._cancel)
+        self._replays: SharedReplays | None = None
         self._loop_task: asyncio.Task[None] | None = None
         self._consumer: pulsar.asyncio.Consumer | None = None
         self._producer: pulsar.asyncio.Producer | None = None
@@ -157,6 +160,7 @@ class ServiceEndpoint:
             self._lane = ThreadLane(self.terms, self._port, self.executor, loop)
         await self._control.start(client, self._mailbox)
         try:
+            await self._share_replays(client)
             self._consumer = self._port.consumer = await client.subscribe(
                 self.descriptor.request_queue,
                 self.subscription,
@@ -165,9 +169,23 @@ class ServiceEndpoint:
             )
         except BaseException:
             await self.release()
+            await self._unshare_replays()
             raise
         if self.persistent:
             self._loop_task = asyncio.create_task(self._receive_loop(), name=f"receive {self.descriptor.id}")
+
+    async def _share_replays(self, client: pulsar.asyncio.Client) -> None:
+        """With an access policy: read the replay record the service's hosts share (docs/protocol.md
+        §2.8) before the first request, so a restarted host refuses what any host ran."""
+        if self.terms.gate is not None:
+            self._replays = await SharedReplays.open(client, self.descriptor.request_queue, self.terms.gate.window)
+            self.terms.gate.share(self.descriptor.request_queue, self._replays)
+
+    async def _unshare_replays(self) -> None:
+        if self._replays is not None:
+            self.terms.gate.share(self.descriptor.request_queue, None)  # type: ignore[union-attr]
+            await self._replays.close()
+            self._replays = None
 
     def _consumer_options(self) -> dict[str, Any]:
         if not self.persistent:
@@ -292,7 +310,7 @@ class ServiceEndpoint:
     async def _answer(self, request: Request, task: asyncio.Task[None]) -> None:
         """Check the request, invoke under the timeout, and send the reply (or error)."""
         try:
-            call = self.terms.check(request, self._port)  # type: ignore[arg-type]
+            call = await self._checked(request)
             self._clock.start(task)
             try:
                 await self._invoke(request, call)
@@ -304,6 +322,13 @@ class ServiceEndpoint:
             await self._refuse(request, wire.TIMEOUT, self.terms.refusal(wire.TIMEOUT))
         except Exception as exc:
             await self._refuse(request, *failure(exc, self.descriptor.id))
+
+    async def _checked(self, request: Request) -> Call:
+        """:meth:`Terms.check`; in a worker thread for a request that names a caller, whose claim
+        in the shared replay record waits for the broker (the loop reads the claims)."""
+        if self._replays is None or CALLER not in request.message.properties():
+            return self.terms.check(request, self._port)  # type: ignore[arg-type]
+        return await asyncio.to_thread(self.terms.check, request, self._port)  # type: ignore[arg-type]
 
     async def _invoke(self, request: Request, call: Call) -> None:
         """Run the call and send its reply: one response, or for a generator one per chunk
@@ -448,6 +473,7 @@ class ServiceEndpoint:
         producer, and :meth:`release` the workers if that was not done; errors are logged, not raised."""
         await self.release()
         await self._control.close()
+        await self._unshare_replays()
         if self._unsubscribing is None:
             self._unsubscribing = asyncio.create_task(self._unsubscribe())
         await self._unsubscribing

@@ -1,0 +1,250 @@
+"""replays: the record of verified requests that a service's hosts share (docs/protocol.md
+§2.8), so a captured signed or session request runs at most once across every host of the
+service within its window, and not again on a host that restarted.
+
+Each host that checks a service's callers tails the service's claims topics from their first
+message: ``persistent://<tenant>/<namespace>/<request topic name>.claims-epoch-<n>``, one per
+:data:`CLAIM_EPOCH_SECONDS`, those that can hold a claim still inside the window
+(:func:`claim_epochs`). Before it runs a verified request, a host sends a *claim* of its
+(key id, ``id``) pair there and waits to read it back: the first claim of a pair on the topic
+wins, and every later one (another host's, a copy's, this host's after a restart) is a replay.
+A topic's messages arrive in one order at every reader, so the hosts agree without talking to
+each other.
+
+The record lives in the broker: a host reads it back when it starts and keeps in memory only
+the pairs that can still be replayed (within twice the window).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import math
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from concurrent import futures
+from typing import Any
+
+import pulsar
+import pulsar.asyncio
+
+from tghost.agent.window import TopicWindow
+from tghost.protocol.callers import SIGNED_AT
+from tghost.protocol.epochs import epoch_of, epoch_topic
+from tghost.pulsar import hop
+
+__all__ = ["CLAIM", "CLAIMANT", "CLAIM_EPOCH_SECONDS", "HOST_CLOCK_SKEW", "SharedReplays", "claim_epochs",
+           "claims_topic"]
+
+log = logging.getLogger(__name__)
+
+#: Message property of a claim: the caller's key id (docs/protocol.md §2.8).
+CLAIM = "tghost-claim"
+#: Message property of a claim: who sent it, unique per claim (opaque text).
+CLAIMANT = "tghost-claimant"
+#: Seconds per claims epoch topic: twice the 60 s window, so a host reads two or three.
+CLAIM_EPOCH_SECONDS = 120.0
+#: Seconds two hosts' clocks may differ: a host also reads the epochs this far ahead and behind.
+HOST_CLOCK_SKEW = 30.0
+#: Pairs a record keeps at most; past it, the oldest are forgotten (and logged once).
+MAX_PAIRS = 1_000_000
+
+
+def claims_topic(request_queue: str) -> str:
+    """The base name of a service's claims topics: ``persistent://`` and the request topic's
+    tenant, namespace and name, then ``.claims`` (its epochs add ``-epoch-<n>``), e.g.
+    ``persistent://tg/request/joke-service.claims`` for either ``persistent://`` or
+    ``non-persistent://tg/request/joke-service``."""
+    return "persistent://" + request_queue.split("://", 1)[-1] + ".claims"
+
+
+def claim_epochs(now: float, window: float, skew: float = HOST_CLOCK_SKEW,
+                 epoch_seconds: float = CLAIM_EPOCH_SECONDS) -> range:
+    """The claims epochs a host reads at unix time ``now`` (seconds), oldest first: every claim
+    of a request that could still be accepted (signed within ``window`` of now, so claimed at
+    most ``2 * window`` ago) by a host whose clock is within ``skew`` of ours."""
+    return range(epoch_of(now - 2 * window - skew, epoch_seconds), epoch_of(now + skew, epoch_seconds) + 1)
+
+
+class _ClaimWindow(TopicWindow):
+    """The claims epochs of :func:`claim_epochs` (a directory's window reaches back less far)."""
+
+    def __init__(self, client: pulsar.asyncio.Client, base: str, window: float) -> None:
+        super().__init__(client, base, HOST_CLOCK_SKEW, CLAIM_EPOCH_SECONDS)
+        self.window = window
+
+    def wanted(self, now: float) -> range:
+        return claim_epochs(now, self.window, self.max_clock_skew, self.epoch_seconds)
+
+
+class SharedReplays:
+    """The replay record of one service, shared through its claims topics.
+
+    :meth:`open` reads the claims still in the window, then tails them; :meth:`claim` is safe
+    from any thread but the event loop's (its answer is read there). ``window``: seconds a
+    signature is valid either side of the host's clock (the access gate's).
+    """
+
+    def __init__(self, client: pulsar.asyncio.Client, request_queue: str, window: float) -> None:
+        self.topic = claims_topic(request_queue)
+        self.window = window
+        self._client = client
+        self._claims = _ClaimWindow(client, self.topic, window)
+        self._producers: dict[int, pulsar.asyncio.Producer] = {}
+        self._first: OrderedDict[tuple[str, str], tuple[str, float]] = OrderedDict()  # pair -> (claimant, signed at)
+        self._waiting: dict[str, tuple[tuple[str, str], futures.Future[bool]]] = {}
+        self._lock = threading.Lock()
+        self._me = uuid.uuid4().hex[:16]
+        self._count = itertools.count()
+        self._moving: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._forgot = False
+
+    @classmethod
+    async def open(cls, client: pulsar.asyncio.Client, request_queue: str, window: float) -> SharedReplays:
+        """The record of the service on ``request_queue``, read up to now and followed.
+
+        Raises:
+            pulsar.asyncio.PulsarException: the broker did not give the claims topics.
+        """
+        record = cls(client, request_queue, window)
+        try:
+            await record._start()
+        except BaseException:
+            await record.close()
+            raise
+        return record
+
+    async def _start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        await self._claims.catch_up(self._read)
+        self._claims.follow(self._read)
+        await self._open_producers(time.time())
+        self._moving = asyncio.create_task(self._keep_moving(), name=f"claims {self.topic}")
+
+    async def _open_producers(self, now: float) -> None:
+        """Producers for this epoch's and the next one's topic (opened before it begins); older ones closed."""
+        current = epoch_of(now, CLAIM_EPOCH_SECONDS)
+        for epoch in [e for e in self._producers if e < current]:
+            with contextlib.suppress(Exception):
+                await self._producers.pop(epoch).close()
+        for epoch in (current, current + 1):
+            if epoch not in self._producers:
+                self._producers[epoch] = await self._client.create_producer(
+                    epoch_topic(self.topic, epoch), batching_enabled=False)
+
+    async def _keep_moving(self) -> None:
+        while True:
+            await asyncio.sleep(CLAIM_EPOCH_SECONDS / 8)
+            try:
+                now = time.time()
+                await self._claims.move(now)
+                await self._open_producers(now)
+            except pulsar.asyncio.PulsarException as exc:
+                log.warning("claims %s: could not open the next epoch's topic (%s); retrying", self.topic, exc)
+
+    def claim(self, key_id: str, request_id: str, signed_at: str, timeout: float) -> bool:
+        """Whether this host may run the request of ``key_id`` with ``request_id`` (signed at the
+        unix time ``signed_at``, as sent): ``True`` when its claim is the pair's first on the
+        topic, ``False`` for a replay. Blocks until the claim is read back.
+
+        Raises:
+            TimeoutError: the claim did not come back within ``timeout`` seconds, or the broker
+                did not take it: the request must not run (retry later).
+            RuntimeError: called on the event loop, which reads the claims.
+        """
+        if self._loop is not None and _running_loop() is self._loop:
+            raise RuntimeError("SharedReplays.claim blocks: call it off the event loop")
+        claimant = f"{self._me}-{next(self._count)}"
+        decided = self._send((key_id, request_id), signed_at, claimant)
+        try:
+            return decided.result(timeout)
+        except futures.TimeoutError:
+            raise TimeoutError(f"the claim of request {request_id!r} did not come back from {self.topic} "
+                               f"within {timeout:g}s") from None
+        finally:
+            self._waiting.pop(claimant, None)
+
+    def _send(self, pair: tuple[str, str], signed_at: str, claimant: str) -> futures.Future[bool]:
+        """Claim ``pair``: the future is its answer once read back (done at once if already claimed)."""
+        decided: futures.Future[bool] = futures.Future()
+        with self._lock:
+            if pair in self._first:
+                decided.set_result(False)
+                return decided
+            self._waiting[claimant] = (pair, decided)
+        producer = self._producers.get(epoch_of(time.time(), CLAIM_EPOCH_SECONDS))
+        if producer is None:
+            decided.set_exception(futures.TimeoutError())
+            return decided
+        properties = {CLAIM: pair[0], "id": pair[1], CLAIMANT: claimant, SIGNED_AT: signed_at}
+        hop.send(producer, b"", properties, lambda result, _: _failed(decided, result))
+        return decided
+
+    def _read(self, message: pulsar.Message) -> None:
+        """On the event loop: a claim read from the topic; the first of its pair wins."""
+        properties = message.properties()
+        key_id, request_id, claimant = properties.get(CLAIM), properties.get("id"), properties.get(CLAIMANT)
+        if key_id is None or request_id is None or claimant is None:
+            return
+        pair = (key_id, request_id)
+        with self._lock:
+            first = self._first.setdefault(pair, (claimant, _seconds(properties.get(SIGNED_AT))))[0]
+            waiting = self._waiting.pop(claimant, None)
+            self._forget(time.time())
+        if waiting is not None and waiting[0] == pair:
+            with contextlib.suppress(futures.InvalidStateError):
+                waiting[1].set_result(first == claimant)
+
+    def _forget(self, now: float) -> None:
+        """Drop the pairs no request can be replayed under any more (held: the lock)."""
+        while self._first and (len(self._first) > MAX_PAIRS
+                               or next(iter(self._first.values()))[1] < now - 2 * self.window - HOST_CLOCK_SKEW):
+            if len(self._first) > MAX_PAIRS and not self._forgot:
+                self._forgot = True
+                log.warning("claims %s: over %d claims within the window; the oldest are forgotten", self.topic,
+                            MAX_PAIRS)
+            self._first.popitem(last=False)
+
+    async def close(self) -> None:
+        """Stop tailing and close the readers and producers; waiting claims fail."""
+        if self._moving is not None:
+            self._moving.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._moving
+        await self._claims.close()
+        for producer in self._producers.values():
+            with contextlib.suppress(Exception):
+                await producer.close()
+        with self._lock:
+            for _, decided in self._waiting.values():
+                if not decided.done():
+                    decided.set_exception(futures.TimeoutError())
+
+
+def _failed(decided: futures.Future[bool], result: Any) -> None:
+    """On the client's I/O thread: the broker did not take a claim, so its request must not run."""
+    if result != pulsar.Result.Ok:
+        with contextlib.suppress(futures.InvalidStateError):
+            decided.set_exception(futures.TimeoutError())
+
+
+def _seconds(text: str | None) -> float:
+    """A claim's ``tghost-signed-at`` in unix seconds; now, if it has none that reads as one."""
+    try:
+        value = float(text)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return time.time()
+    return value if math.isfinite(value) else time.time()
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+

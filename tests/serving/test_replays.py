@@ -1,0 +1,133 @@
+"""replays: a captured signed or session request runs at most once across every host of its
+service, and not again on a host that restarted (docs/protocol.md §2.8). Two hosts of one
+service under one ``[access]`` policy on the embedded broker; the copies are sent on the raw
+wire, as an attacker on the broker would, and the test counts what ran."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+import tghost
+from tghost.broker import EmbeddedBroker
+from tghost.conformance import RawWire
+from tghost.discovery.discover import catalog_of
+from tghost.protocol import wire
+from tghost.protocol.access import AccessPolicy
+from tghost.protocol.callers import sign_request
+from tghost.protocol.descriptors import ToolServiceDescriptor
+from tghost.protocol.sessions import CallerSession
+from tghost.protocol.trust import Signer, write_key_pair
+from tghost.serving.replays import claim_epochs, claims_topic
+from tghost.testing import LocalHost
+
+RAN: list[str] = []
+
+
+@tghost.tool
+def stamp(text: str) -> str:
+    """Stamp a text."""
+    RAN.append(text)
+    return f"stamped {text}"
+
+
+@pytest.fixture
+def alice(tmp_path: Path) -> Signer:
+    return Signer.from_file(write_key_pair(tmp_path / "keys" / "alice").private)
+
+
+def guarded(tmp_path: Path) -> tghost.Catalog:
+    catalog = catalog_of([stamp])
+    catalog.access = AccessPolicy.from_table(
+        {"callers": {"alice": {"public-key": "keys/alice.pub", "tools": ["stamp"]}}}, tmp_path)
+    return catalog
+
+
+@pytest.fixture
+async def fleet(pulsar_broker: EmbeddedBroker, tmp_path: Path, alice: Signer) -> AsyncIterator[list[LocalHost]]:
+    """Two hosts of the service, both subscribed: the Shared subscription alternates between them."""
+    RAN.clear()
+    async with LocalHost(pulsar_broker.url, guarded(tmp_path)) as one, \
+            LocalHost(pulsar_broker.url, guarded(tmp_path)) as two:
+        yield [one, two]
+
+
+def signed(alice: Signer, descriptor: ToolServiceDescriptor, text: str, request_id: str) -> tuple[bytes, dict[str, str]]:
+    body = wire.encode_request("u", {}, {"text": text})
+    return body, {"id": request_id, **sign_request(alice, body, request_id, descriptor.request_queue, time.time())}
+
+
+async def outcomes(raw: RawWire, request_id: str, settle: float = 0.0) -> list[str]:
+    """What came back for one id (at least one reply, and any more within ``settle`` seconds,
+    or read meanwhile): the response, or the error type, of each."""
+    replies = [reply.json() for reply in await raw.raw_replies(request_id, settle=settle)]
+    return [reply["error"]["type"] if reply["error"] else reply["response"] for reply in replies]
+
+
+async def test_a_copied_signed_request_runs_once_across_two_hosts(fleet: list[LocalHost], alice: Signer) -> None:
+    descriptor = fleet[0].descriptors["stamp"]
+    async with RawWire(fleet[0].pulsar.url, descriptor) as raw:
+        sent = [signed(alice, descriptor, f"t{i}", f"r{i}") for i in range(30)]
+        for body, properties in sent:  # each request and a copy at once: they reach both hosts
+            await raw.send(body, properties)
+            await raw.send(body, properties)
+        await asyncio.sleep(1.0)
+        for body, properties in sent:  # and again later, once the round-robin moved on
+            await raw.send(body, properties)
+        seen = [sorted(await outcomes(raw, f"r{i}", 1.0 if i == 0 else 0.0)) for i in range(30)]
+    assert sorted(RAN) == sorted(f"t{i}" for i in range(30))  # 0 of 60 copies ran
+    assert seen == [sorted([f"stamped t{i}", wire.UNAUTHORIZED, wire.UNAUTHORIZED]) for i in range(30)]
+    served = [host.server.endpoints[0].counters["received"] for host in fleet]  # type: ignore[union-attr]
+    assert min(served) > 0, f"both hosts took copies: {served}"
+
+
+async def test_a_copied_session_request_runs_once_across_two_hosts(fleet: list[LocalHost], alice: Signer) -> None:
+    descriptor = fleet[0].descriptors["stamp"]
+    gates = [host.server.gate for host in fleet]  # type: ignore[union-attr]
+    session = CallerSession(alice, time.time())
+    async with RawWire(fleet[0].pulsar.url, descriptor) as raw:
+        for i in range(20):
+            body = wire.encode_request("u", {}, {"text": f"s{i}"})
+            properties = {"id": f"s{i}", **session.properties(body, f"s{i}", descriptor.request_queue, time.time(),
+                                                              [gate.session.public for gate in gates])}
+            for _ in range(3):
+                await raw.send(body, properties)
+        seen = [await outcomes(raw, f"s{i}", 1.0 if i == 0 else 0.0) for i in range(20)]
+    assert sorted(RAN) == sorted(f"s{i}" for i in range(20))
+    assert [sorted(replies) for replies in seen] == [
+        sorted([f"stamped s{i}", wire.UNAUTHORIZED, wire.UNAUTHORIZED]) for i in range(20)]
+
+
+async def test_a_restarted_host_refuses_what_ran_before_it_stopped(
+    pulsar_broker: EmbeddedBroker, tmp_path: Path, alice: Signer
+) -> None:
+    RAN.clear()
+    async with LocalHost(pulsar_broker.url, guarded(tmp_path)) as host:
+        descriptor = host.descriptors["stamp"]
+        sent = [signed(alice, descriptor, f"b{i}", f"b{i}") for i in range(20)]
+        async with RawWire(host.pulsar.url, descriptor) as raw:
+            for body, properties in sent:
+                await raw.send(body, properties)
+            assert [await outcomes(raw, f"b{i}") for i in range(20)] == [[f"stamped b{i}"] for i in range(20)]
+    async with LocalHost(pulsar_broker.url, guarded(tmp_path)) as restarted, \
+            RawWire(restarted.pulsar.url, descriptor) as raw:
+        for body, properties in sent:
+            await raw.send(body, properties)
+        after = [await outcomes(raw, f"b{i}", 1.0 if i == 0 else 0.0) for i in range(20)]
+        fresh = signed(alice, descriptor, "new", "new")
+        await raw.send(*fresh)
+        assert await outcomes(raw, "new") == ["stamped new"]
+    assert after == [[wire.UNAUTHORIZED]] * 20
+    assert sorted(RAN) == sorted([f"b{i}" for i in range(20)] + ["new"])  # 0 of 20 ran again
+
+
+def test_the_claims_topics_and_their_window_cover_every_claim_a_replay_could_meet() -> None:
+    assert claims_topic("non-persistent://tg/request/joke-service") == "persistent://tg/request/joke-service.claims"
+    assert claims_topic("persistent://t/n/x") == "persistent://t/n/x.claims"
+    now = 1_000_000.0
+    epochs = claim_epochs(now, 60.0, skew=30.0, epoch_seconds=120.0)
+    assert epochs.start * 120.0 <= now - 150.0 and (epochs.stop - 1) * 120.0 <= now + 30.0 < epochs.stop * 120.0
