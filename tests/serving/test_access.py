@@ -329,12 +329,19 @@ async def test_a_session_request_without_a_mac_for_the_host_is_resent_signed_and
     host: LocalHost, keys: dict[str, Signer]
 ) -> None:
     """A host the caller did not know yet (its key is not among those it MACs for) answers
-    ``unknown-session`` before anything runs; the client resends the request signed."""
-    descriptor = host.descriptors["calculate"]
+    ``unknown-session`` before anything runs; once the caller learns the host (its directory
+    reads the host's announcement), it checks that answer and resends the request signed."""
+    descriptor, gate = host.descriptors["calculate"], host.server.gate
+    assert gate is not None
     elsewhere = [HostSessionKey().public]  # another host's key: the request has no MAC for this one
+    learned = iter([elsewhere])  # what the caller knows when it sends; then it learns this host
+
+    def host_keys() -> list[str]:
+        return next(learned, [*elsewhere, gate.session.public])
+
     assert host.client is not None
     async with ToolServiceClient(host.client, descriptor.request_queue, descriptor.response_queue,
-                                 identity=keys["alice"], host_keys=lambda: elsewhere) as caller:
+                                 identity=keys["alice"], host_keys=host_keys) as caller:
         assert await caller.call({}, {"expression": "1+2"}, timeout=10) == "1+2 for alice"
     statuses = [r.status for r in host.records]  # type: ignore[attr-defined]
     assert INVOKED == ["calculate"] and statuses == [wire.UNKNOWN_SESSION, "ok"]

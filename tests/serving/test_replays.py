@@ -56,7 +56,8 @@ async def fleet(pulsar_broker: EmbeddedBroker, tmp_path: Path, alice: Signer) ->
         yield [one, two]
 
 
-def signed(alice: Signer, descriptor: ToolServiceDescriptor, text: str, request_id: str) -> tuple[bytes, dict[str, str]]:
+def signed(alice: Signer, descriptor: ToolServiceDescriptor, text: str,
+           request_id: str) -> tuple[bytes, dict[str, str]]:
     body = wire.encode_request("u", {}, {"text": text})
     return body, {"id": request_id, **sign_request(alice, body, request_id, descriptor.request_queue, time.time())}
 

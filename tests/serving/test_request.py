@@ -122,7 +122,7 @@ class _Sent:
     def __init__(self) -> None:
         self.chunks: list[bytes] = []
 
-    def send_chunk(self, request_id: str, payload: bytes) -> futures.Future[bool]:
+    def send_chunk(self, request: Request, payload: bytes) -> futures.Future[bool]:
         self.chunks.append(payload)
         done: futures.Future[bool] = futures.Future()
         done.set_result(True)
@@ -162,8 +162,9 @@ async def test_chunk_receipts_arrive_over_the_broker_and_a_cancelled_wait_leaves
     try:
         producer = await client.create_producer(topic, batching_enabled=False)
         port = Port(producer, hop.Mailbox(asyncio.get_running_loop()), (), "echo")
-        kept = [port.send_chunk("r1", wire.encode_response(str(n), False)) for n in range(10)]
-        dropped = [port.send_chunk("r2", wire.encode_response(str(n), False)) for n in range(10)]
+        first, second = Request(CallRecord("echo", "r1"), None), Request(CallRecord("echo", "r2"), None)
+        kept = [port.send_chunk(first, wire.encode_response(str(n), False)) for n in range(10)]
+        dropped = [port.send_chunk(second, wire.encode_response(str(n), False)) for n in range(10)]
         for receipt in dropped:
             receipt.cancel()
         await producer.flush()

@@ -25,7 +25,7 @@ from tghost.protocol import wire
 from tghost.protocol.descriptors import ToolServiceDescriptor
 from tghost.protocol.groups import DEFAULT_GROUPS, DEFAULT_STATE, WILDCARD, is_available, next_state
 from tghost.protocol.sessions import SESSION_KEY
-from tghost.protocol.trust import Signer
+from tghost.protocol.trust import Signer, TrustedKeys
 
 __all__ = [
     "CONFLICT", "GROUPS_EXCEED_ALLOWED", "NOT_AVAILABLE", "NO_PROVIDER", "UNAUTHORIZED", "UNKNOWN_TOOL",
@@ -165,7 +165,9 @@ class ToolCalls:
     with ``refuse_conflicts``, :data:`CONFLICT` (a contested tool, :attr:`DirectoryTool.contested`).
     ``client`` is the Pulsar client calls are made with, set by the directory once connected.
     ``services`` (id -> entry, kept current by the directory) name the hosts of each service, so
-    a caller with an ``identity`` calls in sessions with them (docs/protocol.md §2.9).
+    a caller with an ``identity`` calls in sessions with them (docs/protocol.md §2.9). With
+    ``trusted`` keys (signed announcements), every call also asks its hosts to sign their
+    answers, and accepts only proven ones (§2.13).
 
     A name that is not live is :class:`NoProvider` (:data:`NO_PROVIDER`) if the ``ledger``
     remembers a host that announced it or it is ``installed`` here (asked only then), else
@@ -175,8 +177,9 @@ class ToolCalls:
     def __init__(self, tools: Mapping[str, DirectoryTool], listeners: Sequence[ToolCallListener] = (),
                  refuse_conflicts: bool = True, identity: Signer | None = None,
                  services: Mapping[str, ServiceEntry] | None = None, ledger: Ledger | None = None,
-                 installed: Installed | None = None) -> None:
+                 installed: Installed | None = None, trusted: TrustedKeys | None = None) -> None:
         self.tools = tools
+        self.trusted = trusted
         self.services = {} if services is None else services
         self.ledger = ledger
         self.installed = installed
@@ -294,7 +297,7 @@ class ToolCalls:
                 assert self.client is not None, "start the directory first"
                 caller = await ToolServiceClient(self.client, descriptor.request_queue, descriptor.response_queue,
                                                  self.identity, lambda: self.session_keys(descriptor.id),
-                                                 service_id=descriptor.id).start()
+                                                 service_id=descriptor.id, trusted=self.trusted).start()
                 self._callers[descriptor.id] = caller
             return caller
 

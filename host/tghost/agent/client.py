@@ -20,13 +20,16 @@ from typing import TYPE_CHECKING, Any
 import pulsar
 import pulsar.asyncio
 
+from tghost.agent.answers import Answers, Check
 from tghost.protocol import wire
-from tghost.protocol.callers import sign_request
+from tghost.protocol.answers import PROVE, proven_by
+from tghost.protocol.callers import SIGNATURE, sign_request
 from tghost.protocol.descriptors import DEFAULT_TIMEOUT, ToolServiceDescriptor
 from tghost.protocol.sessions import CallerSession
-from tghost.protocol.trust import Signer
+from tghost.protocol.trust import Signer, TrustedKeys
 from tghost.pulsar import hop
 from tghost.system import tracing
+from tghost.system.logs import LogSummary
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
@@ -74,24 +77,33 @@ class ToolServiceClient:
     caller is anonymous. ``host_keys`` gives the session keys the service's hosts announce now
     (a directory knows them): with an identity and any such key, requests go in a caller session
     instead, MACed for those hosts (§2.9), and one a host cannot check is resent signed.
+    ``trusted``: the hosts' signing keys this caller trusts (a directory's, with signed
+    announcements). A call in a session, or with trusted keys, accepts only the answers a host
+    of the service proved for it (§2.13): the others are dropped, counted in
+    :attr:`dropped_answers` and summarised in the log.
     ``service_id`` names the service in the call's span (default: the request topic's last part).
     """
 
     def __init__(self, client: pulsar.asyncio.Client, request_queue: str, response_queue: str,
                  identity: Signer | None = None, host_keys: Callable[[], Sequence[str]] | None = None,
-                 service_id: str | None = None) -> None:
+                 service_id: str | None = None, trusted: TrustedKeys | None = None) -> None:
         self._client = client
+        self.trusted = trusted
+        self.dropped_answers = 0
+        """Messages with a call's ``id`` that no host of the service proved (docs/protocol.md §2.13)."""
         self.service_id = service_id
         self.identity = identity
         self._host_keys = host_keys
         self._session: CallerSession | None = None
         self.request_queue = request_queue
         self.response_queue = response_queue
-        self._pending: dict[str, asyncio.Queue[wire.Response | Exception]] = {}
+        self._pending: dict[str, Answers] = {}
         self._producer: pulsar.asyncio.Producer | None = None
         self._control: pulsar.asyncio.Producer | None = None
         self._consumer: pulsar.asyncio.Consumer | None = None
         self._mailbox: hop.Mailbox | None = None
+        self._unproven = LogSummary(log, f"{request_queue}: dropped %(count)d answer(s) that no host of the service "
+                                         "proved (docs/protocol.md §2.13): %(reason)s (e.g. %(example)s)")
 
     async def start(self) -> ToolServiceClient:
         """Subscribe to the response queue first (non-persistent topics keep nothing), then
@@ -113,14 +125,15 @@ class ToolServiceClient:
     def _on_response(self, consumer: Any, message: Any) -> None:
         """The C++ listener thread: acknowledge, and hand a waited-for response to the loop."""
         hop.acknowledge(consumer, message)
-        queue = self._pending.get(message.properties().get("id", ""))
-        if queue is not None:
-            self._mailbox.put(_deliver, queue, message.data())  # type: ignore[union-attr]
+        properties = message.properties()
+        answers = self._pending.get(properties.get("id", ""))
+        if answers is not None:
+            self._mailbox.put(answers.queue.put_nowait, (properties, message.data()))  # type: ignore[union-attr]
 
-    def _on_sent(self, queue: asyncio.Queue[wire.Response | Exception], result: Any) -> None:
+    def _on_sent(self, answers: Answers, result: Any) -> None:
         """The C++ thread, once the broker has the request: a failure goes to the waiting call."""
         if result != pulsar.Result.Ok:
-            self._mailbox.put(queue.put_nowait, pulsar.asyncio.PulsarException(result))  # type: ignore[union-attr]
+            self._mailbox.put(answers.queue.put_nowait, pulsar.asyncio.PulsarException(result))  # type: ignore[union-attr]
 
     async def stream(
         self,
@@ -147,17 +160,19 @@ class ToolServiceClient:
         """
         assert self._producer is not None, "call start() first"
         request_id = uuid.uuid4().hex
-        queue: asyncio.Queue[wire.Response | Exception] = asyncio.Queue()
-        self._pending[request_id] = queue
+        answers = self._pending[request_id] = Answers(None)
         span = tracing.client_span(self.request_queue, request_id, tool, self.service_id)
         failed: str | None = "cancelled"
         try:
             async with asyncio.timeout(timeout):
                 body = wire.encode_request(user, config, arguments)
                 asks = {wire.PROGRESS: "1"} if progress is not None else {}
-                in_session = self._send(queue, request_id, body, self._session_keys(), span, asks)
+                if self.trusted is not None and self.identity is None:
+                    asks[PROVE] = "1"
+                in_session = self._send(answers, request_id, body, self._session_keys(), span, asks)
+                answers.check = self._check(request_id, in_session, answers.sent)
                 while True:
-                    response = await queue.get()
+                    response = await answers.next()
                     if isinstance(response, Exception):
                         raise response
                     if response.progress is not None:
@@ -165,8 +180,8 @@ class ToolServiceClient:
                             await told
                         continue
                     if response.error and in_session and response.error["type"] == wire.UNKNOWN_SESSION:
-                        in_session = self._send(queue, request_id, body, (), span, asks)  # a host we did not know
-                        continue
+                        self._send(answers, request_id, body, self._session_keys(), span, asks, signed=True)
+                        continue  # a host we did not know: the same request, signed too
                     if response.error:
                         failed = response.error["type"]
                         raise ToolCallError(response.error["type"], response.error["message"])
@@ -184,6 +199,7 @@ class ToolServiceClient:
             raise
         finally:
             del self._pending[request_id]
+            self._count_unproven(answers)
             tracing.end(span, failed)
             if failed in ("cancelled", wire.TIMEOUT):
                 self._cancel(request_id)
@@ -204,22 +220,47 @@ class ToolServiceClient:
         """The hosts' session keys, when this client has an identity to open sessions with."""
         return self._host_keys() if self.identity is not None and self._host_keys is not None else ()
 
-    def _send(self, queue: asyncio.Queue[wire.Response | Exception], request_id: str, body: bytes,
-              host_keys: Sequence[str], span: Span | None = None, extra: Mapping[str, str] = {}) -> bool:
+    def _send(self, answers: Answers, request_id: str, body: bytes, host_keys: Sequence[str],
+              span: Span | None = None, extra: Mapping[str, str] = {}, signed: bool = False) -> bool:
         """Send the request with its ``id`` (and the ``extra`` properties) and, with an identity,
-        its proof: a session's MACs for ``host_keys`` if there are any, else a signature.
-        Whether it went in a session."""
+        its proof: a session's MACs for ``host_keys`` if there are any (and, ``signed``, a
+        signature too, for a host it has no MAC for), else a signature. Whether it went in a session."""
         properties = {"id": request_id, **extra}
         now = time.time()
+        answers.sent.add(f"{now:.3f}" if self.identity is not None else "")
         if self.identity is not None and host_keys:
             if self._session is None or self._session.expires - now < SESSION_RENEWAL:
                 self._session = CallerSession(self.identity, now)
             properties.update(self._session.properties(body, request_id, self.request_queue, now, host_keys))
+            if signed:
+                proof = sign_request(self.identity, body, request_id, self.request_queue, now)
+                properties[SIGNATURE] = proof[SIGNATURE]
         elif self.identity is not None:
             properties.update(sign_request(self.identity, body, request_id, self.request_queue, now))
         tracing.inject(properties, span)
-        hop.send(self._producer, body, properties, lambda result, _: self._on_sent(queue, result))
+        hop.send(self._producer, body, properties, lambda result, _: self._on_sent(answers, result))
         return self.identity is not None and bool(host_keys)
+
+    def _check(self, request_id: str, in_session: bool, sent: set[str]) -> Check | None:
+        """How a call checks its answers (docs/protocol.md §2.13): proven under its session's key
+        with a host it knows now, or signed by a trusted key; ``None`` when it can check neither."""
+        if not in_session and self.trusted is None:
+            return None
+        caller = self.identity.key_id if self.identity is not None else ""
+        session = self._session if in_session else None
+
+        def check(properties: Mapping[str, str], payload: bytes) -> tuple[str, str, int] | None:
+            hosts = session.answer_keys(self._session_keys()) if session is not None else {}
+            return proven_by(properties, payload, request_id, self.request_queue, caller, sent, hosts, self.trusted)
+        return check
+
+    def _count_unproven(self, answers: Answers) -> None:
+        dropped = answers.close()
+        if dropped:
+            self.dropped_answers += dropped
+            self._unproven.add("a response, chunk, progress update or error with a call's id and no valid proof; "
+                               "someone else on the broker answers this service's requests", f"{dropped} for one call")
+            self._unproven.flush()
 
     async def call(
         self,
@@ -252,10 +293,3 @@ class ToolServiceClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-
-def _deliver(queue: asyncio.Queue[wire.Response | Exception], data: bytes) -> None:
-    """A response for a waiting call, decoded (an undecodable one is a ``bad-request`` error)."""
-    try:
-        queue.put_nowait(wire.decode_response(data))
-    except wire.BadRequest as exc:
-        queue.put_nowait(wire.Response("", True, {"type": wire.BAD_REQUEST, "message": str(exc)}))

@@ -196,7 +196,7 @@ class ToolDirectory:
         self.index = ToolIndex()
         """The live tools for :meth:`search` (:mod:`tghost.agent.search`), kept in step with :attr:`tools`."""
         self.calls = ToolCalls(self.tools, listeners, refuse_conflicts=trusted is None, identity=identity,
-                               services=self.services, ledger=self.ledger, installed=installed)
+                               services=self.services, ledger=self.ledger, installed=installed, trusted=trusted)
         """Calls by tool name over :attr:`tools` (:mod:`tghost.agent.calls`)."""
         self._tasks: list[asyncio.Task[None]] = []
         self._client: pulsar.asyncio.Client | None = None

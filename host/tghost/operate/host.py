@@ -297,7 +297,7 @@ class Host:
                                        health_url=self.monitor.http.health_url() if self.monitor else None)
         server = self._server = Server(catalog.services, catalog.descriptors, config.serve, self._listeners,
                                        authorize=catalog.authorize,
-                                       gate=Gate.of(catalog.access, catalog.tools, session))
+                                       gate=Gate.of(catalog.access, catalog.tools, session), signer=config.signer)
         self._client = await config.pulsar.connect()
         await server.start(self._client)
         self._serving = True

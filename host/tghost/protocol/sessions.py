@@ -162,6 +162,11 @@ class CallerSession:
                 self._hosts[public] = None
         return self._hosts[public]
 
+    def answer_keys(self, host_keys: Iterable[str]) -> dict[str, hmac.HMAC]:
+        """The keys this session shares with the hosts whose announced session keys are given,
+        by fingerprint: what their answers' MACs are checked with (docs/protocol.md §2.13)."""
+        return dict(host for public in host_keys if (host := self._host(public)) is not None)
+
     def properties(self, body: bytes, request_id: str, topic: str, now: float,
                    host_keys: Iterable[str]) -> dict[str, str]:
         """The properties of a request (payload ``body``, ``id``, request ``topic``) sent at unix

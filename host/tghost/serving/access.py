@@ -9,6 +9,7 @@ Never runs plugin code and never answers a request: it says why one is refused.
 
 from __future__ import annotations
 
+import hmac
 import logging
 import threading
 import time
@@ -197,10 +198,8 @@ class Gate:
             raise Refused(wire.UNAVAILABLE, f"{exc}: the request did not run, since no host can tell whether "
                                             "it ran before; retry") from None
 
-    def _verify_session(self, grant: CallerGrant, properties: Mapping[str, str], body: bytes, topic: str,
-                        now: float) -> float | str:
-        """A session request's MAC for this host (docs/protocol.md §2.9): the unix time it was
-        sent, or why it is refused."""
+    def _opened(self, grant: CallerGrant, properties: Mapping[str, str], now: float) -> OpenSession | str:
+        """The caller session of a request's binding, verified once and kept; or why it is refused."""
         key = (properties[sessions.SESSION], properties.get(sessions.SESSION_SIGNATURE, ""))
         session = self._sessions.get(key)
         if session is None:
@@ -208,9 +207,31 @@ class Gate:
             if isinstance(opened, str):
                 return opened
             self._sessions.add(key, session := opened)
+        return session
+
+    def session_mac(self, properties: Mapping[str, str]) -> hmac.HMAC | None:
+        """An HMAC keyed with the key this host shares with the request's caller session (its
+        binding verified with the policy's key for the caller), to prove this host's answers
+        with (docs/protocol.md §2.13); ``None`` without a session that verifies."""
+        key_id = signed.caller_key_id(properties)
+        grant = self.policy.callers.get(key_id) if key_id is not None else None
+        if grant is None or sessions.SESSION not in properties:
+            return None
+        session = self._opened(grant, properties, time.time())
+        return None if isinstance(session, str) else session.mac
+
+    def _verify_session(self, grant: CallerGrant, properties: Mapping[str, str], body: bytes, topic: str,
+                        now: float) -> float | str:
+        """A session request's MAC for this host (docs/protocol.md §2.9): the unix time it was
+        sent, or why it is refused."""
+        session = self._opened(grant, properties, now)
+        if isinstance(session, str):
+            return session
         if session.expires < now:
             return "the request's session has expired: start a new one"
         verified = sessions.verify_mac(session, self.session.fingerprint, properties, body, topic)
+        if verified is None and signed.SIGNATURE in properties:  # resent signed, for a host it did not know
+            return signed.verify_request(grant.key, properties, body, topic, now, self.window)
         if verified is None:
             raise Refused(wire.UNKNOWN_SESSION, f"caller {grant.name!r}: the request's session has no MAC for this "
                                                f"host (key {self.session.fingerprint}); resend it with a signature")

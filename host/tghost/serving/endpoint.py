@@ -30,6 +30,7 @@ from tghost.author.service import Call, ToolService
 from tghost.protocol import wire
 from tghost.protocol.callers import CALLER
 from tghost.protocol.descriptors import ToolServiceDescriptor
+from tghost.protocol.trust import Signer
 from tghost.pulsar import hop
 from tghost.serving import executors, handoff
 from tghost.serving.access import Gate
@@ -45,6 +46,7 @@ from tghost.serving.request import (
     CallListener,
     CallRecord,
     Port,
+    Prover,
     Request,
     Terms,
     confirmed_on_loop,
@@ -88,8 +90,10 @@ class ServiceEndpoint:
         listeners: Sequence[CallListener] = (),
         authorize: Authorize | None = None,
         gate: Gate | None = None,
+        signer: Signer | None = None,
     ) -> None:
         self.service = service
+        self.signer = signer
         self.descriptor = descriptor
         self.terms = Terms(service, descriptor, descriptor.timeout or settings.timeout,
                            descriptor.max_concurrency or settings.max_concurrency, settings.max_queue,
@@ -154,7 +158,9 @@ class ServiceEndpoint:
         self._producer = await client.create_producer(
             self.descriptor.response_queue, batching_enabled=False, block_if_queue_full=True
         )
-        self._port = Port(self._producer, self._mailbox, self._listeners, self.descriptor.id)
+        proving = self.terms.gate is not None or self.signer is not None
+        prover = Prover(self.descriptor.request_queue, self.terms.gate, self.signer) if proving else None
+        self._port = Port(self._producer, self._mailbox, self._listeners, self.descriptor.id, prover)
         await self.executor.start()
         if isinstance(self.executor, ThreadExecutor) and self.service.runs_in_thread and not self.persistent:
             self._lane = ThreadLane(self.terms, self._port, self.executor, loop)
@@ -279,7 +285,7 @@ class ServiceEndpoint:
         if running is None:
             self._lane.cancel(request)  # type: ignore[union-attr]
         elif request.claim(wire.CANCELLED, self._port):
-            self._port.send(request_id, wire.encode_error(wire.CANCELLED, self.terms.refusal(wire.CANCELLED)))  # type: ignore[union-attr]
+            self._port.send(request, wire.encode_error(wire.CANCELLED, self.terms.refusal(wire.CANCELLED)))  # type: ignore[union-attr]
             running[0].cancel()  # the call's task: an async invoke stops, a worker process is killed
 
     async def _admit(self, request: Request, task: asyncio.Task[None]) -> None:
@@ -366,9 +372,9 @@ class ServiceEndpoint:
             return
         port: Port = self._port  # type: ignore[assignment]
         if not self.persistent:
-            port.send(request.request_id, payload)
+            port.send(request, payload)
             return
-        receipt = asyncio.ensure_future(port.receipt(request.request_id, payload))
+        receipt = asyncio.ensure_future(port.receipt(request, payload))
         try:
             await asyncio.shield(receipt)
         except asyncio.CancelledError:  # a timeout or shutdown while the reply was on its way

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import itertools
 import logging
 import math
 import threading
@@ -36,8 +37,10 @@ import pulsar.asyncio
 from tghost.author.hookspecs import Authorize
 from tghost.author.service import Call, ToolError, ToolService
 from tghost.protocol import wire
-from tghost.protocol.callers import Caller
+from tghost.protocol.answers import PROVE, AnswerProof
+from tghost.protocol.callers import CALLER, SIGNED_AT, Caller
 from tghost.protocol.descriptors import ToolServiceDescriptor
+from tghost.protocol.trust import Signer
 from tghost.pulsar import hop
 from tghost.serving.access import Gate, Refused
 from tghost.system import tracing
@@ -53,6 +56,7 @@ __all__ = [
     "CallRecord",
     "ChunkNotSent",
     "Port",
+    "Prover",
     "Request",
     "Terms",
     "failure",
@@ -69,6 +73,7 @@ RETURNED = "returned"
 NOT_STARTED = "not started"
 #: Seconds between two progress updates of one call sent to its caller (more are dropped).
 PROGRESS_INTERVAL = 0.1
+_UNKNOWN = object()  # a request's proof before its first answer looks it up
 
 
 @dataclass
@@ -274,40 +279,73 @@ def failure(exc: Exception, service_id: str) -> tuple[str, str]:
     return wire.TOOL_SERVICE_ERROR, f"{type(exc).__name__}: {exc}"
 
 
+class Prover:
+    """How a host proves its answers to one service's callers (docs/protocol.md §2.13): under
+    the session key it shares with a caller session (the ``gate``'s), else with its ``signer``
+    for a request that names a caller or asks for signed answers. ``topic``: the request topic."""
+
+    def __init__(self, topic: str, gate: Gate | None, signer: Signer | None) -> None:
+        self.topic = topic
+        self.gate = gate
+        self.signer = signer
+
+    def proof(self, properties: Mapping[str, str]) -> AnswerProof | None:
+        """The proof for the answers to a request with these message properties; ``None``: none
+        the caller could check."""
+        caller, signed_at = properties.get(CALLER), properties.get(SIGNED_AT, "")
+        if caller is not None and self.gate is not None and (mac := self.gate.session_mac(properties)) is not None:
+            return AnswerProof(self.topic, caller, signed_at, self.gate.session.fingerprint, mac)
+        if self.signer is not None and (caller is not None or PROVE in properties):
+            return AnswerProof(self.topic, caller or "", signed_at if caller else "", signer=self.signer)
+        return None
+
+
 class Port:
     """One service's side of Pulsar, as a request needs it: send a reply, learn when the broker
     has it, acknowledge the request and tell the call listeners. Safe from any thread.
 
     ``producer`` is the service's response producer; ``consumer`` (its request consumer) is set
-    once subscribed; ``mailbox`` carries receipts into the event loop.
+    once subscribed; ``mailbox`` carries receipts into the event loop; ``prover`` proves the
+    answers to the callers that can check them.
     """
 
     def __init__(self, producer: pulsar.asyncio.Producer, mailbox: hop.Mailbox,
-                 listeners: Sequence[CallListener], service_id: str) -> None:
+                 listeners: Sequence[CallListener], service_id: str, prover: Prover | None = None) -> None:
         self.producer = producer
+        self.prover = prover
         self.consumer: pulsar.asyncio.Consumer | None = None
         self._mailbox = mailbox
         self._listeners = tuple(listeners)
         self._service_id = service_id
 
-    def send(self, request_id: str, payload: bytes) -> None:
+    def send(self, request: Request, payload: bytes) -> None:
         """Send a reply without waiting for the broker (:func:`tghost.pulsar.hop.send`)."""
-        hop.send(self.producer, payload, {"id": request_id})
+        hop.send(self.producer, payload, self._properties(request, payload))
 
-    async def receipt(self, request_id: str, payload: bytes) -> None:
+    async def receipt(self, request: Request, payload: bytes) -> None:
         """Send a reply and wait (on the loop) until the broker has it.
 
         Raises:
             pulsar.asyncio.PulsarException: the broker did not take it.
         """
-        await hop.receipt(self._mailbox, self.producer, payload, {"id": request_id})
+        await hop.receipt(self._mailbox, self.producer, payload, self._properties(request, payload))
 
-    def send_chunk(self, request_id: str, payload: bytes) -> futures.Future[bool]:
+    def send_chunk(self, request: Request, payload: bytes) -> futures.Future[bool]:
         """Send one chunk of a stream; the future is done once the broker has it (True) or did
         not take it (False)."""
         sent: futures.Future[bool] = futures.Future()
-        hop.send(self.producer, payload, {"id": request_id}, functools.partial(_receipt_of, sent))
+        hop.send(self.producer, payload, self._properties(request, payload), functools.partial(_receipt_of, sent))
         return sent
+
+    def _properties(self, request: Request, payload: bytes) -> dict[str, str]:
+        """An answer's properties: its request's ``id`` and, for a caller that can check it, this
+        host's proof (docs/protocol.md §2.13)."""
+        proof = request.proof
+        if proof is _UNKNOWN:
+            proof = request.proof = self.prover.proof(request.message.properties()) if self.prover else None
+        if not isinstance(proof, AnswerProof):
+            return {"id": request.request_id}
+        return {"id": request.request_id, **proof.properties(payload, request.request_id, next(request.seq))}
 
     def settle(self, record: CallRecord, message: Any, started: float, acknowledge: bool = True) -> None:
         """A request is answered: acknowledge it (unless it goes back to the broker), time it from
@@ -344,7 +382,7 @@ class Request:
     """
 
     __slots__ = ("_asked", "_held", "_lock", "_progressed", "answered", "cancelled", "deadline", "job", "message",
-                 "record", "started", "unconfirmed")
+                 "proof", "record", "seq", "started", "unconfirmed")
 
     def __init__(self, record: CallRecord, message: Any) -> None:
         self.record = record
@@ -359,6 +397,10 @@ class Request:
         self.cancelled = threading.Event()
         """Set when the caller cancels the call (``tghost.Context.cancelled`` of a plain ``def`` tool)."""
         self.unconfirmed: list[futures.Future[bool]] = []
+        self.proof: AnswerProof | object | None = _UNKNOWN
+        """How its answers are proven (:class:`Prover`); ``None``: not at all; looked up at the first."""
+        self.seq = itertools.count()
+        """The numbers of its answers (``tghost-seq``)."""
         self._asked: bool | None = None  # whether the caller wants progress updates (None: not looked yet)
         self._progressed = -math.inf  # when the last one went
         self._held: wire.Progress | None = None  # the latest one held back by the pacing
@@ -377,7 +419,7 @@ class Request:
                 return False
             self.answered = True
             if self._held is not None and port is not None:
-                port.send(self.request_id, wire.encode_progress(self._held))
+                port.send(self, wire.encode_progress(self._held))
         if status is not None:
             self.record.status = status
         return True
@@ -394,7 +436,7 @@ class Request:
         with self._lock:
             if self.answered:
                 return None
-            self.unconfirmed.append(port.send_chunk(self.request_id, payload))
+            self.unconfirmed.append(port.send_chunk(self, payload))
         if len(self.unconfirmed) < hop.STREAM_WINDOW:
             return []
         full, self.unconfirmed = self.unconfirmed, []
@@ -417,7 +459,7 @@ class Request:
                 self._held = update  # sent with the next update, or before the last reply
                 return
             self._progressed, self._held = now, None
-            port.send(self.request_id, wire.encode_progress(update))
+            port.send(self, wire.encode_progress(update))
 
     def rest(self) -> list[futures.Future[bool]]:
         """The chunks not yet confirmed: wait for them before the last reply."""

@@ -15,6 +15,7 @@ import pulsar.asyncio
 from tghost.author.hookspecs import Authorize
 from tghost.author.service import ToolService
 from tghost.protocol.descriptors import ToolServiceDescriptor
+from tghost.protocol.trust import Signer
 from tghost.serving.access import Gate
 from tghost.serving.endpoint import ServiceEndpoint
 from tghost.serving.executors.thread import ThreadExecutor
@@ -38,15 +39,18 @@ class Server:
         listeners: Sequence[CallListener] = (),
         authorize: Authorize | None = None,
         gate: Gate | None = None,
+        signer: Signer | None = None,
     ) -> None:
         """Serve ``services`` (by service id) under their ``descriptors``.
 
         ``listeners`` are told of every request once it is acknowledged (see :class:`CallRecord`).
         ``authorize`` is asked about every decoded request before ``invoke`` (see
         :data:`tghost.author.hookspecs.Authorize`); ``None`` allows every call. ``gate`` applies
-        the host's ``[access]`` policy first (:class:`tghost.serving.access.Gate`).
+        the host's ``[access]`` policy first (:class:`tghost.serving.access.Gate`). ``signer``
+        (the host's signing key) signs the answers of callers that can check them (docs/protocol.md §2.13).
         """
         self.gate = gate
+        self.signer = signer
         self.settings = settings or ServeSettings()
         self._listeners = tuple(listeners)
         self._authorize = authorize
@@ -58,7 +62,7 @@ class Server:
     def _endpoints(self, services: dict[str, ToolService],
                    descriptors: dict[str, ToolServiceDescriptor]) -> list[ServiceEndpoint]:
         return [ServiceEndpoint(services[sid], descriptors[sid], self.settings, self._listeners, self._authorize,
-                                self.gate) for sid in descriptors]
+                                self.gate, self.signer) for sid in descriptors]
 
     async def start(self, client: pulsar.asyncio.Client) -> None:
         """Start the stall detector (unless ``stall_threshold`` is 0) and every service endpoint.
