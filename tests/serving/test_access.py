@@ -10,6 +10,7 @@ import json
 import os
 import re
 import signal
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -359,3 +360,40 @@ async def test_a_directory_calls_in_sessions_with_the_hosts_that_announce_a_sess
         for i in range(3):
             assert await found.invoke("calculate", {"expression": str(i)}) == f"{i} for alice"
     assert host.server.gate.open_sessions == 1  # one binding verified for three calls
+
+
+def test_a_rate_is_counted_from_many_threads_at_once(tmp_path: Path, keys: dict[str, Signer]) -> None:
+    """Checks run on several threads at once (the thread lane; a claim's wait): limits' memory
+    storage raised 'threads can only be started once' when two first hits met."""
+    policy = AccessPolicy.from_table({"callers": {"alice": {"public-key": "keys/alice.pub", "rate": "1000/minute"}}},
+                                     tmp_path)
+    grant, failed, interval = policy.callers[keys["alice"].key_id], [], sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch often, as under load
+    try:
+        meet(policy, grant, failed)
+    finally:
+        sys.setswitchinterval(interval)
+    assert failed == []
+
+
+def meet(policy: AccessPolicy, grant: Any, failed: list[Exception]) -> None:
+    """Eight threads at once make each of 500 new gates' first hits."""
+    import threading
+
+    from tghost.serving.access import Gate
+
+    for _ in range(500):
+        gate, start = Gate(policy, {}), threading.Barrier(8)
+
+        def hit(gate: Gate = gate, start: threading.Barrier = start) -> None:
+            start.wait()
+            try:
+                gate._within_rate(grant)
+            except Exception as exc:
+                failed.append(exc)
+
+        threads = [threading.Thread(target=hit) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()

@@ -110,6 +110,7 @@ class Gate:
         self._rates = {key: parse(grant.rate) for key, grant in policy.callers.items() if grant.rate}
         # the in-memory storage runs a timer thread: only a policy with rates needs one
         self._limiter = MovingWindowRateLimiter(MemoryStorage()) if self._rates else None
+        self._limiting = threading.Lock()  # limits' MemoryStorage starts its expiry timer unlocked
         self._refused = LogSummary(log, "refused %(count)d request(s) under this host's [access] policy: "
                                         "%(reason)s (e.g. %(example)s)")
 
@@ -254,8 +255,11 @@ class Gate:
 
     def _within_rate(self, grant: CallerGrant) -> None:
         rate = self._rates.get(grant.key_id)
-        if rate is None or self._limiter is None or self._limiter.hit(rate, grant.key_id):
+        if rate is None or self._limiter is None:
             return
-        reset = self._limiter.get_window_stats(rate, grant.key_id).reset_time
+        with self._limiting:  # checks run on several threads at once (the thread lane, claims)
+            if self._limiter.hit(rate, grant.key_id):
+                return
+            reset = self._limiter.get_window_stats(rate, grant.key_id).reset_time
         raise Refused(wire.RATE_LIMITED, f"caller {grant.name!r} is over its rate of {grant.rate} on this host; "
                                     f"retry in {max(reset - time.time(), 0):.1f}s")
