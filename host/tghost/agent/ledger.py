@@ -130,8 +130,6 @@ class _Entry:
     plugin: dict[str, Any] | None
     available: bool
     external: bool = False
-    applied: int = 0
-    """When its descriptor was last applied (a count of messages applied): the newest is shown."""
     access: ToolAccess | None = None
 
 
@@ -211,8 +209,6 @@ class Claim:
     descriptor: ToolDescriptor | ToolServiceDescriptor
     provider: Provider
     rank: tuple[float, str, str]
-    applied: int = 0
-    """When its descriptor was last applied: of agreeing claims, the newest one's is shown."""
 
     @property
     def ref(self) -> Ref:
@@ -266,7 +262,6 @@ class Ledger:
         self._seen: dict[str, dict[Key, int]] = defaultdict(dict)
         """Host id -> (kind, name) -> when its claim was first seen (a count of claims seen)."""
         self._seen_count = 0
-        self._applied = 0
 
     @property
     def hosts(self) -> dict[str, HostLease]:
@@ -544,8 +539,7 @@ class Ledger:
             if entry is not None:
                 entry.available = False
         else:
-            self._applied += 1
-            state.entries[key] = _Entry(descriptor, announcement.plugin, True, announcement.external, self._applied,
+            state.entries[key] = _Entry(descriptor, announcement.plugin, True, announcement.external,
                                         ToolAccess.from_json(announcement.access))
             self._holders[key].add(announcement.host.id)
         return {key}
@@ -606,7 +600,7 @@ class Ledger:
                 if claims is None:
                     claims = self.claims[key] = {}
                 provider = Provider(state.host, entry.plugin, entry.external, entry.access)
-                claims[ref] = Claim(entry.descriptor, provider, (self._first_seen(ref[0], key), *ref), entry.applied)
+                claims[ref] = Claim(entry.descriptor, provider, (self._first_seen(ref[0], key), *ref))
             elif claims is not None:
                 claims.pop(ref, None)
                 if not claims:
