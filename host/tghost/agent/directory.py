@@ -14,7 +14,7 @@ import json
 import logging
 import time
 from collections import Counter, defaultdict
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import Any, Literal, Unpack
 
 import pulsar
@@ -431,7 +431,7 @@ class ToolDirectory:
         self._losers[service_id] = {c.ref for c in losers}
         first = winners[0].descriptor
         assert isinstance(first, ToolServiceDescriptor)
-        drift = _drift(winners, lambda claim: _service_differs(first, claim), service_id, first.request_queue)
+        drift = _drift(winners, service_id, first.request_queue)
         self._log_drift(f"tool service {service_id!r}", self.services.get(service_id), drift, winners[0])
         self.services[service_id] = ServiceEntry(first, tuple(c.provider for c in winners),
                                                  self._service_rivals(first), drift)
@@ -482,7 +482,7 @@ class ToolDirectory:
             log.warning("tool %r is claimed by services %s; %r was seen first and keeps it%s", name,
                         [service, *losing], service, self._refusing)
         _set_or_drop(self.conflicts, name, losing)
-        drift = _drift(winners, lambda claim: _tool_differs(first, claim), service)
+        drift = _drift(winners, service)
         self._log_drift(f"tool {name!r}", self.tools.get(name), drift, first)
         return DirectoryTool(first.descriptor, self.services[service], tuple(c.provider for c in winners),
                              self._tool_rivals(first.descriptor), drift)
@@ -628,46 +628,37 @@ def _config_identity(descriptor: ToolDescriptor) -> str:
     return json.dumps(descriptor.config, sort_keys=True, default=str)
 
 
-#: Tool service fields that providers may announce differently without drift: informational only.
+#: Descriptor fields that providers may announce differently without drift: informational only.
 INFORMATIONAL = frozenset({"version"})
 
 
-def _service_differs(first: ToolServiceDescriptor, claim: Claim) -> tuple[str, ...]:
-    """The fields (wire names) in which a claim's descriptor of a service differs from ``first``,
-    the one applied, but for :data:`INFORMATIONAL` ones: empty if it agrees."""
-    return () if claim.descriptor == first else _differing_fields(first, claim.descriptor, INFORMATIONAL)
-
-
-def _tool_differs(first: Claim, claim: Claim) -> tuple[str, ...]:
-    """The fields (wire names, and ``access``) in which a tool claim differs from ``first``, the
-    one applied: empty if it agrees."""
-    fields = () if claim.descriptor == first.descriptor else _differing_fields(first.descriptor, claim.descriptor)
-    return fields + (("access",) if _admitted(claim.provider) != _admitted(first.provider) else ())
-
-
-def _differing_fields(first: ToolDescriptor | ToolServiceDescriptor, other: ToolDescriptor | ToolServiceDescriptor,
-                      ignored: frozenset[str] = frozenset()) -> tuple[str, ...]:
-    """The keys of the two descriptors' JSON whose values differ, in the order of ``first``'s keys."""
-    mine, theirs = first.model_dump(mode="json", by_alias=True), other.model_dump(mode="json", by_alias=True)
-    return tuple(key for key in dict.fromkeys([*mine, *theirs])
-                 if key not in ignored and mine.get(key) != theirs.get(key))
+def _drift(winners: list[Claim], service: str, request_queue: str = "") -> tuple[Side, ...]:
+    """The claims of ``winners`` (in rank order: the first is applied) whose descriptor differs
+    from the first's in a field but :data:`INFORMATIONAL` ones, or whose announced access admits
+    other callers: one :class:`Side` of ``service`` per set of such fields (wire names, and
+    ``access``), naming its hosts."""
+    first = winners[0]
+    mine: dict[str, Any] | None = None
+    hosts: dict[tuple[str, ...], set[str]] = defaultdict(set)
+    for claim in winners[1:]:
+        fields: tuple[str, ...] = ()
+        # identity first: the ledger shares equal descriptors, so a fleet that agrees compares cheaply
+        if not (claim.descriptor is first.descriptor or claim.descriptor == first.descriptor):
+            mine = mine or first.descriptor.model_dump(mode="json", by_alias=True)
+            theirs = claim.descriptor.model_dump(mode="json", by_alias=True)
+            fields = tuple(key for key in dict.fromkeys([*mine, *theirs])
+                           if key not in INFORMATIONAL and mine.get(key) != theirs.get(key))
+        if _admitted(claim.provider) != _admitted(first.provider):
+            fields += ("access",)
+        if fields:
+            hosts[fields].add(str(claim.provider.host["id"]))
+    return tuple(Side(",".join(sorted(ids)), service, request_queue, fields) for fields, ids in sorted(hosts.items()))
 
 
 def _admitted(provider: Provider) -> frozenset[str] | None:
     """Who the provider's announced access admits: ``None`` everyone, else the caller key ids."""
     access = provider.access
     return None if access is None or access.anonymous else frozenset(access.keys)
-
-
-def _drift(winners: list[Claim], differs: Callable[[Claim], tuple[str, ...]], service: str,
-           request_queue: str = "") -> tuple[Side, ...]:
-    """The claims of ``winners`` (in rank order: the first is applied) that ``differs`` from the
-    first: one :class:`Side` of ``service`` per set of differing fields, naming its hosts."""
-    hosts: dict[tuple[str, ...], set[str]] = defaultdict(set)
-    for claim in winners[1:]:
-        if fields := differs(claim):
-            hosts[fields].add(str(claim.provider.host["id"]))
-    return tuple(Side(",".join(sorted(ids)), service, request_queue, fields) for fields, ids in sorted(hosts.items()))
 
 
 def _rank(groups: Any) -> tuple[list[Claim], list[Claim]]:
