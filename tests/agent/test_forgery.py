@@ -189,8 +189,8 @@ async def test_a_co_provider_announcing_another_descriptor_drifts_and_is_never_a
             assert as_json[0]["description"] == genuine.descriptor.description and as_json[0]["conflicts"] == []
             assert [side["differs"] for side in as_json[0]["drift"]] == [["description", "access"], ["timeout"]]
             await until(lambda: len(watch.problems()) == 1)
-            assert watch.problems()[0].startswith("tool 'tell-joke' is announced with another descriptor by service "
-                                                  "'joke-service' from host rogue, announced with another tool")
+            assert watch.problems()[0].startswith("tool 'tell-joke' has drifted: service 'joke-service' from host "
+                                                  "rogue, announced with another tool description, access; ")
         finally:
             await watch.close()
             await found.close()

@@ -177,7 +177,7 @@ def watch(pulsar: PulsarSettings, descriptors_topic: str, trusted: TrustedKeys |
     """Follow the live tool set: tools added, updated, removed or expired, until Ctrl-C.
 
     Starts with the tools live now, reported as added, then one line per change: CHANGE (added,
-    updated: its descriptor, hosts or conflicts changed; removed: withdrawn; expired: its hosts'
+    updated: its descriptor, hosts, conflicts or drift changed; removed: withdrawn; expired: its hosts'
     leases ran out), TOOL, SERVICE and the HOSTS that serve it. Waits for a broker that is not
     up yet (--connect-timeout).
     """

@@ -81,7 +81,7 @@ class ContestWatch:
                              "call it until that host stops announcing it; sign announcements on a shared broker")
             if tool.drifted:
                 sides = "; ".join(side.describe() for side in (*tool.drift, *tool.service.drift))
-                found.append(f"tool {name!r} is announced with another descriptor by {sides}: directories apply the "
-                             "descriptor they saw first while its host is live; expected during a rolling upgrade, "
-                             "otherwise stop that host (or sign announcements on a shared broker)")
+                found.append(f"tool {name!r} has drifted: {sides}. Directories apply the descriptor they saw first "
+                             "while its host is live; expected during a rolling upgrade, otherwise stop that host "
+                             "(or sign announcements on a shared broker)")
         return found
