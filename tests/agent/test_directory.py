@@ -212,6 +212,52 @@ async def test_two_providers_keep_a_service_alive_when_one_leaves(pulsar_broker:
         await found.close()
 
 
+def joke(version: str, timeout: float) -> Any:
+    """One version of a joke service, as its plugin would serve it: only its timeout and answer change."""
+    @tghost.tool(service="joke", name="tell-joke", topic="rolling-joke", timeout=timeout)
+    async def tell_joke(topic: str) -> str:
+        """Tell a joke."""
+        return f"{version}: {topic}"
+    return tell_joke
+
+
+async def test_a_rolling_upgrade_drifts_until_the_old_host_leaves_then_applies_the_new_descriptor(
+    pulsar_broker: EmbeddedBroker, topic: str
+) -> None:
+    found = await directory(pulsar_broker, topic)
+    try:
+        old = await LocalHost(pulsar_broker.url, [joke("v1", 5.0)], announce_as="old", topic=topic).start()
+        try:
+            await found.wait_for("tell-joke")
+            async with LocalHost(pulsar_broker.url, [joke("v2", 9.0)], announce_as="new", topic=topic):
+                async with asyncio.timeout(10):
+                    while not found.tools["tell-joke"].drifted:
+                        await asyncio.sleep(0.02)
+                tool = found.tools["tell-joke"]  # both serve; the old descriptor, seen first, is the one applied
+                assert [p.host["id"] for p in tool.providers] == ["old", "new"]
+                assert tool.service.descriptor.timeout == 5.0 and tool.drift == ()
+                assert [(side.host, side.differs) for side in tool.service.drift] == [("new", ("timeout",))]
+                await old.stop()  # withdraws: the new host's claim is the only live one
+                async with asyncio.timeout(10):
+                    while found.tools["tell-joke"].service.descriptor.timeout != 9.0:
+                        await asyncio.sleep(0.02)
+                tool = found.tools["tell-joke"]
+                assert not (tool.drifted or tool.contested or found.conflicts)
+                assert [p.host["id"] for p in tool.providers] == ["new"]
+                assert await asyncio.gather(*(found.invoke("tell-joke", {"topic": "cats"}) for _ in range(20))) == [
+                    "v2: cats"] * 20
+                late = await directory(pulsar_broker, topic)  # one that reads the history agrees
+                try:
+                    assert late.tools["tell-joke"].service.descriptor.timeout == 9.0
+                    assert not (late.tools["tell-joke"].drifted or late.tools["tell-joke"].contested)
+                finally:
+                    await late.close()
+        finally:
+            await old.stop()
+    finally:
+        await found.close()
+
+
 async def test_invoke_merges_the_tools_config_values_into_the_request(
     pulsar_broker: EmbeddedBroker, topic: str
 ) -> None:

@@ -124,6 +124,14 @@ class ToolDirectory:
     service claimed differently by another host) is not called at all: calls are refused with
     ``conflict``, naming both sides, until the other claims end.
 
+    Drift (docs/protocol.md §4.8): of the claims that agree on the wire (a service's queues and
+    config params; a tool's service and config values), the live one seen first is the one
+    applied: its descriptor (timeout, description, max concurrency, arguments, groups...) and a
+    tool's access. Another live provider announcing it otherwise has drifted: it stays a
+    provider (it serves the same queues) and calls go ahead, but its descriptor is not applied;
+    it is listed in the entry's ``drift`` and logged. Once the claims seen before it end, the
+    next one seen is applied: an upgrade takes effect as its last old provider leaves.
+
     Ordering and clocks: ``lease.sent_at`` (the host's clock, but never later than the broker's
     publish time: :func:`tghost.agent.ledger.order`) orders the messages of one (kind, name,
     host instance); one not newer than the newest applied is :data:`STALE`, so a replayed
@@ -421,10 +429,12 @@ class ToolDirectory:
             groups[_wire_identity(claim.descriptor)].append(claim)
         winners, losers = _rank(groups.values())
         self._losers[service_id] = {c.ref for c in losers}
-        newest = max(winners, key=lambda c: c.applied)
-        assert isinstance(newest.descriptor, ToolServiceDescriptor)
-        self.services[service_id] = ServiceEntry(newest.descriptor, tuple(c.provider for c in winners),
-                                                 self._service_rivals(newest.descriptor))
+        first = winners[0].descriptor
+        assert isinstance(first, ToolServiceDescriptor)
+        drift = _drift(winners, service_id, first.request_queue)
+        self._log_drift(f"tool service {service_id!r}", self.services.get(service_id), drift, winners[0])
+        self.services[service_id] = ServiceEntry(first, tuple(c.provider for c in winners),
+                                                 self._service_rivals(first), drift)
         losing_hosts = sorted({c.provider.host["id"] for c in losers})
         if losing_hosts and self.conflicts.get(conflict) != losing_hosts:
             log.warning("tool service %r is announced with other queues or config params by host(s) %s; host %r "
@@ -449,8 +459,9 @@ class ToolDirectory:
             queue.put_nowait(Change(change, name, after or before))
 
     def _winning_tool(self, name: str) -> DirectoryTool | None:
-        """Live claims grouped by service and config values; the group announced first wins.
-        Claims of hosts whose descriptor of the service lost a conflict do not count."""
+        """Live claims grouped by service and config values; the group announced first wins, and
+        its claim seen first is applied (the others that differ are its drift). Claims of hosts
+        whose descriptor of the service lost a conflict do not count."""
         groups: dict[tuple[str, str], list[Claim]] = defaultdict(list)
         for claim in self.ledger.claims.get(("tool", name), {}).values():
             descriptor = claim.descriptor
@@ -462,17 +473,19 @@ class ToolDirectory:
             self.conflicts.pop(name, None)
             return None
         winners, losers = _rank(groups.values())
-        newest = max(winners, key=lambda c: c.applied)
-        assert isinstance(newest.descriptor, ToolDescriptor)
-        service = newest.descriptor.service
+        first = winners[0]
+        assert isinstance(first.descriptor, ToolDescriptor)
+        service = first.descriptor.service
         losing = list(dict.fromkeys(c.descriptor.service for c in sorted(losers, key=lambda c: c.rank)
                                     if isinstance(c.descriptor, ToolDescriptor)))
         if losing and self.conflicts.get(name) != losing:
             log.warning("tool %r is claimed by services %s; %r was seen first and keeps it%s", name,
                         [service, *losing], service, self._refusing)
         _set_or_drop(self.conflicts, name, losing)
-        return DirectoryTool(newest.descriptor, self.services[service], tuple(c.provider for c in winners),
-                             self._tool_rivals(newest.descriptor))
+        drift = _drift(winners, service)
+        self._log_drift(f"tool {name!r}", self.tools.get(name), drift, first)
+        return DirectoryTool(first.descriptor, self.services[service], tuple(c.provider for c in winners),
+                             self._tool_rivals(first.descriptor), drift)
 
     def _tool_rivals(self, winner: ToolDescriptor) -> tuple[Side, ...]:
         """The hosts whose latest word on this tool name, live or lately (the ledger's
@@ -488,6 +501,16 @@ class ToolDirectory:
         return tuple(Side(host, d.id, d.request_queue)
                      for host, d in sorted(self.ledger.remembered(("tool-service", winner.id)).items())
                      if isinstance(d, ToolServiceDescriptor) and _wire_identity(d) != mine)
+
+    def _log_drift(self, what: str, before: ServiceEntry | DirectoryTool | None, drift: tuple[Side, ...],
+                   first: Claim) -> None:
+        """Warn once per change of ``what``'s drift (its providers announcing another descriptor
+        than the ``first`` claim's), if it has any."""
+        if drift and drift != (before.drift if before is not None else ()):
+            others = "; ".join(f"host(s) {side.host} (another {', '.join(side.differs)})" for side in drift)
+            log.warning("%s is announced with another descriptor by %s; host %r was seen first, and its descriptor "
+                        "is the one applied while its claim is live: expected during a rolling upgrade, otherwise "
+                        "stop those hosts (or sign announcements)", what, others, first.provider.host["id"])
 
     @property
     def _refusing(self) -> str:
@@ -605,6 +628,39 @@ def _config_identity(descriptor: ToolDescriptor) -> str:
     return json.dumps(descriptor.config, sort_keys=True, default=str)
 
 
+#: Descriptor fields that providers may announce differently without drift: informational only.
+INFORMATIONAL = frozenset({"version"})
+
+
+def _drift(winners: list[Claim], service: str, request_queue: str = "") -> tuple[Side, ...]:
+    """The claims of ``winners`` (in rank order: the first is applied) whose descriptor differs
+    from the first's in a field but :data:`INFORMATIONAL` ones, or whose announced access admits
+    other callers: one :class:`Side` of ``service`` per set of such fields (wire names, and
+    ``access``), naming its hosts."""
+    first = winners[0]
+    mine: dict[str, Any] | None = None
+    hosts: dict[tuple[str, ...], set[str]] = defaultdict(set)
+    for claim in winners[1:]:
+        fields: tuple[str, ...] = ()
+        # identity first: the ledger shares equal descriptors, so a fleet that agrees compares cheaply
+        if not (claim.descriptor is first.descriptor or claim.descriptor == first.descriptor):
+            mine = mine or first.descriptor.model_dump(mode="json", by_alias=True)
+            theirs = claim.descriptor.model_dump(mode="json", by_alias=True)
+            fields = tuple(key for key in dict.fromkeys([*mine, *theirs])
+                           if key not in INFORMATIONAL and mine.get(key) != theirs.get(key))
+        if _admitted(claim.provider) != _admitted(first.provider):
+            fields += ("access",)
+        if fields:
+            hosts[fields].add(str(claim.provider.host["id"]))
+    return tuple(Side(",".join(sorted(ids)), service, request_queue, fields) for fields, ids in sorted(hosts.items()))
+
+
+def _admitted(provider: Provider) -> frozenset[str] | None:
+    """Who the provider's announced access admits: ``None`` everyone, else the caller key ids."""
+    access = provider.access
+    return None if access is None or access.anonymous else frozenset(access.keys)
+
+
 def _rank(groups: Any) -> tuple[list[Claim], list[Claim]]:
     """The claims of the group announced first (lowest rank), in rank order, and all the others."""
     ranked = sorted((sorted(group, key=lambda c: c.rank) for group in groups), key=lambda group: group[0].rank)
@@ -619,6 +675,7 @@ def _set_or_drop(conflicts: dict[str, list[str]], key: str, losers: list[str]) -
 
 
 def _shape(tool: DirectoryTool | None) -> tuple[Any, ...] | None:
-    """What a change event is about: the tool, its providers, its service's descriptor and
-    whether it is contested."""
-    return None if tool is None else (tool.descriptor, tool.providers, tool.service.descriptor, tool.contested)
+    """What a change event is about: the tool, its providers, its service's descriptor, whether
+    it is contested, and its drift."""
+    return None if tool is None else (tool.descriptor, tool.providers, tool.service.descriptor, tool.contested,
+                                      tool.drift, tool.service.drift)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from tghost.agent.ledger import Provider
+from tghost.protocol.access import ToolAccess
 from tghost.protocol.descriptors import ToolDescriptor, ToolServiceDescriptor, schema_of_arguments
 
 __all__ = ["Change", "DirectoryTool", "ServiceEntry", "Side", "input_schema"]
@@ -27,53 +28,81 @@ def input_schema(tool: ToolDescriptor) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Side:
-    """One side of a conflict (docs/protocol.md §4.8): the ``host`` id(s) (comma-separated),
-    the ``service`` id its claim names and, for a claim on a service id, its ``request_queue``."""
+    """One side of a conflict, or of a drift (docs/protocol.md §4.8): the ``host`` id(s)
+    (comma-separated), the ``service`` id its claim names and, for a claim on a service id, its
+    ``request_queue``. ``differs``: for a drift, the descriptor fields (their wire names, and
+    ``access`` for a tool's) in which its claim differs from the one applied."""
 
     host: str
     service: str
     request_queue: str = ""
+    differs: tuple[str, ...] = ()
 
     def describe(self) -> str:
-        """``service 'x' on TOPIC from host h``."""
+        """``service 'x' on TOPIC from host h``, and for a drift ``, announced with another timeout``
+        (a tool's fields: ``another tool description``)."""
         where = f" on {self.request_queue}" if self.request_queue else ""
-        return f"service {self.service!r}{where} from host {self.host}"
+        of = "" if self.request_queue else "tool "
+        differs = f", announced with another {of}{', '.join(self.differs)}" if self.differs else ""
+        return f"service {self.service!r}{where} from host {self.host}{differs}"
 
-    def to_json(self) -> dict[str, str]:
-        """``{"host", "service", "request_queue"}``, ``request_queue`` only for a claim on a service id."""
-        side = {"host": self.host, "service": self.service}
-        return {**side, "request_queue": self.request_queue} if self.request_queue else side
+    @classmethod
+    def from_json(cls, side: dict[str, Any]) -> Side:
+        """The side :meth:`to_json` gave."""
+        return cls(side["host"], side["service"], side.get("request_queue", ""), tuple(side.get("differs", ())))
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"host", "service", "request_queue", "differs"}``, ``request_queue`` only for a claim on a
+        service id, ``differs`` (a list) only for a drift."""
+        side: dict[str, Any] = {"host": self.host, "service": self.service}
+        if self.request_queue:
+            side["request_queue"] = self.request_queue
+        return {**side, "differs": list(self.differs)} if self.differs else side
 
 
 @dataclass(frozen=True)
 class ServiceEntry:
-    """A live tool service and every host whose lease on it is alive. ``rivals``: the hosts
-    that announce its id, live or lately, with other queues or config params."""
+    """A live tool service and every host whose lease on it is alive, in the order the
+    directory saw them: its ``descriptor`` is the first one's (the claim of record).
+    ``rivals``: the hosts that announce its id, live or lately, with other queues or config
+    params. ``drift``: the providers whose descriptor differs from the one applied otherwise
+    (``timeout``, ``description``, ``max-concurrency``; docs/protocol.md §4.8)."""
 
     descriptor: ToolServiceDescriptor
     providers: tuple[Provider, ...]
     rivals: tuple[Side, ...] = ()
+    drift: tuple[Side, ...] = ()
 
 
 @dataclass(frozen=True)
 class DirectoryTool:
-    """A live tool: its descriptor, its service, and the hosts announcing it. ``rivals``: the
-    hosts that announce its name, live or lately, over another service or with other config
-    values (its service's rivals are in ``service.rivals``)."""
+    """A live tool: its descriptor, its service, and the hosts announcing it, in the order the
+    directory saw them: the descriptor and access are the first one's (the claim of record).
+    ``rivals``: the hosts that announce its name, live or lately, over another service or with
+    other config values (its service's rivals are in ``service.rivals``). ``drift``: the
+    providers that announce it with another descriptor or access otherwise (its service's drift
+    is in ``service.drift``)."""
 
     descriptor: ToolDescriptor
     service: ServiceEntry
     providers: tuple[Provider, ...]
     rivals: tuple[Side, ...] = ()
+    drift: tuple[Side, ...] = ()
+
+    @property
+    def _announced(self) -> ToolAccess | None:
+        """The access the host seen first announces (``None``: everyone)."""
+        return self.providers[0].access if self.providers else None
 
     def admits(self, key_id: str | None) -> bool:
-        """Whether a caller with this key id (``None``: anonymous) may call the tool on every host
-        that provides it, as they announce it (docs/protocol.md §4.3 ``access``)."""
-        return all(p.access is None or p.access.admits(key_id) for p in self.providers)
+        """Whether a caller with this key id (``None``: anonymous) may call the tool, as the host
+        seen first announces it (docs/protocol.md §4.3 ``access``): the providers whose access
+        differs are its :attr:`drift`."""
+        return self._announced is None or self._announced.admits(key_id)
 
     def access(self) -> str:
-        """Who may call it, in words: ``everyone``, ``anonymous``, or key ids (the first host's)."""
-        announced = next((p.access for p in self.providers if p.access is not None), None)
+        """Who may call it, in words: ``everyone``, ``anonymous``, or key ids (the host seen first's)."""
+        announced = self._announced
         if announced is None:
             return "everyone"
         return ",".join((["anonymous"] if announced.anonymous else []) + list(announced.keys)) or "nobody"
@@ -82,6 +111,12 @@ class DirectoryTool:
     def contested(self) -> bool:
         """Whether another host claims this tool's name or its service id differently."""
         return bool(self.rivals or self.service.rivals)
+
+    @property
+    def drifted(self) -> bool:
+        """Whether a provider announces this tool or its service with another descriptor than the
+        one applied (calls go ahead, with the one applied)."""
+        return bool(self.drift or self.service.drift)
 
     def sides(self) -> list[Side]:
         """Every side of its conflicts: first the live claims that win (the claims seen first),
@@ -95,9 +130,10 @@ class DirectoryTool:
         ``name``, ``description``, ``service``, ``arguments``, ``input-schema`` (:func:`input_schema`),
         ``group``, ``state`` and ``available_in_states`` (seed 001; left out when unset), ``config``
         (its config values, only there), ``providers`` (host ids), ``external`` (a provider
-        announces its service as served elsewhere), ``access`` (:meth:`access`) and ``conflicts``
-        (the other side of each conflict over its name or service: :meth:`Side.to_json`). No
-        ``null``: a field without a value is left out."""
+        announces its service as served elsewhere), ``access`` (:meth:`access`), ``conflicts``
+        (the other side of each conflict over its name or service: :meth:`Side.to_json`) and
+        ``drift`` (each provider announcing it or its service with another descriptor, with the
+        fields that differ). No ``null``: a field without a value is left out."""
         d = self.descriptor
         shape: dict[str, Any] = {
             "name": d.name, "description": d.description, "service": d.service,
@@ -107,6 +143,7 @@ class DirectoryTool:
             "config": d.config, "providers": [p.host["id"] for p in self.providers],
             "external": any(p.external for p in self.service.providers), "access": self.access(),
             "conflicts": [side.to_json() for side in self.sides()[1:]] if self.contested else [],
+            "drift": [side.to_json() for side in (*self.drift, *self.service.drift)],
         }
         return {key: value for key, value in shape.items() if value is not None}
 

@@ -130,8 +130,6 @@ class _Entry:
     plugin: dict[str, Any] | None
     available: bool
     external: bool = False
-    applied: int = 0
-    """When its descriptor was last applied (a count of messages applied): the newest is shown."""
     access: ToolAccess | None = None
 
 
@@ -211,8 +209,6 @@ class Claim:
     descriptor: ToolDescriptor | ToolServiceDescriptor
     provider: Provider
     rank: tuple[float, str, str]
-    applied: int = 0
-    """When its descriptor was last applied: of agreeing claims, the newest one's is shown."""
 
     @property
     def ref(self) -> Ref:
@@ -257,6 +253,8 @@ class Ledger:
         self._holders: dict[Key, set[str]] = defaultdict(set)
         """Key -> the host ids whose remembered instances may hold a descriptor of it (a superset:
         :meth:`remembered` checks each), so that it never scans every host (docs/scale.md)."""
+        self._descriptors: dict[Key, ToolDescriptor | ToolServiceDescriptor] = {}
+        """Key -> the descriptor last applied for it (:meth:`_shared`), while a host holds the key."""
         self._clashing: dict[str, frozenset[str]] = {}
         self._logged_clashes: dict[str, frozenset[str]] = {}
         self.quiet = False
@@ -266,7 +264,6 @@ class Ledger:
         self._seen: dict[str, dict[Key, int]] = defaultdict(dict)
         """Host id -> (kind, name) -> when its claim was first seen (a count of claims seen)."""
         self._seen_count = 0
-        self._applied = 0
 
     @property
     def hosts(self) -> dict[str, HostLease]:
@@ -389,6 +386,7 @@ class Ledger:
             holders.discard(host_id)
             if not holders:
                 del self._holders[key]
+                self._descriptors.pop(key, None)
 
     def apply(self, data: bytes, publish_time: float, key: str) -> set[Key]:
         """Apply one message: its payload ``data``, the broker's ``publish_time`` (unix seconds;
@@ -544,11 +542,22 @@ class Ledger:
             if entry is not None:
                 entry.available = False
         else:
-            self._applied += 1
-            state.entries[key] = _Entry(descriptor, announcement.plugin, True, announcement.external, self._applied,
-                                        ToolAccess.from_json(announcement.access))
+            state.entries[key] = _Entry(self._shared(key, descriptor), announcement.plugin, True,
+                                        announcement.external, ToolAccess.from_json(announcement.access))
             self._holders[key].add(announcement.host.id)
         return {key}
+
+    def _shared(self, key: Key, descriptor: ToolDescriptor | ToolServiceDescriptor | None
+                ) -> ToolDescriptor | ToolServiceDescriptor | None:
+        """The descriptor of ``key`` last applied, if it equals ``descriptor`` (else ``descriptor``,
+        which becomes the last): hosts that agree share one object, so a fleet of them holds one
+        copy, and the directory tells agreeing claims by identity (docs/scale.md)."""
+        known = self._descriptors.get(key)
+        if known is not None and known == descriptor:
+            return known
+        if descriptor is not None:
+            self._descriptors[key] = descriptor
+        return descriptor
 
     def _meet(self, ref: Ref, state: _Instance) -> set[Key]:
         """An instance is heard alive: the first time, it replaces the other instances of its
@@ -606,7 +615,7 @@ class Ledger:
                 if claims is None:
                     claims = self.claims[key] = {}
                 provider = Provider(state.host, entry.plugin, entry.external, entry.access)
-                claims[ref] = Claim(entry.descriptor, provider, (self._first_seen(ref[0], key), *ref), entry.applied)
+                claims[ref] = Claim(entry.descriptor, provider, (self._first_seen(ref[0], key), *ref))
             elif claims is not None:
                 claims.pop(ref, None)
                 if not claims:

@@ -63,7 +63,9 @@ def tools(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...
     request with those groups and state may use. Hosts with an [access] policy announce who may
     call each tool: only those the --identity (or an anonymous caller) may call are listed,
     unless --all. A tool whose name or service another host
-    announces differently is marked CONFLICT, and the conflicts are listed on stderr. With
+    announces differently is marked CONFLICT, and the conflicts are listed on stderr; one that a
+    provider announces with another descriptor (timeout, description, access...) is marked DRIFT,
+    and listed there too: the descriptor of the host seen first is the one shown. With
     --search, the same tools are ranked for the request and the best --limit listed, with a
     SCORE column (--json: each row has a "score").
     """
@@ -94,13 +96,15 @@ def tools(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...
     scored = query is not None
     table = [("TOOL", "SERVICE", "PROVIDERS", "GROUPS", "STATES", "-> STATE", *(("ACCESS",) if show_all else ()),
               *(("SCORE",) if scored else ()))] + [
-        (r["name"] + (" CONFLICT" if r["conflicts"] else ""), r["service"] + (" (external)" if r["external"] else ""),
+        (r["name"] + (" CONFLICT" if r["conflicts"] else "") + (" DRIFT" if r["drift"] else ""),
+         r["service"] + (" (external)" if r["external"] else ""),
          ",".join(r["providers"]), ",".join(r["group"]), ",".join(r.get("available_in_states") or ["*"]),
          r.get("state", "-"), *((r["access"],) if show_all else ()), *((f"{r['score']:.2f}",) if scored else ()))
         for r in rows]
     for line in output.table(table):
         click.echo(line)
     _print_conflicts(rows, refused=trusted is None)
+    _print_drift(rows)
 
 
 def _none_listed(live: int, query: str | None, groups: tuple[str, ...], state: str | None, show_all: bool) -> str:
@@ -147,8 +151,20 @@ def _print_conflicts(rows: list[dict[str, Any]], refused: bool) -> None:
     click.secho(f"\n{len(contested)} tool(s) contested by another host: {effect}", fg="red", err=True)
     for r in contested:
         first = Side(",".join(r["providers"]), r["service"])
-        others = "; ".join(Side(**side).describe() for side in r["conflicts"])
+        others = "; ".join(Side.from_json(side).describe() for side in r["conflicts"])
         click.echo(f"  {r['name']}: {first.describe()} (seen first) vs {others}", err=True)
+
+
+def _print_drift(rows: list[dict[str, Any]]) -> None:
+    """Each tool of ``rows`` that a provider announces with another descriptor, on stderr."""
+    drifted = [r for r in rows if r["drift"]]
+    if not drifted:
+        return
+    click.secho(f"\n{len(drifted)} tool(s) announced with another descriptor by a provider (drift): calls go ahead "
+                "with the descriptor seen first; expected during a rolling upgrade, otherwise stop that provider",
+                fg="yellow", err=True)
+    for r in drifted:
+        click.echo(f"  {r['name']}: " + "; ".join(Side.from_json(side).describe() for side in r["drift"]), err=True)
 
 
 @cli.command()
@@ -161,7 +177,7 @@ def watch(pulsar: PulsarSettings, descriptors_topic: str, trusted: TrustedKeys |
     """Follow the live tool set: tools added, updated, removed or expired, until Ctrl-C.
 
     Starts with the tools live now, reported as added, then one line per change: CHANGE (added,
-    updated: its descriptor, hosts or conflicts changed; removed: withdrawn; expired: its hosts'
+    updated: its descriptor, hosts, conflicts or drift changed; removed: withdrawn; expired: its hosts'
     leases ran out), TOOL, SERVICE and the HOSTS that serve it. Waits for a broker that is not
     up yet (--connect-timeout).
     """

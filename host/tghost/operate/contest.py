@@ -1,7 +1,8 @@
 """contest: does another host claim a tool this host announces? A host reads its own
 announcement topics with a :class:`tghost.agent.directory.ToolDirectory` and names every tool
 of its own that is contested (docs/protocol.md §4.8): in open mode directories refuse to call
-it, so its operator must know. Never changes what the host serves or announces.
+it, so its operator must know; and every one a provider announces with another descriptor
+(drift): directories apply only one of them. Never changes what the host serves or announces.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ log = logging.getLogger(__name__)
 class ContestWatch:
     """Follows the announcement ``topic`` and reports the tools in ``names()`` (those the host
     ``host_id`` announces, asked at each :meth:`problems`) whose name or service another host
-    claims differently.
+    claims differently, or announces with another descriptor.
 
     :meth:`start` it, :meth:`close` it; :meth:`problems` is empty until it has caught up.
     """
@@ -67,13 +68,20 @@ class ContestWatch:
             log.debug("could not close the contest watch's directory: %r", exc)
 
     def problems(self) -> list[str]:
-        """One line per contested tool of this host, naming the other side: ``/health`` problems."""
+        """One line per contested tool of this host, naming the other side, and one per tool
+        that a provider announces with another descriptor (drift): ``/health`` problems."""
         found = []
         for name in sorted(self.names()):
             tool = self.directory.tools.get(name)
-            if tool is None or not tool.contested:
+            if tool is None:
                 continue
-            others = "; ".join(side.describe() for side in tool.sides() if self.host_id not in side.host.split(","))
-            found.append(f"tool {name!r} is contested by {others}: directories without trusted keys refuse to "
-                         "call it until that host stops announcing it; sign announcements on a shared broker")
+            if tool.contested:
+                others = "; ".join(side.describe() for side in tool.sides() if self.host_id not in side.host.split(","))
+                found.append(f"tool {name!r} is contested by {others}: directories without trusted keys refuse to "
+                             "call it until that host stops announcing it; sign announcements on a shared broker")
+            if tool.drifted:
+                sides = "; ".join(side.describe() for side in (*tool.drift, *tool.service.drift))
+                found.append(f"tool {name!r} has drifted: {sides}. Directories apply the descriptor they saw first "
+                             "while its host is live; expected during a rolling upgrade, otherwise stop that host "
+                             "(or sign announcements on a shared broker)")
         return found
