@@ -32,7 +32,7 @@ from typing import Any
 import pulsar
 import pulsar.asyncio
 
-from tghost.agent.window import TopicWindow
+from tghost.agent.window import CatchUpStalled, TopicWindow
 from tghost.protocol.callers import SIGNED_AT
 from tghost.protocol.epochs import epoch_of, epoch_topic
 from tghost.pulsar import hop
@@ -52,6 +52,11 @@ CLAIM_EPOCH_SECONDS = 120.0
 HOST_CLOCK_SKEW = 30.0
 #: Pairs a record keeps at most; past it, the oldest are forgotten (and logged once).
 MAX_PAIRS = 1_000_000
+#: Seconds a catch-up waits for a claim the broker says it has, and how often it tries afresh:
+#: pulsar-lite 0.2.0 now and then stops delivering a topic of many claims to one reader, and a
+#: new reader reads it to its end.
+CATCH_UP_STALL = 5.0
+CATCH_UP_TRIES = 4
 
 
 def claims_topic(request_queue: str) -> str:
@@ -74,7 +79,7 @@ class _ClaimWindow(TopicWindow):
     """The claims epochs of :func:`claim_epochs` (a directory's window reaches back less far)."""
 
     def __init__(self, client: pulsar.asyncio.Client, base: str, window: float) -> None:
-        super().__init__(client, base, HOST_CLOCK_SKEW, CLAIM_EPOCH_SECONDS)
+        super().__init__(client, base, HOST_CLOCK_SKEW, CLAIM_EPOCH_SECONDS, stall_timeout=CATCH_UP_STALL)
         self.window = window
 
     def wanted(self, now: float) -> range:
@@ -121,10 +126,28 @@ class SharedReplays:
 
     async def _start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        await self._claims.catch_up(self._read)
+        await self._catch_up()
         self._claims.follow(self._read)
         await self._open_producers(time.time())
         self._moving = asyncio.create_task(self._keep_moving(), name=f"claims {self.topic}")
+
+    async def _catch_up(self) -> None:
+        """Read the claims in the window to their end, with a new reader each time one stalls.
+
+        Raises:
+            CatchUpStalled: every try stalled.
+        """
+        for attempt in range(1, CATCH_UP_TRIES + 1):
+            try:
+                await self._claims.catch_up(self._read)
+                return
+            except CatchUpStalled as stalled:
+                await self._claims.close()
+                if attempt == CATCH_UP_TRIES:
+                    raise
+                log.info("claims %s: %s; reading it again (try %d of %d)", self.topic, stalled.topic, attempt + 1,
+                         CATCH_UP_TRIES)
+                self._claims = _ClaimWindow(self._client, self.topic, self.window)
 
     async def _open_producers(self, now: float) -> None:
         """Producers for this epoch's and the next one's topic (opened before it begins); older ones closed."""
