@@ -132,3 +132,25 @@ def test_the_claims_topics_and_their_window_cover_every_claim_a_replay_could_mee
     now = 1_000_000.0
     epochs = claim_epochs(now, 60.0, skew=30.0, epoch_seconds=120.0)
     assert epochs.start * 120.0 <= now - 150.0 and (epochs.stop - 1) * 120.0 <= now + 30.0 < epochs.stop * 120.0
+
+
+async def test_junk_on_the_claims_topic_is_skipped_and_the_host_keeps_serving(
+    fleet: list[LocalHost], alice: Signer
+) -> None:
+    import pulsar
+
+    from tghost.protocol.epochs import current_topic
+    from tghost.serving.replays import CLAIM_EPOCH_SECONDS
+
+    descriptor = fleet[0].descriptors["stamp"]
+    forger = pulsar.Client(fleet[0].pulsar.url)
+    try:
+        producer = forger.create_producer(current_topic(claims_topic(descriptor.request_queue), CLAIM_EPOCH_SECONDS),
+                                          batching_enabled=False)
+        for junk in (b"not json", b'[{"caller": 1}]', b'{"caller": "x"}', b"[" * 10_000):
+            producer.send(junk)
+    finally:
+        forger.close()
+    async with RawWire(fleet[0].pulsar.url, descriptor) as raw:
+        await raw.send(*signed(alice, descriptor, "after", "after"))
+        assert await outcomes(raw, "after") == ["stamped after"]

@@ -8,6 +8,8 @@ message: ``persistent://<tenant>/<namespace>/<request topic name>.claims-epoch-<
 (:func:`claim_epochs`). Before it runs a verified request, a host sends a *claim* of its
 (key id, ``id``) pair there and waits to read it back: the first claim of a pair on the topic
 wins, and every later one (another host's, a copy's, this host's after a restart) is a replay.
+A claims message is a JSON array of claims, ``{"caller", "id", "signed_at", "claimant"}`` (all
+strings; ``claimant`` is unique per claim), so a busy host claims many requests per message.
 A topic's messages arrive in one order at every reader, so the hosts agree without talking to
 each other.
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import logging
 import math
 import threading
@@ -31,21 +34,16 @@ from typing import Any
 
 import pulsar
 import pulsar.asyncio
+import pulsar.exceptions
 
-from tghost.agent.window import CatchUpStalled, TopicWindow
-from tghost.protocol.callers import SIGNED_AT
+from tghost.agent.window import CatchUpStalled, Handler, TopicWindow
 from tghost.protocol.epochs import epoch_of, epoch_topic
 from tghost.pulsar import hop
 
-__all__ = ["CLAIM", "CLAIMANT", "CLAIM_EPOCH_SECONDS", "HOST_CLOCK_SKEW", "SharedReplays", "claim_epochs",
-           "claims_topic"]
+__all__ = ["CLAIM_EPOCH_SECONDS", "HOST_CLOCK_SKEW", "SharedReplays", "claim_epochs", "claims_topic"]
 
 log = logging.getLogger(__name__)
 
-#: Message property of a claim: the caller's key id (docs/protocol.md §2.8).
-CLAIM = "tghost-claim"
-#: Message property of a claim: who sent it, unique per claim (opaque text).
-CLAIMANT = "tghost-claimant"
 #: Seconds per claims epoch topic: twice the 60 s window, so a host reads two or three.
 CLAIM_EPOCH_SECONDS = 120.0
 #: Seconds two hosts' clocks may differ: a host also reads the epochs this far ahead and behind.
@@ -57,6 +55,10 @@ MAX_PAIRS = 1_000_000
 #: new reader reads it to its end.
 CATCH_UP_STALL = 5.0
 CATCH_UP_TRIES = 4
+#: Claims messages a host has on their way to the broker at most; later claims wait to go together.
+IN_FLIGHT = 1
+#: Milliseconds a following thread waits for a claim before it looks whether its reader closed.
+FOLLOW_POLL_MS = 1000
 
 
 def claims_topic(request_queue: str) -> str:
@@ -76,14 +78,44 @@ def claim_epochs(now: float, window: float, skew: float = HOST_CLOCK_SKEW,
 
 
 class _ClaimWindow(TopicWindow):
-    """The claims epochs of :func:`claim_epochs` (a directory's window reaches back less far)."""
+    """The claims epochs of :func:`claim_epochs` (a directory's window reaches back less far),
+    followed on a thread of their own each: a claim read back wakes the thread waiting for it
+    directly, with no hop through the event loop."""
 
     def __init__(self, client: pulsar.asyncio.Client, base: str, window: float) -> None:
         super().__init__(client, base, HOST_CLOCK_SKEW, CLAIM_EPOCH_SECONDS, stall_timeout=CATCH_UP_STALL)
         self.window = window
+        self._threads: dict[int, threading.Thread] = {}
 
     def wanted(self, now: float) -> range:
         return claim_epochs(now, self.window, self.max_clock_skew, self.epoch_seconds)
+
+    def follow(self, handler: Handler) -> None:
+        """Tail every open topic on a daemon thread, handing each new claim to ``handler`` there
+        (a closed reader ends its thread)."""
+        self._handler = handler
+        for epoch, reader in self.readers.items():
+            if epoch not in self._threads or not self._threads[epoch].is_alive():
+                self._threads[epoch] = thread = threading.Thread(
+                    target=_follow_blocking, args=(reader._reader, handler), daemon=True,
+                    name=f"claims epoch {epoch}")
+                thread.start()
+
+
+def _follow_blocking(reader: Any, handler: Handler) -> None:
+    """Read a blocking ``_pulsar.Reader`` until it is closed, handing each message on."""
+    while True:
+        try:
+            message = reader.read_next(FOLLOW_POLL_MS)
+        except pulsar.exceptions.Timeout:
+            continue
+        except pulsar.exceptions.AlreadyClosed:
+            return
+        except Exception as exc:  # _pulsar raises its own types; the reader reconnects by itself
+            log.debug("reading claims failed (%s); retrying", exc)
+            time.sleep(0.5)
+            continue
+        handler(message)
 
 
 class SharedReplays:
@@ -102,6 +134,8 @@ class SharedReplays:
         self._producers: dict[int, pulsar.asyncio.Producer] = {}
         self._first: OrderedDict[tuple[str, str], tuple[str, float]] = OrderedDict()  # pair -> (claimant, signed at)
         self._waiting: dict[str, tuple[tuple[str, str], futures.Future[bool]]] = {}
+        self._pending: list[dict[str, str]] = []  # claims waiting for the one in flight
+        self._in_flight = 0  # claims messages the broker has not taken yet
         self._lock = threading.Lock()
         self._me = uuid.uuid4().hex[:16]
         self._count = itertools.count()
@@ -193,35 +227,71 @@ class SharedReplays:
             self._waiting.pop(claimant, None)
 
     def _send(self, pair: tuple[str, str], signed_at: str, claimant: str) -> futures.Future[bool]:
-        """Claim ``pair``: the future is its answer once read back (done at once if already claimed)."""
+        """Claim ``pair``: the future is its answer once read back (done at once if already
+        claimed). At most :data:`IN_FLIGHT` claims messages are on their way at a time: the claims
+        made meanwhile go out together in the next, so a busy host's messages carry many."""
         decided: futures.Future[bool] = futures.Future()
         with self._lock:
             if pair in self._first:
                 decided.set_result(False)
                 return decided
             self._waiting[claimant] = (pair, decided)
-        producer = self._producers.get(epoch_of(time.time(), CLAIM_EPOCH_SECONDS))
-        if producer is None:
-            decided.set_exception(futures.TimeoutError())
-            return decided
-        properties = {CLAIM: pair[0], "id": pair[1], CLAIMANT: claimant, SIGNED_AT: signed_at}
-        hop.send(producer, b"", properties, lambda result, _: _failed(decided, result))
+            self._pending.append({"caller": pair[0], "id": pair[1], "signed_at": signed_at, "claimant": claimant})
+            batch = [] if self._in_flight >= IN_FLIGHT else self._take()
+        if batch:
+            self._publish(batch)
         return decided
 
-    def _read(self, message: pulsar.Message) -> None:
-        """On the event loop: a claim read from the topic; the first of its pair wins."""
-        properties = message.properties()
-        key_id, request_id, claimant = properties.get(CLAIM), properties.get("id"), properties.get(CLAIMANT)
-        if key_id is None or request_id is None or claimant is None:
+    def _take(self) -> list[dict[str, str]]:
+        """The claims to send next, now in flight (held: the lock)."""
+        batch, self._pending = self._pending, []
+        self._in_flight += bool(batch)
+        return batch
+
+    def _publish(self, batch: list[dict[str, str]]) -> None:
+        producer = self._producers.get(epoch_of(time.time(), CLAIM_EPOCH_SECONDS))
+        if producer is None:
+            self._sent(batch, None)
             return
-        pair = (key_id, request_id)
+        hop.send(producer, json.dumps(batch, separators=(",", ":")).encode(), {},
+                 lambda result, _: self._sent(batch, result))
+
+    def _sent(self, batch: list[dict[str, str]], result: Any) -> None:
+        """On the client's I/O thread, once the broker has a claims message (or refused it: its
+        claims fail, and their requests do not run); then the claims made meanwhile go out."""
+        if result != pulsar.Result.Ok:
+            with self._lock:
+                failed = [self._waiting.pop(claim["claimant"], None) for claim in batch]
+            for waiting in failed:
+                if waiting is not None:
+                    with contextlib.suppress(futures.InvalidStateError):
+                        waiting[1].set_exception(futures.TimeoutError())
         with self._lock:
-            first = self._first.setdefault(pair, (claimant, _seconds(properties.get(SIGNED_AT))))[0]
-            waiting = self._waiting.pop(claimant, None)
+            self._in_flight -= 1
+            following = self._take()
+        if following:
+            self._publish(following)
+
+    def _read(self, message: pulsar.Message) -> None:
+        """A claims message read from the topic (on the loop while catching up, then on a
+        following thread); the first claim of each pair wins. One that does not parse is skipped."""
+        try:
+            claims = [(str(c["caller"]), str(c["id"]), str(c["claimant"]), _seconds(c.get("signed_at")))
+                      for c in json.loads(message.data())]
+        except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
+            return
+        decided = []
+        with self._lock:
+            for key_id, request_id, claimant, signed_at in claims:
+                pair = (key_id, request_id)
+                first = self._first.setdefault(pair, (claimant, signed_at))[0]
+                waiting = self._waiting.pop(claimant, None)
+                if waiting is not None and waiting[0] == pair:
+                    decided.append((waiting[1], first == claimant))
             self._forget(time.time())
-        if waiting is not None and waiting[0] == pair:
+        for future, won in decided:
             with contextlib.suppress(futures.InvalidStateError):
-                waiting[1].set_result(first == claimant)
+                future.set_result(won)
 
     def _forget(self, now: float) -> None:
         """Drop the pairs no request can be replayed under any more (held: the lock)."""
@@ -249,17 +319,10 @@ class SharedReplays:
                     decided.set_exception(futures.TimeoutError())
 
 
-def _failed(decided: futures.Future[bool], result: Any) -> None:
-    """On the client's I/O thread: the broker did not take a claim, so its request must not run."""
-    if result != pulsar.Result.Ok:
-        with contextlib.suppress(futures.InvalidStateError):
-            decided.set_exception(futures.TimeoutError())
-
-
-def _seconds(text: str | None) -> float:
-    """A claim's ``tghost-signed-at`` in unix seconds; now, if it has none that reads as one."""
+def _seconds(text: Any) -> float:
+    """A claim's ``signed_at`` in unix seconds; now, if it has none that reads as one."""
     try:
-        value = float(text)  # type: ignore[arg-type]
+        value = float(text)
     except (TypeError, ValueError):
         return time.time()
     return value if math.isfinite(value) else time.time()
