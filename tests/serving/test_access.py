@@ -192,18 +192,20 @@ async def test_the_directory_lists_each_caller_the_tools_its_hosts_admit_it_to(
 ) -> None:
     host, topic = announced
     listed = {}
-    for name in (None, "alice", "bob"):
+    for name in (None, "alice", "bob", "mallory"):
         identity = keys[name] if name else None
         async with ToolDirectory(PulsarSettings(pulsar_broker.url), topic, identity=identity) as found:
             await found.wait_for("calculate")
             listed[name] = [tool.name for tool in found.available(["*"])]
+            if name == "mallory":  # a key the policy does not know: the host refuses it every tool
+                continue
             if name == "alice":
                 assert await found.invoke("calculate", {"expression": "2+2"}) == "2+2 for alice"
             else:
                 with pytest.raises(ToolCallError) as refused:
                     await found.invoke("calculate", {"expression": "2+2"})
                 assert refused.value.error_type == wire.UNAUTHORIZED and "its hosts admit" in refused.value.message
-    assert listed == {None: ["tell-joke"], "alice": ["calculate", "tell-joke"], "bob": ["tell-joke"]}
+    assert listed == {None: ["tell-joke"], "alice": ["calculate", "tell-joke"], "bob": ["tell-joke"], "mallory": []}
     entry = audit_entry(host.records[0])  # type: ignore[attr-defined]
     assert entry["caller"] == {"name": "alice", "key_id": keys["alice"].key_id} and entry["status"] == "ok"
     scraped = generate_latest(host.metrics.registry).decode()  # type: ignore[attr-defined]

@@ -103,8 +103,10 @@ class ToolAccess:
                    tuple(k for k in keys if isinstance(k, str)) if isinstance(keys, list) else ())
 
     def admits(self, caller_key_id: str | None) -> bool:
-        """Whether a caller with this key id (``None``: anonymous) may call the tool."""
-        return self.anonymous if caller_key_id is None else caller_key_id in self.keys or self.anonymous
+        """Whether a caller with this key id (``None``: anonymous) may call the tool. A key the
+        host's policy does not know is refused even an anonymous tool (docs/protocol.md §2.8),
+        and the keys of a tool anonymous callers may call list every key the policy knows."""
+        return self.anonymous if caller_key_id is None else caller_key_id in self.keys
 
 
 @dataclass(frozen=True)
