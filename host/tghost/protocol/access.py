@@ -11,7 +11,10 @@ Config (README "Who may call what")::
     tools = ["calculate", "solve-steps"]   # "*" = all
     rate = "30/minute"                     # optional: calls per period, per host (the `limits` notation)
 
-A tool's announced access is ``{"anonymous": bool, "keys": [key ids]}``: who may call it.
+A request is allowed only when the policy allows the caller every tool it could be for
+(:func:`tools_for`), so a tool's announced access, ``{"anonymous": bool, "keys": [key ids]}``,
+is who may send the tool's own request: those allowed it and each tool over its service whose
+config values are among its own.
 
 Pure data but for the caller key files a table names (read by :meth:`AccessPolicy.from_table`,
 through :func:`tghost.protocol.trust.load_public_key`): never talks to Pulsar and never reads a request.
@@ -19,7 +22,7 @@ through :func:`tghost.protocol.trust.load_public_key`): never talks to Pulsar an
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,7 +34,9 @@ from tghost.protocol.trust import KeyFileError, key_id, load_public_key
 if TYPE_CHECKING:  # cryptography is imported where a key is read: an announcement's ToolAccess needs none
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-__all__ = ["ALL", "ANONYMOUS", "AccessError", "AccessPolicy", "CallerGrant", "ToolAccess"]
+    from tghost.protocol.descriptors import ToolDescriptor
+
+__all__ = ["ALL", "ANONYMOUS", "AccessError", "AccessPolicy", "CallerGrant", "ToolAccess", "tools_for"]
 
 #: In a tools list: every tool the host serves.
 ALL = "*"
@@ -151,14 +156,30 @@ class AccessPolicy:
         """Whether ``caller`` (``None``: anonymous) may call ``tool``."""
         return _grants(self.anonymous, tool) or (caller is not None and _grants(caller.tools, tool))
 
-    def access_of(self, tool: str) -> ToolAccess:
-        """What the host announces about ``tool``: who may call it."""
-        return ToolAccess(ALL in self.anonymous or tool in self.anonymous,
-                          tuple(sorted(k for k, grant in self.callers.items() if self.allows(grant, tool))))
+    def refused(self, caller: CallerGrant | None, tools: Iterable[str]) -> list[str]:
+        """Those of ``tools`` that ``caller`` (``None``: anonymous) may not call. A request that
+        could be for any of ``tools`` (:func:`tools_for`) is allowed only when this is empty."""
+        return [tool for tool in tools if not self.allows(caller, tool)]
+
+    def access_of(self, tools: Collection[str]) -> ToolAccess:
+        """What the host announces about a tool whose own request could be for any of ``tools``
+        (:func:`tools_for` of its service and config values, the tool among them): who may send
+        that request, the callers allowed every one of ``tools``."""
+        return ToolAccess(not self.refused(None, tools),
+                          tuple(sorted(k for k, grant in self.callers.items() if not self.refused(grant, tools))))
 
     def unknown_tools(self, served: Iterable[str]) -> list[str]:
         """The tools the policy names that are not in ``served``."""
         return sorted(self.tool_names() - set(served))
+
+
+def tools_for(tools: Mapping[str, ToolDescriptor], service: str, config: Mapping[str, Any]) -> list[str]:
+    """The names of ``tools`` (a host's, name -> descriptor) that a request to ``service`` with
+    ``config`` could be for: each tool over ``service`` whose config values ``config`` carries
+    (docs/protocol.md §2.8). A tool's own request could be for it and for every tool over its
+    service whose config values are among its own (a tool with none: every request)."""
+    return [name for name, tool in tools.items()
+            if tool.service == service and all(config.get(k) == v for k, v in tool.config.items())]
 
 
 def _public_key(value: str, base: Path, where: str) -> Ed25519PublicKey:
