@@ -28,6 +28,7 @@ from tghost.agent.client import ToolCallError, ToolServiceClient
 from tghost.agent.directory import ToolDirectory
 from tghost.broker import EmbeddedBroker
 from tghost.conformance import RawWire
+from tghost.discovery.config import load_access
 from tghost.discovery.discover import catalog_of
 from tghost.operate.audit import audit_entry
 from tghost.operate.metrics import HostMetrics
@@ -377,6 +378,19 @@ async def test_a_tool_is_listed_and_called_only_by_callers_granted_every_tool_it
     assert listed == {("pair", None): ["joke-plain"], ("pair", "alice"): ["joke-knock", "joke-plain"],
                       ("pair", "bob"): [],  # a key the host does not know is refused every tool there
                       ("crossed", None): [], ("crossed", "alice"): [], ("crossed", "bob"): ["joke-plain"]}
+
+
+def test_a_grant_the_rule_voids_is_a_warning_naming_the_tool_who_and_what_to_do(
+    tmp_path: Path, keys: dict[str, Signer], caplog: pytest.LogCaptureFixture
+) -> None:
+    for table in (PAIR, CROSSED):
+        catalog = jester_catalog(tmp_path, {})
+        load_access(catalog, tmp_path / "tools.toml", {"access": table})
+    [warning] = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]  # CROSSED's alone
+    assert warning == (
+        f"{tmp_path / 'tools.toml'}: [access]: tool 'joke-knock' is granted to alice, who may not call it all the "
+        "same: a request for it could also be for joke-plain (over its service, with config values among its own), "
+        "which they are not granted; grant them that too, or give each tool config values the other lacks")
 
 
 # -- caller sessions: one Ed25519 check per session, an HMAC per request (docs/protocol.md §2.9) ----

@@ -22,7 +22,7 @@ through :func:`tghost.protocol.trust.load_public_key`): never talks to Pulsar an
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -167,6 +167,21 @@ class AccessPolicy:
         that request, the callers allowed every one of ``tools``."""
         return ToolAccess(not self.refused(None, tools),
                           tuple(sorted(k for k, grant in self.callers.items() if not self.refused(grant, tools))))
+
+    def ungranted(self, tools: Mapping[str, ToolDescriptor]) -> Iterator[str]:
+        """A sentence per tool of ``tools`` (a host's, name -> descriptor) that the policy grants
+        to callers who still may not call it, since its own request could also be for a tool
+        they are not granted (:func:`tools_for`): who, why, and what to do."""
+        for name, tool in tools.items():
+            could_be = tools_for(tools, tool.service, tool.config)
+            granted, able = self.access_of([name]), self.access_of(could_be)
+            lost = ([ANONYMOUS] if granted.anonymous and not able.anonymous else []) + [
+                self.callers[k].name for k in granted.keys if k not in able.keys]
+            if lost:
+                yield (f"tool {name!r} is granted to {', '.join(lost)}, who may not call it all the same: a "
+                       f"request for it could also be for {', '.join(t for t in could_be if t != name)} (over "
+                       "its service, with config values among its own), which they are not granted; grant "
+                       "them that too, or give each tool config values the other lacks")
 
     def unknown_tools(self, served: Iterable[str]) -> list[str]:
         """The tools the policy names that are not in ``served``."""
