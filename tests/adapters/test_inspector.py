@@ -26,9 +26,13 @@ from tghost.testing import LocalHost
 TOKEN = "s3cret-" + uuid.uuid4().hex
 
 
+SHOUTED: list[str] = []
+
+
 @tghost.tool
 def shout(text: str) -> str:
     """Shout the text back."""
+    SHOUTED.append(text)
     return text.upper()
 
 
@@ -122,6 +126,27 @@ async def test_a_foreign_host_or_origin_or_a_form_post_is_refused(pulsar_broker:
                                     headers={"Origin": base.replace("127.0.0.1", "localhost")})
     assert (rebound.status_code, cross_site.status_code, form.status_code) == (421, 403, 400)
     assert json.loads(same_site.text.splitlines()[0])["chunk"] == "X"
+
+
+async def test_a_page_on_another_loopback_port_calls_no_tool(pulsar_broker: EmbeddedBroker) -> None:
+    """Only the inspector's own page calls through it: its origin as 127.0.0.1, localhost or
+    [::1] at its port. Any other local page (another port, a sandboxed ``null``) gets 403."""
+    async with inspector(pulsar_broker.url) as base, httpx2.AsyncClient() as http:
+        port = int(base.rsplit(":", 1)[1])
+        SHOUTED.clear()
+        foreign = [f"http://127.0.0.1:{port + 1}", f"http://localhost:{port - 1}", f"http://[::1]:{port + 2}",
+                   f"http://127.0.0.1:{port}.evil.example.com", f"http://127.0.0.1:{port}/x", "null"]
+        refused = [await http.post(f"{base}/api/call", json={"tool": "shout", "arguments": {"text": origin}},
+                                   headers={"Origin": origin}) for origin in foreign]
+        read = await http.get(f"{base}/api/directory", headers={"Origin": foreign[0]})
+        own = [await http.post(f"{base}/api/call", json={"tool": "shout", "arguments": {"text": name}},
+                               headers={"Origin": f"http://{name}:{port}"}) for name in ("127.0.0.1", "localhost")]
+    assert [r.status_code for r in refused] == [403] * len(foreign) and read.status_code == 403
+    assert refused[0].text == (f"tghost inspect answers its own page only, and this request comes from another: "
+                               f"Origin '{foreign[0]}'; open the inspector at http://127.0.0.1:{port}/ and call "
+                               "from there")
+    assert [json.loads(r.text.splitlines()[0])["chunk"] for r in own] == ["127.0.0.1", "LOCALHOST"]
+    assert SHOUTED == ["127.0.0.1", "localhost"]  # no foreign origin's call ran
 
 
 def test_tghost_inspect_off_loopback_asks_for_a_token_file(pulsar_broker: EmbeddedBroker) -> None:

@@ -81,11 +81,32 @@ def survey(sites: int, ctx: tghost.Context) -> str:
     return f"surveyed {sites} sites"
 
 
+class Echo(tghost.ToolService):
+    """Answers with the arguments it received, as JSON; one is named as JavaScript's prototype."""
+
+    id = "echo-args"
+    description = "Echo the arguments back, as JSON."
+    arguments = [tghost.Argument(name="__proto__", type="string", description="A name objects treat apart"),
+                 tghost.Argument(name="note", type="string", description="Anything")]
+
+    def invoke(self, user, config, arguments):
+        return json.dumps(arguments, sort_keys=True)
+
+
+echo = Echo()
+
+
 @tghost.hookimpl
 def tghost_register_services(register):
     register(plan_trip)
     register(count_down)
     register(survey)
+    register(echo)
+
+
+@tghost.hookimpl
+def tghost_register_tools(register):
+    register(echo.tool("echo-args", "Echo the arguments back, as JSON."))
 '''
 
 
@@ -148,8 +169,10 @@ def test_calculate_answers_14_in_the_log(page: Page, inspector: str) -> None:
     page.goto(inspector)
     pick(page, "calculate")
     page.get_by_label("expression").fill("2*7")
-    page.get_by_role("button", name="Call", exact=True).click()
+    with page.expect_request("**/api/call") as sent:
+        page.get_by_role("button", name="Call", exact=True).click()
     sync_api.expect(log_of(page).locator(".observation")).to_have_text("14")
+    assert sent.value.all_headers()["origin"] == inspector.rstrip("/")  # the inspector checks it: its own
     sync_api.expect(page.locator("#timing")).to_contain_text("first chunk")
     sync_api.expect(page.get_by_role("list", name="History")).to_contain_text('calculate {"expression":"2*7"}')
 
@@ -260,6 +283,29 @@ def test_a_form_for_a_nested_object_and_arrays_sends_what_it_shows(page: Page, i
     page.get_by_label("Edit as JSON").check()  # the raw-JSON view shows the same arguments
     raw = json.loads(page.get_by_label("arguments (JSON)").input_value())
     assert raw["stops"][1] == {"city": "Turin", "nights": 3} and raw["mode"] == "car"
+
+
+def test_an_argument_named_proto_shows_empty_and_is_sent_as_typed(page: Page, inspector: str) -> None:
+    """``__proto__`` is a name like any other: the form must not read it off a plain object
+    (``{}["__proto__"]`` is the prototype, shown as ``[object Object]``) nor drop it when
+    building the call's arguments."""
+    page.goto(inspector)
+    pick(page, "echo-args")
+    proto = page.get_by_label("__proto__")
+    sync_api.expect(proto).to_have_value("")
+    proto.fill("typed here")
+    page.get_by_label("note").fill("n")
+    page.get_by_role("button", name="Call", exact=True).click()
+    observation = log_of(page).locator(".observation")
+    sync_api.expect(observation).not_to_be_empty()
+    assert json.loads(observation.inner_text()) == {"__proto__": "typed here", "note": "n"}
+    page.get_by_label("Edit as JSON").check()  # to JSON and back: the form keeps the value
+    assert json.loads(page.get_by_label("arguments (JSON)").input_value()) == {"__proto__": "typed here", "note": "n"}
+    page.get_by_label("Edit as JSON").uncheck()
+    sync_api.expect(proto).to_have_value("typed here")
+    pick(page, "calculate")
+    page.get_by_role("list", name="History").get_by_role("button").first.click()  # the call again, from history
+    sync_api.expect(page.get_by_label("__proto__")).to_have_value("typed here")
 
 
 def test_the_page_has_no_serious_or_critical_accessibility_violations(page: Page, inspector: str) -> None:

@@ -23,10 +23,12 @@ from prometheus_client import generate_latest
 import tghost
 from tests.conftest import live_tools, tghost_cli
 from tests.test_docs import block
+from tghost.adapters.inspector.views import snapshot
 from tghost.agent.client import ToolCallError, ToolServiceClient
 from tghost.agent.directory import ToolDirectory
 from tghost.broker import EmbeddedBroker
 from tghost.conformance import RawWire
+from tghost.discovery.config import load_access
 from tghost.discovery.discover import catalog_of
 from tghost.operate.audit import audit_entry
 from tghost.operate.metrics import HostMetrics
@@ -281,6 +283,114 @@ async def test_the_readme_access_table_is_what_tghost_run_serves_under(
     assert "unauthorized" in outcomes[1].stderr and outcomes[2].stdout.strip() == "42"
     host.process.send_signal(signal.SIGINT)
     assert host.finish() == 0
+
+
+# -- access by tool: a request is allowed only to a caller granted every tool it could be for ------
+
+
+class Jester(tghost.ToolService):
+    """One service, two tools over it: ``joke-plain`` (no config values) and ``joke-knock``
+    (``style = "knock-knock"``); a request carrying that style could be for either."""
+
+    id = "jester"
+    description = "Tells a joke in the style its config asks for."
+    config_params = ("style",)
+    arguments = (tghost.Argument(name="topic", type="string", description="What about."),)
+
+    def invoke(self, user: str, config: dict[str, Any], arguments: dict[str, Any]) -> str:
+        INVOKED.append(str(config.get("style", "plain")))
+        return f"a {config.get('style', 'plain')} joke about {arguments['topic']}"
+
+
+def jester_catalog(tmp_path: Path, table: dict[str, Any]) -> Any:
+    jester = Jester()
+    catalog = catalog_of([jester], [jester.tool("joke-plain", "Tell a joke"),
+                                    jester.tool("joke-knock", "Tell a knock-knock joke", style="knock-knock")])
+    catalog.access = AccessPolicy.from_table(table, tmp_path)
+    return catalog
+
+
+#: The trial's policy: anyone may call joke-plain, alice alone joke-knock.
+PAIR = {"anonymous": ["joke-plain"], "callers": {"alice": {"public-key": "keys/alice.pub", "tools": ["joke-knock"]}}}
+#: joke-plain is bob's alone: alice's own joke-knock request could be for it, so she may not call joke-knock.
+CROSSED = {"callers": {"alice": {"public-key": "keys/alice.pub", "tools": ["joke-knock"]},
+                       "bob": {"public-key": "keys/bob.pub", "tools": ["joke-plain"]}}}
+
+
+async def test_no_anonymous_request_guessing_a_restricted_tools_config_runs(
+    pulsar_broker: EmbeddedBroker, tmp_path: Path, keys: dict[str, Signer]
+) -> None:
+    async with LocalHost(pulsar_broker.url, jester_catalog(tmp_path, PAIR)) as host:
+        INVOKED.clear()
+        descriptor = host.descriptors["jester"]
+        guesses = [{"style": "knock-knock"}, {"style": "knock-knock", "topic": "x"}, {"style": "knock-knock", "n": 1}]
+        async with RawWire(host.pulsar.url, descriptor) as raw:
+            for i in range(30):
+                await raw.send(wire.encode_request("u", guesses[i % 3], {"topic": "doors"}), {"id": f"guess-{i}"})
+            errors = [(await raw.replies(f"guess-{i}"))[-1][1]["error"] for i in range(30)]
+        assert INVOKED == []  # 0 of 30 ran
+        assert {e["type"] for e in errors} == {wire.UNAUTHORIZED}
+        assert errors[0]["message"] == (
+            "anonymous may not call tool 'joke-knock' on this host (its [access] policy), and a request to service "
+            "'jester' with these config values could be for any of joke-plain, joke-knock: it is allowed only to a "
+            "caller granted every one; sign requests with a caller key (--identity)")
+        assert host.client is not None
+        async with ToolServiceClient(host.client, descriptor.request_queue, descriptor.response_queue) as anonymous:
+            assert await anonymous.call({}, {"topic": "cats"}, timeout=10) == "a plain joke about cats"
+        async with ToolServiceClient(host.client, descriptor.request_queue, descriptor.response_queue,
+                                     identity=keys["alice"]) as alice:
+            knock = await alice.call({"style": "knock-knock"}, {"topic": "doors"}, timeout=10)
+        assert knock == "a knock-knock joke about doors" and INVOKED == ["plain", "knock-knock"]
+
+
+async def test_a_tool_is_listed_and_called_only_by_callers_granted_every_tool_its_request_could_be_for(
+    pulsar_broker: EmbeddedBroker, tmp_path: Path, keys: dict[str, Signer]
+) -> None:
+    """With ``PAIR`` anonymous callers see joke-plain and alice both; with ``CROSSED`` alice's
+    joke-knock request could be bob's joke-plain, so nobody may call joke-knock: the directory,
+    ``tghost tools --all`` and the inspector say so, and alice's call is refused."""
+    listed: dict[tuple[str, str | None], list[str]] = {}
+    for name, table in (("pair", PAIR), ("crossed", CROSSED)):
+        topic = f"persistent://tg/config/access-{uuid.uuid4().hex[:8]}"
+        async with LocalHost(pulsar_broker.url, jester_catalog(tmp_path, table), announce_as=name,
+                             topic=topic) as host:
+            INVOKED.clear()
+            for who in (None, "alice", "bob"):
+                async with ToolDirectory(PulsarSettings(pulsar_broker.url), topic,
+                                         identity=keys[who] if who else None) as found:
+                    await found.wait_for("joke-knock")
+                    listed[name, who] = [tool.name for tool in found.available(["*"])]
+                    admitted = [t["name"] for t in snapshot(found, time.time())["tools"] if t["admitted"]]
+                    assert admitted == listed[name, who], (name, who)  # the inspector agrees
+                    for tool in listed[name, who]:  # each tool listed is one the caller's call runs
+                        assert (await found.invoke(tool, {"topic": "x"})).startswith("a "), (name, who, tool)
+            env = {**os.environ, "TGHOST_PULSAR_URL": pulsar_broker.url, "TGHOST_DESCRIPTORS_TOPIC": topic}
+            everything = await asyncio.to_thread(tghost_cli, "tools", "--all", env=env)
+            if name == "crossed":
+                assert re.search(r"^joke-knock\s.*\snobody$", everything.stdout, re.M), everything.stdout
+                descriptor = host.descriptors["jester"]
+                assert host.client is not None
+                async with ToolServiceClient(host.client, descriptor.request_queue, descriptor.response_queue,
+                                             identity=keys["alice"]) as alice:
+                    with pytest.raises(ToolCallError, match=r"caller 'alice' may not call tool 'joke-plain'"):
+                        await alice.call({"style": "knock-knock"}, {"topic": "x"}, timeout=10)
+                assert INVOKED == ["plain"]  # bob's joke-plain; nobody's joke-knock
+    assert listed == {("pair", None): ["joke-plain"], ("pair", "alice"): ["joke-knock", "joke-plain"],
+                      ("pair", "bob"): [],  # a key the host does not know is refused every tool there
+                      ("crossed", None): [], ("crossed", "alice"): [], ("crossed", "bob"): ["joke-plain"]}
+
+
+def test_a_grant_the_rule_voids_is_a_warning_naming_the_tool_who_and_what_to_do(
+    tmp_path: Path, keys: dict[str, Signer], caplog: pytest.LogCaptureFixture
+) -> None:
+    for table in (PAIR, CROSSED):
+        catalog = jester_catalog(tmp_path, {})
+        load_access(catalog, tmp_path / "tools.toml", {"access": table})
+    [warning] = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]  # CROSSED's alone
+    assert warning == (
+        f"{tmp_path / 'tools.toml'}: [access]: tool 'joke-knock' is granted to alice, who may not call it all the "
+        "same: a request for it could also be for joke-plain (over its service, with config values among its own), "
+        "which they are not granted; grant them that too, or give each tool config values the other lacks")
 
 
 # -- caller sessions: one Ed25519 check per session, an HMAC per request (docs/protocol.md §2.9) ----

@@ -1,7 +1,8 @@
 """web: what every HTTP face of the directory shares (``tghost mcp --transport http`` and
 ``tghost inspect``): the ``Host``/``Origin`` checks against DNS rebinding and cross-site
-requests, on every bind, with the MCP SDK's own checker, the warning for a bind that no
-client can name, and the server itself (:func:`serve_app`: bound by tghost, so a port in use is
+requests, on every bind, with the MCP SDK's own checker (and, for the inspector, whose only
+client is its own page, the stricter same-origin rule of :func:`is_own_origin`), the warning
+for a bind that no client can name, and the server itself (:func:`serve_app`: bound by tghost, so a port in use is
 a clear error, and announced once it listens).
 """
 
@@ -12,13 +13,14 @@ import logging
 import socket
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from mcp.server.transport_security import TransportSecurityMiddleware, TransportSecuritySettings
 
 from tghost.system.net import is_loopback
 
-__all__ = ["LOOPBACK_HOSTS", "TransportSecurityMiddleware", "bind", "serve_app", "transport_security",
-           "warn_if_unreachable_by_name"]
+__all__ = ["LOOPBACK_HOSTS", "TransportSecurityMiddleware", "bind", "is_own_origin", "serve_app",
+           "transport_security", "warn_if_unreachable_by_name"]
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +42,25 @@ def transport_security(allowed_hosts: Sequence[str] = ()) -> TransportSecuritySe
     origins += [f"{scheme}://{name}" for name in allowed_hosts for scheme in ("http", "https")]
     return TransportSecuritySettings(enable_dns_rebinding_protection=True,
                                      allowed_hosts=[*loopback, *allowed_hosts], allowed_origins=origins)
+
+
+def is_own_origin(origin: str, host: str) -> bool:
+    """Whether a request's ``Origin`` header is the origin of the server it was sent to, as its
+    ``Host`` header names it: ``http`` or ``https`` with the same name and port, or with a
+    loopback name (:func:`tghost.system.net.is_loopback`) at the same port when ``Host`` is one
+    too (a page opened as ``localhost`` calling ``127.0.0.1``). Any other page's origin, another
+    loopback port's included, is foreign: its requests come from another site."""
+    scheme, _, authority = origin.partition("://")
+    theirs, ours = urlsplit(f"//{authority}"), urlsplit(f"//{host}")
+    if scheme not in ("http", "https") or not authority or theirs.netloc != authority:
+        return False
+    if authority.lower() == host.lower():
+        return True
+    try:
+        same_port = theirs.port == ours.port
+    except ValueError:  # not a port
+        return False
+    return same_port and is_loopback(theirs.hostname or "") and is_loopback(ours.hostname or "")
 
 
 def warn_if_unreachable_by_name(what: str, host: str, port: int, allowed_hosts: Sequence[str]) -> None:

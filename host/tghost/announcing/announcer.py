@@ -27,6 +27,7 @@ import pulsar.asyncio
 from tghost._version import __version__
 from tghost.broker import local_disk_trouble
 from tghost.discovery.catalog import Catalog
+from tghost.protocol.access import tools_for
 from tghost.protocol.announcement import (
     DEFAULT_TOPIC,
     EPOCH_SECONDS,
@@ -264,9 +265,14 @@ class Announcer:
         return announcement_key(kind, name, self.identity.id), value
 
     def _access(self, tool: str) -> dict[str, Any] | None:
-        """Who may call ``tool`` here, as announced (``None``: no ``[access]`` policy, everyone)."""
-        access = self.catalog.access
-        return None if access is None else access.access_of(tool).to_json()
+        """Who may call ``tool`` here, as announced (``None``: no ``[access]`` policy, everyone):
+        who may send its own request, which could be for each tool over its service whose config
+        values are among its own (docs/protocol.md §2.8)."""
+        access, tools = self.catalog.access, self.catalog.tools
+        if access is None:
+            return None
+        descriptor = tools[tool]
+        return access.access_of(tools_for(tools, descriptor.service, descriptor.config)).to_json()
 
     # -- sending ---------------------------------------------------------------------------
 

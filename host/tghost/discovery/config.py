@@ -32,7 +32,9 @@ class ConfigError(ValueError):
 
 def load_access(catalog: Catalog, path: Path, document: dict[str, Any]) -> None:
     """Set ``catalog.access`` from the ``[access]`` table of the config file at ``path`` (its
-    parsed ``document``), if it has one; key paths are relative to the file's directory.
+    parsed ``document``), if it has one; key paths are relative to the file's directory. A
+    tool granted to callers who still may not call it (a request for it could also be for a
+    tool they are not granted) is a warning, one line per tool.
 
     Raises:
         ConfigError: the table is wrong, a key file is missing or not a public key, or it names a
@@ -48,6 +50,8 @@ def load_access(catalog: Catalog, path: Path, document: dict[str, Any]) -> None:
     if unknown:
         raise ConfigError(f"{path}: [access] names tool(s) {unknown} that this host does not serve "
                           f"(it serves {sorted(catalog.tools)}); fix the name or install the plugin")
+    for sentence in policy.ungranted(catalog.tools):
+        log.warning("%s: [access]: %s", path, sentence)
     catalog.access = policy
 
 

@@ -11,7 +11,10 @@ Config (README "Who may call what")::
     tools = ["calculate", "solve-steps"]   # "*" = all
     rate = "30/minute"                     # optional: calls per period, per host (the `limits` notation)
 
-A tool's announced access is ``{"anonymous": bool, "keys": [key ids]}``: who may call it.
+A request is allowed only when the policy allows the caller every tool it could be for
+(:func:`tools_for`), so a tool's announced access, ``{"anonymous": bool, "keys": [key ids]}``,
+is who may send the tool's own request: those allowed it and each tool over its service whose
+config values are among its own.
 
 Pure data but for the caller key files a table names (read by :meth:`AccessPolicy.from_table`,
 through :func:`tghost.protocol.trust.load_public_key`): never talks to Pulsar and never reads a request.
@@ -19,7 +22,7 @@ through :func:`tghost.protocol.trust.load_public_key`): never talks to Pulsar an
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,7 +34,9 @@ from tghost.protocol.trust import KeyFileError, key_id, load_public_key
 if TYPE_CHECKING:  # cryptography is imported where a key is read: an announcement's ToolAccess needs none
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-__all__ = ["ALL", "ANONYMOUS", "AccessError", "AccessPolicy", "CallerGrant", "ToolAccess"]
+    from tghost.protocol.descriptors import ToolDescriptor
+
+__all__ = ["ALL", "ANONYMOUS", "AccessError", "AccessPolicy", "CallerGrant", "ToolAccess", "tools_for"]
 
 #: In a tools list: every tool the host serves.
 ALL = "*"
@@ -103,8 +108,10 @@ class ToolAccess:
                    tuple(k for k in keys if isinstance(k, str)) if isinstance(keys, list) else ())
 
     def admits(self, caller_key_id: str | None) -> bool:
-        """Whether a caller with this key id (``None``: anonymous) may call the tool."""
-        return self.anonymous if caller_key_id is None else caller_key_id in self.keys or self.anonymous
+        """Whether a caller with this key id (``None``: anonymous) may call the tool. A key the
+        host's policy does not know is refused even an anonymous tool (docs/protocol.md §2.8),
+        and the keys of a tool anonymous callers may call list every key the policy knows."""
+        return self.anonymous if caller_key_id is None else caller_key_id in self.keys
 
 
 @dataclass(frozen=True)
@@ -149,14 +156,45 @@ class AccessPolicy:
         """Whether ``caller`` (``None``: anonymous) may call ``tool``."""
         return _grants(self.anonymous, tool) or (caller is not None and _grants(caller.tools, tool))
 
-    def access_of(self, tool: str) -> ToolAccess:
-        """What the host announces about ``tool``: who may call it."""
-        return ToolAccess(ALL in self.anonymous or tool in self.anonymous,
-                          tuple(sorted(k for k, grant in self.callers.items() if self.allows(grant, tool))))
+    def refused(self, caller: CallerGrant | None, tools: Iterable[str]) -> list[str]:
+        """Those of ``tools`` that ``caller`` (``None``: anonymous) may not call. A request that
+        could be for any of ``tools`` (:func:`tools_for`) is allowed only when this is empty."""
+        return [tool for tool in tools if not self.allows(caller, tool)]
+
+    def access_of(self, tools: Collection[str]) -> ToolAccess:
+        """What the host announces about a tool whose own request could be for any of ``tools``
+        (:func:`tools_for` of its service and config values, the tool among them): who may send
+        that request, the callers allowed every one of ``tools``."""
+        return ToolAccess(not self.refused(None, tools),
+                          tuple(sorted(k for k, grant in self.callers.items() if not self.refused(grant, tools))))
+
+    def ungranted(self, tools: Mapping[str, ToolDescriptor]) -> Iterator[str]:
+        """A sentence per tool of ``tools`` (a host's, name -> descriptor) that the policy grants
+        to callers who still may not call it, since its own request could also be for a tool
+        they are not granted (:func:`tools_for`): who, why, and what to do."""
+        for name, tool in tools.items():
+            could_be = tools_for(tools, tool.service, tool.config)
+            granted, able = self.access_of([name]), self.access_of(could_be)
+            lost = ([ANONYMOUS] if granted.anonymous and not able.anonymous else []) + [
+                self.callers[k].name for k in granted.keys if k not in able.keys]
+            if lost:
+                yield (f"tool {name!r} is granted to {', '.join(lost)}, who may not call it all the same: a "
+                       f"request for it could also be for {', '.join(t for t in could_be if t != name)} (over "
+                       "its service, with config values among its own), which they are not granted; grant "
+                       "them that too, or give each tool config values the other lacks")
 
     def unknown_tools(self, served: Iterable[str]) -> list[str]:
         """The tools the policy names that are not in ``served``."""
         return sorted(self.tool_names() - set(served))
+
+
+def tools_for(tools: Mapping[str, ToolDescriptor], service: str, config: Mapping[str, Any]) -> list[str]:
+    """The names of ``tools`` (a host's, name -> descriptor) that a request to ``service`` with
+    ``config`` could be for: each tool over ``service`` whose config values ``config`` carries
+    (docs/protocol.md §2.8). A tool's own request could be for it and for every tool over its
+    service whose config values are among its own (a tool with none: every request)."""
+    return [name for name, tool in tools.items()
+            if tool.service == service and all(config.get(k) == v for k, v in tool.config.items())]
 
 
 def _public_key(value: str, base: Path, where: str) -> Ed25519PublicKey:

@@ -23,7 +23,7 @@ from limits.strategies import MovingWindowRateLimiter
 
 from tghost.protocol import callers as signed
 from tghost.protocol import sessions, wire
-from tghost.protocol.access import ANONYMOUS, AccessPolicy, CallerGrant
+from tghost.protocol.access import ANONYMOUS, AccessPolicy, CallerGrant, tools_for
 from tghost.protocol.callers import Caller
 from tghost.protocol.descriptors import ToolDescriptor
 from tghost.protocol.sessions import HostSessionKey, OpenSession
@@ -94,9 +94,10 @@ class _Sessions:
 
 class Gate:
     """The access checks of one host's services under ``policy``. ``tools`` are the host's
-    tools (name -> descriptor): a request's tool is the one over its service whose config values
-    it carries. ``session`` is the host's key for caller sessions (announced as its
-    ``session-key``; a new one if not given). ``window``: seconds (see :data:`WINDOW`)."""
+    tools (name -> descriptor): a request could be for any tool over its service whose config
+    values it carries, and is allowed only to a caller the policy allows every one. ``session``
+    is the host's key for caller sessions (announced as its ``session-key``; a new one if not
+    given). ``window``: seconds (see :data:`WINDOW`)."""
 
     def __init__(self, policy: AccessPolicy, tools: Mapping[str, ToolDescriptor],
                  session: HostSessionKey | None = None, window: float = WINDOW) -> None:
@@ -137,14 +138,16 @@ class Gate:
     def admit(self, service: str, config: Mapping[str, Any], properties: Mapping[str, str], body: bytes,
               topic: str) -> Caller | None:
         """The verified caller of a request to ``service`` (``None``: anonymous), if the policy
-        lets it call the tool its ``config`` names now.
+        lets it call every tool the request could be for now: each tool over ``service`` whose
+        config values ``config`` carries (at least one).
 
         Raises:
             Refused: a bad or replayed signature or MAC, a caller the policy does not know or
-                allow for the tool, or a caller over its rate (the text says which, and what to
-                do); ``unknown-session`` for a session request without a MAC for this host (the
-                caller resends it signed). Each other refusal is summarised in the log, one
-                line per reason at most once a minute.
+                does not allow every such tool (the text names those it may not call), or a
+                caller over its rate (the text says which, and what to do); ``unknown-session``
+                for a session request without a MAC for this host (the caller resends it
+                signed). Each other refusal is summarised in the log, one line per reason at
+                most once a minute.
         """
         try:
             return self._admit(service, config, properties, body, topic)
@@ -157,12 +160,10 @@ class Gate:
     def _admit(self, service: str, config: Mapping[str, Any], properties: Mapping[str, str], body: bytes,
                topic: str) -> Caller | None:
         grant = self._verify(properties, body, topic)
-        tools = self._tools_of(service, config)
-        if not any(self.policy.allows(grant, name) for name in tools):
-            who = ANONYMOUS if grant is None else f"caller {grant.name!r}"
-            what = f"tool {tools[0]!r}" if len(tools) == 1 else f"service {service!r} with this config"
-            raise Refused(wire.UNAUTHORIZED, f"{who} may not call {what} on this host (its [access] policy)"
-                          + ("; sign requests with a caller key (--identity)" if grant is None else ""))
+        tools = tools_for(self.tools, service, config)
+        refused = self.policy.refused(grant, tools)
+        if refused or not tools:
+            raise Refused(wire.UNAUTHORIZED, _refusal(grant, service, tools, refused))
         if grant is not None:
             self._within_rate(grant)
             return Caller(grant.name, grant.key_id)
@@ -248,11 +249,6 @@ class Gate:
             return False
         return not isinstance(signed.verify_request(grant.key, properties, body, topic, time.time(), self.window), str)
 
-    def _tools_of(self, service: str, config: Mapping[str, Any]) -> Sequence[str]:
-        """The host's tools over ``service`` whose config values the request carries."""
-        return [name for name, tool in self.tools.items()
-                if tool.service == service and all(config.get(k) == v for k, v in tool.config.items())]
-
     def _within_rate(self, grant: CallerGrant) -> None:
         rate = self._rates.get(grant.key_id)
         if rate is None or self._limiter is None:
@@ -263,3 +259,19 @@ class Gate:
             reset = self._limiter.get_window_stats(rate, grant.key_id).reset_time
         raise Refused(wire.RATE_LIMITED, f"caller {grant.name!r} is over its rate of {grant.rate} on this host; "
                                     f"retry in {max(reset - time.time(), 0):.1f}s")
+
+
+def _refusal(grant: CallerGrant | None, service: str, tools: Sequence[str], refused: Sequence[str]) -> str:
+    """Why a request to ``service`` that could be for any of ``tools`` is refused to ``grant``
+    (``None``: anonymous), who may not call ``refused`` of them, and what to do."""
+    who = ANONYMOUS if grant is None else f"caller {grant.name!r}"
+    if not tools:
+        what = f"service {service!r} with this config"
+    else:
+        what = f"tool {refused[0]!r}" if len(refused) == 1 else f"tools {', '.join(refused)}"
+    text = f"{who} may not call {what} on this host (its [access] policy)"
+    if len(tools) > 1:
+        text += (f", and a request to service {service!r} with these config values could be for any of "
+                 f"{', '.join(tools)}: it is allowed only to a caller granted every one")
+    return text + ("; sign requests with a caller key (--identity)" if grant is None
+                   else "; ask this host's operator to grant it in [access]")

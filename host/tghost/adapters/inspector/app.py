@@ -17,7 +17,9 @@ Routes:
   the call.
 
 Every request, static files and unknown paths included, has its ``Host`` (and a POST its
-``Origin`` and JSON content type) checked (:func:`tghost.adapters.web.transport_security`).
+JSON content type) checked (:func:`tghost.adapters.web.transport_security`), and its ``Origin``,
+if any, must be the inspector's own (:func:`tghost.adapters.web.is_own_origin`): another page,
+on another loopback port too, is answered 403.
 With a token, every request must carry it: ``Authorization: Bearer <token>``, or the cookie
 that ``GET /?token=<token>`` sets; else 401.
 """
@@ -50,7 +52,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tghost.adapters.inspector.views import hosts_view, snapshot
-from tghost.adapters.web import TransportSecurityMiddleware, transport_security
+from tghost.adapters.web import TransportSecurityMiddleware, is_own_origin, transport_security
 from tghost.agent.client import ToolCallError
 from tghost.agent.directory import ToolDirectory
 from tghost.protocol.wire import Progress
@@ -101,10 +103,11 @@ class Inspector:
                 self._changed.notify_all()
 
     async def _refusal(self, request: Request) -> Response | None:
-        """Why ``request`` is not answered (421 for its Host, 403 for its Origin, 400 for a POST
-        that is not JSON, 401 without the token), or ``None``. ``GET /?token=`` with the right
-        token passes, to be given its cookie."""
+        """Why ``request`` is not answered (421 for its Host, 403 for an Origin not the
+        inspector's own, 400 for a POST that is not JSON, 401 without the token), or ``None``.
+        ``GET /?token=`` with the right token passes, to be given its cookie."""
         refused = await self._security.validate_request(request, is_post=request.method == "POST")
+        refused = refused or _foreign_origin(request)
         if refused is not None or self.token is None or self._has_token(request):
             return refused
         if request.url.path == "/" and self._matches(request.query_params.get("token")):
@@ -220,6 +223,17 @@ class _Guarded:
                 await refused(scope, receive, send)
                 return
         await self._app(scope, receive, send)
+
+
+def _foreign_origin(request: Request) -> Response | None:
+    """403 for a request whose ``Origin`` is another page's than the inspector's own: a web page
+    elsewhere, on another loopback port too, never calls tools with the inspector's identity."""
+    origin, host = request.headers.get("origin"), request.headers.get("host", "")
+    if origin is None or is_own_origin(origin, host):
+        return None
+    return PlainTextResponse(f"tghost inspect answers its own page only, and this request comes from another: "
+                             f"Origin {origin!r}; open the inspector at http://{host}/ and call from there",
+                             status_code=403)
 
 
 def _ndjson(lines: AsyncIterator[dict[str, Any]]) -> Response:

@@ -9,11 +9,17 @@
   let serial = 0;
   const nextId = (name) => `f${++serial}-${String(name).replace(/[^A-Za-z0-9_-]/g, "_")}`;
 
+  // Values are kept by argument name in plain objects, and any name is an argument's: read only
+  // an object's own keys ({}["__proto__"] is Object.prototype) and build objects with
+  // Object.fromEntries (value["__proto__"] = v sets the prototype, or does nothing).
+  const own = (object, key) => (object !== null && typeof object === "object" && Object.hasOwn(object, key) ? object[key] : undefined);
+  const valuesOf = (fields) => Object.fromEntries(fields.map(([key, f]) => [key, f.get()]).filter(([, v]) => v !== undefined));
+
   function resolve(schema, root, depth = 0) {
     if (!schema || typeof schema !== "object" || depth > 20) return schema || {};
     if (typeof schema.$ref === "string" && schema.$ref.startsWith("#/")) {
       let target = root;
-      for (const part of schema.$ref.slice(2).split("/")) target = target && target[part.replace(/~1/g, "/").replace(/~0/g, "~")];
+      for (const part of schema.$ref.slice(2).split("/")) target = own(target, part.replace(/~1/g, "/").replace(/~0/g, "~"));
       const { $ref, ...rest } = schema;
       return resolve({ ...(target || {}), ...rest }, root, depth + 1);
     }
@@ -113,11 +119,10 @@
     return {
       node,
       get() {
-        const value = {};
-        for (const [key, f] of fields) { const v = f.get(); if (v !== undefined) value[key] = v; }
+        const value = valuesOf(fields);
         return Object.keys(value).length || required ? value : undefined;
       },
-      set(value) { for (const [key, f] of fields) f.set(value ? value[key] : undefined); },
+      set(value) { for (const [key, f] of fields) f.set(own(value, key)); },
     };
   }
 
@@ -162,12 +167,8 @@
     if (!fields.length) node.append(el("p", { className: "empty", text: "This tool takes no arguments." }));
     return {
       node,
-      get() {
-        const value = {};
-        for (const [key, f] of fields) { const v = f.get(); if (v !== undefined) value[key] = v; }
-        return value;
-      },
-      set(value) { for (const [key, f] of fields) f.set(value ? value[key] : undefined); },
+      get() { return valuesOf(fields); },
+      set(value) { for (const [key, f] of fields) f.set(own(value, key)); },
     };
   }
 
