@@ -18,9 +18,11 @@ import pulsar
 import pulsar.asyncio
 import pulsar.exceptions
 
+from tghost.broker import local_disk_trouble
 from tghost.protocol.epochs import EPOCH_SECONDS, epoch_topic, read_window
 
-__all__ = ["CATCH_UP_BATCH", "CATCH_UP_NUDGE", "CATCH_UP_POLL_MS", "CATCH_UP_STALL", "CatchUpStalled", "TopicWindow"]
+__all__ = ["CATCH_UP_BATCH", "CATCH_UP_NUDGE", "CATCH_UP_POLL_MS", "CATCH_UP_STALL", "CatchUpStalled", "NoReader",
+           "TopicWindow"]
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +67,24 @@ class CatchUpStalled(pulsar.asyncio.PulsarException):  # type: ignore[misc]
                 "mismatch' or 'invalid entrylog magic'). Free space on the broker's disk: 'tghost broker' then moves "
                 "the damaged store aside and restarts pulsar-lite, and hosts announce again (or restart it yourself: "
                 "'tghost broker stop', then 'tghost broker start')")
+
+
+class NoReader(pulsar.asyncio.PulsarException):  # type: ignore[misc]
+    """The broker did not create a reader of ``topic`` within ``seconds``: pulsar-lite 0.2.0 does
+    not while its disk is full (a reader's creation waits for a write; producers and calls on
+    non-persistent topics go on). ``cause`` says what the embedded broker's disk shows, if it is
+    local and short of space (:func:`tghost.broker.local_disk_trouble`)."""
+
+    def __init__(self, topic: str, seconds: float, cause: str | None) -> None:
+        super().__init__(pulsar.Result.Timeout)
+        self.topic = topic
+        self.seconds = seconds
+        self.cause = cause
+
+    def __str__(self) -> str:
+        cause = self.cause or ("pulsar-lite does not while its disk is full: check the broker's disk and its log "
+                               "('tghost broker status' shows both for the embedded broker)")
+        return f"the broker did not create a reader of {self.topic} within {self.seconds:g}s; {cause}"
 
 
 class _EmptyTopicNoise(logging.Filter):
@@ -116,8 +136,20 @@ class TopicWindow:
         return read_window(now, self.max_clock_skew, self.epoch_seconds)
 
     async def _open(self, epoch: int, start: pulsar.MessageId = pulsar.MessageId.earliest) -> pulsar.asyncio.Reader:
-        """A reader of ``epoch``'s topic from after ``start`` (default: its first message), as the window's."""
-        reader = await self.client.create_reader(epoch_topic(self.base, epoch), start, is_read_compacted=True)
+        """A reader of ``epoch``'s topic from after ``start`` (default: its first message), as the window's.
+
+        Raises:
+            NoReader: the broker did not create it within ``stall_timeout`` seconds.
+            pulsar.asyncio.PulsarException: the broker refused it.
+        """
+        topic = epoch_topic(self.base, epoch)
+        try:
+            async with asyncio.timeout(self.stall_timeout):
+                reader = await self.client.create_reader(topic, start, is_read_compacted=True)
+        except TimeoutError:
+            url = getattr(getattr(self.client, "settings", None), "url", None)
+            cause = await asyncio.to_thread(local_disk_trouble, url) if url else None
+            raise NoReader(topic, self.stall_timeout, cause) from None
         self.readers[epoch] = reader
         return reader
 
