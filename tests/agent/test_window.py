@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import subprocess
+import sys
 import time
 import uuid
 from collections import Counter
@@ -171,3 +173,45 @@ async def test_a_catch_up_that_is_slow_but_reading_says_it_is_behind_not_stalled
     assert read == 30
     [said] = [r.getMessage() for r in caplog.records]
     assert said.startswith(f"catching up on {where}: ") and "this directory is behind the topic" in said, said
+
+
+#: A script that follows an empty window: a fresh topic's epochs, each asked whether it is behind ten times.
+FOLLOWS_EMPTY = """
+import asyncio, random, sys, pulsar, tghost
+from tghost.agent.window import TopicWindow
+
+url, first = sys.argv[1], sys.argv[2] == "first"
+other = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)) if first else None
+
+async def main():
+    topic = "persistent://tg/config/empty-%d" % random.randrange(10**9)
+    async with tghost.ToolDirectory(tghost.PulsarSettings(url), topic) as directory:
+        window = directory._window
+        for _ in range(10):
+            await window.behind()
+        print(len(window.readers), file=sys.stderr)
+
+asyncio.run(main())
+if other is not None:
+    other.close()
+"""
+
+
+@pytest.mark.parametrize("first", ["tghost", "first"])
+def test_a_script_following_an_empty_topic_prints_no_client_line_of_its_own(
+    pulsar_broker: EmbeddedBroker, first: str
+) -> None:
+    """In a script, tghost's clients give the C++ client its quiet logger: a ToolDirectory on
+    empty epoch topics prints nothing. pulsar-client keeps one logger per process, the first a
+    client set: when another client set it first (TrustGraph's clients print ERROR lines, on
+    stdout), pulsar-lite's error for an empty topic's last message id is printed once per topic
+    at the catch-up, which must ask (``first``), and never again while following."""
+    result = subprocess.run([sys.executable, "-c", FOLLOWS_EMPTY, pulsar_broker.url, first], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    *said, topics = result.stderr.splitlines()
+    lines = said + result.stdout.splitlines()
+    if first == "tghost":
+        assert lines == [], result.stderr
+    else:
+        assert len(lines) == int(topics) and all("Failed to getLastMessageId: UnknownError" in line for line in lines)

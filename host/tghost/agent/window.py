@@ -129,6 +129,9 @@ class TopicWindow:
         self.readers: dict[int, pulsar.asyncio.Reader] = {}
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._handler: Handler | None = None
+        self._unheard: set[int] = set()
+        """Epochs whose topic was empty when last asked, and whose reader has handed on nothing
+        since: :meth:`behind` does not ask them again (see there)."""
         logging.getLogger("pulsar").addFilter(_QUIET)  # a no-op when already added
 
     def wanted(self, now: float) -> range:
@@ -179,6 +182,8 @@ class TopicWindow:
         while True:
             try:
                 await _catch_up(reader, progress.hand, CATCH_UP_NUDGE)
+                if not progress.handed:
+                    self._unheard.add(epoch)
                 return progress.handed
             except _Silent:
                 if time.monotonic() - progress.heard >= self.stall_timeout:
@@ -193,7 +198,15 @@ class TopicWindow:
         self._handler = handler
         for epoch, reader in self.readers.items():
             if epoch not in self._tasks:
-                self._tasks[epoch] = asyncio.create_task(_follow(reader, handler), name=f"follow epoch {epoch}")
+                self._tasks[epoch] = asyncio.create_task(_follow(reader, self._heard(epoch, handler)),
+                                                         name=f"follow epoch {epoch}")
+
+    def _heard(self, epoch: int, handler: Handler) -> Handler:
+        """``handler``, for ``epoch``'s topic: once it hands on a message the topic is not empty."""
+        def hand(message: pulsar.Message) -> Any:
+            self._unheard.discard(epoch)
+            return handler(message)
+        return hand
 
     async def move(self, now: float) -> None:
         """Open (and tail) the topics that entered the window by unix time ``now`` and close those
@@ -216,13 +229,22 @@ class TopicWindow:
         """Whether a topic of the window has messages that its reader has not handed to the
         handler yet: in its client's queue, or still on the broker (one round trip per topic
         whose client queue is empty). Never raises: a topic the broker cannot say that of
-        (pulsar-lite 0.2.0 on an empty topic, a broker error) counts as read up."""
-        for reader in list(self.readers.values()):
+        (pulsar-lite 0.2.0 on an empty topic, a broker error) counts as read up.
+
+        A followed topic found empty (at catch-up, or here) is not asked again until its reader
+        hands on a message, which it does as soon as one comes: pulsar-lite answers an empty topic with
+        an error, and the C++ client logs that error at ERROR through the process's one Pulsar
+        logger, which is another client's when that client was made first (TrustGraph's print
+        ERROR lines): a following directory would print a line at each expiry check."""
+        for epoch, reader in list(self.readers.items()):
+            if epoch in self._unheard and epoch in self._tasks:
+                continue
             try:
                 if await reader.has_message_available():
                     return True
-            except pulsar.asyncio.PulsarException:
-                continue
+            except pulsar.asyncio.PulsarException as exc:
+                if exc.error() == pulsar.Result.UnknownError:
+                    self._unheard.add(epoch)
         return False
 
     def is_connected(self) -> bool:
@@ -230,6 +252,7 @@ class TopicWindow:
         return all(reader.is_connected() for reader in self.readers.values())
 
     async def _close(self, epoch: int) -> None:
+        self._unheard.discard(epoch)
         task = self._tasks.pop(epoch, None)
         if task is not None:
             task.cancel()
