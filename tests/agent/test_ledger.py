@@ -340,3 +340,17 @@ def test_entries_past_max_total_entries_are_dropped_before_validation_and_said_o
     time.sleep(0.001)
     feed(ledger, *second._messages("available"))  # what it holds is announced again: no new entry
     assert ledger.held == 6 and ledger.rejections[OVER_LIMIT] == 5
+
+
+def test_a_forgotten_host_leaves_no_trace_so_a_flood_rotating_host_ids_holds_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """What is said once per host (a lease past max_lease) is said again once the host was
+    forgotten: nothing of it was kept."""
+    ledger = Ledger("t", max_lease=10.0)
+    with caplog.at_level(logging.WARNING, logger="tghost"):
+        feed(ledger, forged_host("h", names=0))
+        feed(ledger, forged_host("h", names=0))
+        ledger.expire(time.time() + 10_000)
+        feed(ledger, forged_host("h", names=0))
+    assert len([r for r in caplog.records if "announces a lease of 600.0s" in r.getMessage()]) == 2

@@ -393,9 +393,11 @@ class Ledger:
         siblings.remove(instance)
         self.held -= len(state.entries)
         self._release(host_id, state.entries.keys())
-        if not siblings:
+        if not siblings:  # the host is forgotten: nothing of it stays (a flood may rotate host ids)
             del self._host_instances[host_id]
             self._seen.pop(host_id, None)
+            self._skewed_hosts.discard(host_id)
+            self._capped_hosts.discard(host_id)
         self._clear(host_id)
 
     def _release(self, host_id: str, keys: Iterable[Key]) -> None:
