@@ -223,9 +223,9 @@ def bounds_options(fn: F) -> F:
              "directory holds in all; announcements of further ones are dropped")]
     wrapped: Any = with_bounds
     for flag, default, env, what in reversed(caps):
-        wrapped = click.option(flag, type=click.IntRange(min=1), envvar=env, default=default, show_default=True,
-                               help=f"{what}, each counted as 'over-limit' and the first one logged (env {env}). "
-                                    "Raise it for a fleet larger than that.")(wrapped)
+        wrapped = click.option(flag, type=click.IntRange(min=1), metavar="N", envvar=env, default=default,
+                               show_default=True, help=f"{what}, each counted as 'over-limit' and the first one "
+                                                       f"logged (env {env}).")(wrapped)
     return cast(F, wrapped)
 
 
