@@ -37,7 +37,7 @@ CATCH_UP_POLL_MS = 5
 #: delivering to a reader partway through a topic (1 catch-up in 4 or 5 of 2,500 messages of
 #: 13 KB), and its duplicate deliveries can leave a reader saying there is more when it had
 #: everything. A new reader resumes the one and tells the end of the other.
-CATCH_UP_NUDGE = 1.0
+CATCH_UP_NUDGE = 0.5
 #: Seconds a catch-up waits for a message the broker says a topic still has, new readers
 #: included, when neither the window nor its client's settings (``connect_timeout``) give
 #: another bound; never less than :data:`MIN_CATCH_UP_STALL` (a connect timeout of 0 means
@@ -269,7 +269,12 @@ class TopicWindow:
 
 
 class _Silent(Exception):
-    """No message came for the quiet bound although the reader says its topic has more."""
+    """No message came for the quiet bound although the reader says its topic has more;
+    ``batch`` holds those read before the silence, still to hand on."""
+
+    def __init__(self, batch: list[Any]) -> None:
+        super().__init__()
+        self.batch = batch
 
 
 class _Progress:
@@ -316,19 +321,28 @@ async def _catch_up(reader: pulsar.asyncio.Reader, handler: Handler, quiet: floa
                 async with asyncio.timeout(quiet):
                     message = await reader.read_next()
             except TimeoutError:
-                raise _Silent from None
+                raise _Silent([]) from None
             handler(message)
         return
     reading = asyncio.ensure_future(asyncio.to_thread(_read_batch, blocking, quiet))
     try:
-        batch = await asyncio.shield(reading)
-        while batch:
+        while batch := await _batch(reading, handler):
             reading = asyncio.ensure_future(asyncio.to_thread(_read_batch, blocking, quiet))
             for message in batch:
                 handler(message)
-            batch = await asyncio.shield(reading)
     finally:
         await _settled(reading)
+
+
+async def _batch(reading: asyncio.Future[list[Any]], handler: Handler) -> list[Any]:
+    """The batch ``reading`` reads; when it ends in a silence, it hands on what came before it
+    and raises that :class:`_Silent`."""
+    try:
+        return await asyncio.shield(reading)
+    except _Silent as silent:
+        for message in silent.batch:
+            handler(message)
+        raise
 
 
 async def _settled(reading: asyncio.Future[list[Any]]) -> None:
@@ -357,11 +371,11 @@ async def _follow(reader: pulsar.asyncio.Reader, handler: Handler) -> None:
 
 def _read_batch(reader: Any, quiet: float) -> list[Any]:
     """Up to :data:`CATCH_UP_BATCH` messages from a blocking ``_pulsar.Reader``; an empty list
-    once the topic has no more, fewer when none came for ``quiet`` seconds after some did. Runs
-    in a worker thread: every call here blocks.
+    once the topic has no more. Runs in a worker thread: every call here blocks.
 
     Raises:
-        _Silent: no message at all for ``quiet`` seconds, although the broker says there are more.
+        _Silent: no message for ``quiet`` seconds, although the broker says there are more (with
+            the messages read before).
         pulsar.exceptions.PulsarException: the broker failed (not merely "no more messages").
     """
     batch: list[Any] = []
@@ -377,9 +391,7 @@ def _read_batch(reader: Any, quiet: float) -> list[Any]:
             last = time.monotonic()
         except pulsar.exceptions.Timeout:
             if time.monotonic() - last > quiet:
-                if batch:
-                    break
-                raise _Silent from None
+                raise _Silent(batch) from None
     return batch
 
 
