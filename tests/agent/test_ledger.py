@@ -251,8 +251,9 @@ def test_withdrawn_entries_pruned_from_a_host_leave_the_index_too() -> None:
         feed(ledger, *(tool(name, "available") for name in batch), *(tool(name, "withdrawn") for name in batch))
     feed(ledger, tool("t4", "available"))  # over twice max_entries: the withdrawn ones are pruned
     assert ledger.remembered_names("tool") == {"t4"}
+    assert ledger.held == len(ledger.instances()[0].entries) == 1  # what counts against max_total_entries
     ledger.expire(time.time() + 10_000)
-    assert ledger.remembered_names("tool") == set()
+    assert ledger.remembered_names("tool") == set() and ledger.held == 0
 
 
 # -- the caps on what a directory holds (docs/protocol.md §4.7) ----------------------------------
