@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import re
 import time
@@ -21,7 +22,7 @@ import tghost
 from tests.conftest import tghost_cli
 from tghost.adapters.export import select_tools
 from tghost.agent.client import ToolCallError
-from tghost.agent.directory import CONFLICT, STALE, ToolDirectory
+from tghost.agent.directory import CONFLICT, OVER_LIMIT, STALE, ToolDirectory
 from tghost.agent.entries import Side
 from tghost.announcing.announcer import Announcer, HostIdentity
 from tghost.broker import EmbeddedBroker
@@ -350,3 +351,59 @@ def test_with_trusted_keys_a_drift_between_trusted_hosts_is_listed_and_unsigned_
         ("two", ("description", "access")), ("two", ("timeout",))]
     assert found.check("tell-joke", groups=["*"]).service.descriptor.timeout is None  # the one seen first
     assert "tell-joke" in [t.name for t in found.available()]
+
+
+def flood(hosts: int, instances: int, names: int = 1000) -> list[tuple[str, dict[str, Any]]]:
+    """Forged host messages, each with a manifest of ``names`` tool names and nothing behind them:
+    ``hosts`` host ids, ``instances`` process starts of each."""
+    now = time.time()
+    return [(f"host/flood-{h}@flood-{h}",
+             {"kind": "host", "name": f"flood-{h}", "status": "available", "descriptor": None, "plugin": None,
+              "host": {"id": f"flood-{h}", "instance": f"i{i:04d}"}, "lease": {"seconds": 600.0, "sent_at": now},
+              "since": now, "entries": {"tool-service": [], "tool": [f"f{h}-{i}-{n}" for n in range(names)]}})
+            for h in range(hosts) for i in range(instances)]
+
+
+def cap_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The warnings of caps (not the rejection summaries, which name an example too)."""
+    return [r.getMessage() for r in caplog.records
+            if r.levelno == logging.WARNING and r.getMessage().startswith("announcements on ")]
+
+
+async def test_a_flood_of_forged_hosts_is_capped_said_once_and_the_genuine_tools_stay(
+    pulsar_broker: EmbeddedBroker, topic: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A real host, then 40 forged host ids of 1,000 names each and 29 more instances of one of
+    them, against caps of 6 host ids and 4 instances: a directory following all along and one
+    starting after the flood each hold the real host and the first 5 forged ones, the first 4
+    instances of the one; each cap is said once per directory, naming the first forged host
+    past it; the real tool answers; `tghost tools --max-hosts 6 --max-instances 4` agrees."""
+    caps = {"max_hosts": 6, "max_instances": 4}
+    async with LocalHost(pulsar_broker.url, [tell_joke], announce_as="real", topic=topic) as real:
+        assert real.client is not None
+        with caplog.at_level(logging.WARNING, logger="tghost"):
+            following = await ToolDirectory(PulsarSettings(pulsar_broker.url), topic, **caps).start()
+            try:
+                restarts = [(k, v) for k, v in flood(5, 30) if k == "host/flood-4@flood-4"][1:]
+                await publish(real.client, topic, flood(40, 1) + restarts)
+                late = await ToolDirectory(PulsarSettings(pulsar_broker.url), topic, **caps).start()
+                try:
+                    await until(lambda: following.rejections[OVER_LIMIT] == late.rejections[OVER_LIMIT] == 35 + 26)
+                    for directory in (following, late):
+                        assert sorted(directory.hosts) == [*(f"flood-{h}" for h in range(5)), "real"]
+                        assert len(directory.ledger.instances()) == 1 + 4 + 4 and directory.ledger.held == 2
+                        assert list(directory.tools) == ["tell-joke"]
+                        assert await outcomes(directory, 1) == ["a joke about cats"]
+                finally:
+                    await late.close()
+            finally:
+                await following.close()
+        warned = cap_warnings(caplog)
+        assert len([w for w in warned if "host 'flood-5' is over max_hosts (6)" in w]) == 2, warned
+        assert len([w for w in warned if "host 'flood-4' (instance 'i0004') is over max_instances (4)" in w]) == 2
+        assert len(warned) == 4, warned
+        listed = await asyncio.to_thread(tghost_cli, "tools", "--json", "--max-hosts", "6", "--max-instances", "4",
+                                         env=cli_env(pulsar_broker, topic))
+    assert listed.returncode == 0 and [t["name"] for t in json.loads(listed.stdout)] == ["tell-joke"], listed
+    said = [line for line in listed.stderr.splitlines() if "--max-" in line]
+    assert len(said) == 2 and "host 'flood-5' is over max_hosts (6)" in said[0], listed.stderr

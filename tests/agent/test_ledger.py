@@ -251,5 +251,107 @@ def test_withdrawn_entries_pruned_from_a_host_leave_the_index_too() -> None:
         feed(ledger, *(tool(name, "available") for name in batch), *(tool(name, "withdrawn") for name in batch))
     feed(ledger, tool("t4", "available"))  # over twice max_entries: the withdrawn ones are pruned
     assert ledger.remembered_names("tool") == {"t4"}
+    assert ledger.held == len(ledger.instances()[0].entries) == 1  # what counts against max_total_entries
     ledger.expire(time.time() + 10_000)
-    assert ledger.remembered_names("tool") == set()
+    assert ledger.remembered_names("tool") == set() and ledger.held == 0
+
+
+# -- the caps on what a directory holds (docs/protocol.md §4.7) ----------------------------------
+
+
+def forged_host(host_id: str, instance: str = "i", names: int = 1000) -> tuple[str, dict[str, Any]]:
+    """A forged host message whose manifest lists ``names`` tool names and nothing behind them."""
+    now = time.time()
+    return announcement_key("host", host_id, host_id), {
+        "kind": "host", "name": host_id, "status": "available", "descriptor": None, "plugin": None,
+        "host": {"id": host_id, "instance": instance}, "lease": {"seconds": 600.0, "sent_at": now}, "since": now,
+        "entries": {"tool-service": [], "tool": [f"{host_id}-{i}" for i in range(names)]}}
+
+
+def cap_warnings(caplog: pytest.LogCaptureFixture, cap: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.levelno == logging.WARNING and f"is over {cap}" in r.getMessage()]
+
+
+def test_a_manifest_holds_nothing_for_the_names_whose_descriptors_never_came() -> None:
+    """1,000 forged names cost no entry; the host's own entries, once they come, are as before."""
+    ledger = Ledger("t")
+    feed(ledger, forged_host("forged"))
+    assert ledger.held == 0 and ledger.instances()[0].entries == () and ledger.claims == {}
+    feed(ledger, *announcer()._messages("available"))
+    assert ledger.held == 4 and sorted(name for _, name in ledger.claims) == ["count", "count", "shout", "shout"]
+
+
+def test_new_host_ids_past_max_hosts_are_dropped_undecoded_and_said_once(caplog: pytest.LogCaptureFixture) -> None:
+    ledger, hosts = Ledger("t", max_hosts=2), [announcer(f"h{i}") for i in range(2)]
+    feed(ledger, *hosts[0]._messages("available"), *hosts[1]._messages("available"))
+    with caplog.at_level(logging.WARNING, logger="tghost"):
+        feed(ledger, *(forged_host(f"forged-{i}") for i in range(50)))
+        ledger.apply(b"not even JSON", time.time(), "host/forged-x@forged-x")  # dropped before decoding
+        feed(ledger, heartbeat(hosts[0]), heartbeat(hosts[1]))  # the hosts held keep their place
+    assert ledger.rejections == {OVER_LIMIT: 51} and sorted(ledger.hosts) == ["h0", "h1"]
+    [warning] = cap_warnings(caplog, "max_hosts")
+    assert "host 'forged-0' is over max_hosts (2)" in warning and "--max-hosts" in warning, warning
+    ledger.expire(time.time() + 10_000)  # every host forgotten: room again, and the next one past it is said
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="tghost"):
+        feed(ledger, *(forged_host(f"again-{i}") for i in range(4)))
+    assert sorted(ledger.hosts) == ["again-0", "again-1"] and len(cap_warnings(caplog, "max_hosts")) == 1
+
+
+def test_a_host_id_with_an_at_sign_is_known_by_its_key_when_the_directory_is_full() -> None:
+    ledger = Ledger("t", max_hosts=1)
+    feed(ledger, forged_host("team@lab"))
+    feed(ledger, forged_host("team@lab", instance="j"), forged_host("lab"))
+    assert [(v.host["id"], v.host["instance"]) for v in ledger.instances()] == [("team@lab", "i"), ("team@lab", "j")]
+    assert ledger.rejections == {OVER_LIMIT: 1}
+
+
+def test_instances_of_one_host_id_past_max_instances_are_dropped_and_said_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """One host id, 1,000 instances: the first 4 are remembered (each replacing the one before),
+    the rest dropped; the instances held keep their place."""
+    ledger = Ledger("t", max_instances=4)
+    with caplog.at_level(logging.WARNING, logger="tghost"):
+        feed(ledger, *(forged_host("h", instance=f"i{n:04d}", names=10) for n in range(1000)))
+    assert [v.host["instance"] for v in ledger.instances()] == ["i0000", "i0001", "i0002", "i0003"]
+    assert ledger.hosts["h"].instances == ("i0003",) and ledger.rejections == {OVER_LIMIT: 996}
+    [warning] = cap_warnings(caplog, "max_instances")
+    assert "host 'h' (instance 'i0004') is over max_instances (4)" in warning, warning
+    feed(ledger, forged_host("h", instance="i0003", names=10), forged_host("other", instance="i0004"))
+    assert ledger.rejections == {OVER_LIMIT: 996} and sorted(ledger.hosts) == ["h", "other"]
+
+
+def test_entries_past_max_total_entries_are_dropped_before_validation_and_said_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Two hosts of 4 entries each under a cap of 6: the first keeps all 4, the second gets 2,
+    and may still announce those two again."""
+    ledger, first, second = Ledger("t", max_total_entries=6), announcer("first"), announcer("second")
+    feed(ledger, *first._messages("available"))
+    with caplog.at_level(logging.WARNING, logger="tghost"):
+        feed(ledger, *second._messages("available"))
+        key, value = second._message("tool", "more", None, None, "available")
+        feed(ledger, (key, {**value, "descriptor": "not even a descriptor"}))  # refused before validation
+    assert ledger.held == 6 and ledger.rejections == {OVER_LIMIT: 3}
+    assert len([k for k, claims in ledger.claims.items() if any(h == "first" for h, _ in claims)]) == 4
+    [warning] = cap_warnings(caplog, "max_total_entries")
+    assert "host 'second'" in warning and "is over max_total_entries (6)" in warning, warning
+    time.sleep(0.001)
+    feed(ledger, *second._messages("available"))  # what it holds is announced again: no new entry
+    assert ledger.held == 6 and ledger.rejections[OVER_LIMIT] == 5
+
+
+def test_a_forgotten_host_leaves_no_trace_so_a_flood_rotating_host_ids_holds_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """What is said once per host (a lease past max_lease) is said again once the host was
+    forgotten: nothing of it was kept."""
+    ledger = Ledger("t", max_lease=10.0)
+    with caplog.at_level(logging.WARNING, logger="tghost"):
+        feed(ledger, forged_host("h", names=0))
+        feed(ledger, forged_host("h", names=0))
+        ledger.expire(time.time() + 10_000)
+        feed(ledger, forged_host("h", names=0))
+    assert len([r for r in caplog.records if "announces a lease of 600.0s" in r.getMessage()]) == 2

@@ -6,6 +6,8 @@ the host says once, in its log and in /health, that announcements cannot be publ
 go on; the broker's log file fails quietly; when a little space comes back pulsar-lite writes
 again behind a torn record, so `tghost tools` fails within its connect timeout naming the cause;
 when there is room again the broker moves the damaged store aside, restarts, and discovery is back.
+A directory starting on the full disk (pulsar-lite creates no reader) fails within its connect
+timeout, naming the disk.
 """
 
 from __future__ import annotations
@@ -338,6 +340,42 @@ def _damage_behind(data_dir: Path) -> int:
 def _tools_or_nothing(env: dict[str, str]) -> dict[str, object]:
     result = tghost_cli("tools", "--json", "--connect-timeout", f"{CONNECT_TIMEOUT:g}", env=env)
     return {row["name"]: row for row in json.loads(result.stdout)} if result.returncode == 0 else {}
+
+
+def test_a_directory_on_a_full_disk_fails_within_its_connect_timeout_naming_the_disk(small_disk: SmallDisk) -> None:
+    """Once pulsar-lite's store refuses writes, it creates no reader (each is a cursor it stores)
+    and drops the connection at each try: `tghost tools` and `tghost call` said `failed: 3
+    Timeout` after pulsar-client's 30 s operation timeout. Now they fail after the connect
+    timeout, saying which reader the broker did not create and that its disk is full."""
+    started = tghost_cli("broker", "start", "--port", str(small_disk.port), env=small_disk.env)
+    assert started.returncode == 0, started.stderr
+    small_disk.fill()
+    assert _exhaust_the_store(small_disk.url) < 500
+    topic = small_disk.env["TGHOST_DESCRIPTORS_TOPIC"]
+    for command in (["tools"], ["call", "echo", "text=hi"]):
+        # a process timeout below the 30 s operation timeout: only the connect timeout's bound fits
+        failed = tghost_cli(*command, "--connect-timeout", f"{CONNECT_TIMEOUT:g}", env=small_disk.env, timeout=25)
+        assert failed.returncode == 1, failed
+        assert f"did not create a reader of {topic}-epoch-" in failed.stderr, failed.stderr
+        assert f"within {CONNECT_TIMEOUT:g}s" in failed.stderr, failed.stderr
+        assert "the disk of the embedded broker's data dir is full" in failed.stderr, failed.stderr
+
+
+def _exhaust_the_store(url: str) -> int:
+    """Create readers, each a cursor pulsar-lite writes to its store, until the full disk refuses
+    one (a write may still fit in the last page of a file); returns how many were made."""
+    client = pulsar.Client(url, operation_timeout_seconds=1, logger=pulsar.FileLogger(pulsar.LoggerLevel.Error,
+                                                                                     os.devnull))
+    topic = f"persistent://tg/test/cursors-{uuid.uuid4().hex[:8]}"
+    try:
+        for made in range(500):
+            try:
+                client.create_reader(topic, pulsar.MessageId.earliest)
+            except pulsar.Timeout:
+                return made
+    finally:
+        client.close()
+    return 500
 
 
 # -- a damaged store at start, and the log file on a full disk (no tmpfs needed) -------------

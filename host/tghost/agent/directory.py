@@ -45,7 +45,10 @@ from tghost.agent.ledger import (
     MAX_ANNOUNCEMENT_BYTES,
     MAX_DEPTH,
     MAX_ENTRIES,
+    MAX_HOSTS,
+    MAX_INSTANCES,
     MAX_LEASE,
+    MAX_TOTAL_ENTRIES,
     OVER_LIMIT,
     STALE,
     Claim,
@@ -72,7 +75,10 @@ __all__ = [
     "MAX_ANNOUNCEMENT_BYTES",
     "MAX_DEPTH",
     "MAX_ENTRIES",
+    "MAX_HOSTS",
+    "MAX_INSTANCES",
     "MAX_LEASE",
+    "MAX_TOTAL_ENTRIES",
     "NOT_AVAILABLE",
     "NO_PROVIDER",
     "OVER_LIMIT",
@@ -137,7 +143,7 @@ class ToolDirectory:
     host instance); one not newer than the newest applied is :data:`STALE`, so a replayed
     ``available`` never undoes a later ``withdrawn``, and a message from the future never
     makes the later ones stale. A lease longer than ``max_lease`` seconds counts as
-    ``max_lease``; a host instance may announce at most ``max_entries`` entries. A lease runs from the broker's
+    ``max_lease``. A lease runs from the broker's
     publish time (one clock for every host, capped at this directory's now), but never from
     later than ``sent_at + max_clock_skew``. The trade-off: hosts whose clocks are behind the
     broker's by up to ``max_clock_skew`` seconds keep their full lease; a host further behind
@@ -146,6 +152,15 @@ class ToolDirectory:
     after the host sent it. A message sent more than ``max_clock_skew`` after its publish time
     is :data:`INVALID` (a clock far ahead would otherwise make every later message of that key
     stale). ``max_clock_skew`` also widens the window of epochs read.
+
+    Bounds (docs/protocol.md §4.7): the directory holds at most ``max_hosts`` host ids,
+    ``max_instances`` instances of each, ``max_entries`` available entries per instance and
+    ``max_total_entries`` entries in all (a manifest's names cost nothing until their descriptors
+    come). A message past a cap is :data:`OVER_LIMIT`, dropped before its descriptor is validated
+    (a new host id's before it is decoded), and the first past each cap is a warning naming its
+    sender and the cap; hosts already held keep their place. The defaults hold thousands of real
+    hosts; a flood larger than a cap, published before real hosts, takes their place: in open
+    mode caps bound what a flood costs, only signatures and publish permissions stop it.
 
     While this directory's readers are disconnected from the broker it expires nothing (it
     cannot tell a dead host from its own outage); once back, each host gets at least a full
@@ -175,6 +190,9 @@ class ToolDirectory:
         report_interval: float = 60.0,
         max_lease: float = MAX_LEASE,
         max_entries: int = MAX_ENTRIES,
+        max_hosts: int = MAX_HOSTS,
+        max_instances: int = MAX_INSTANCES,
+        max_total_entries: int = MAX_TOTAL_ENTRIES,
         identity: Signer | None = None,
         installed: Installed | None = None,
     ) -> None:
@@ -190,7 +208,8 @@ class ToolDirectory:
         """Tool name -> the service ids whose claims lost a conflict over it; ``tool-service/<id>``
         -> the host ids whose descriptor of that service lost (the winners are in :attr:`tools`
         and :attr:`services`)."""
-        self.ledger = Ledger(topic, trusted, max_clock_skew, report_interval, max_lease, max_entries)
+        self.ledger = Ledger(topic, trusted, max_clock_skew, report_interval, max_lease, max_entries,
+                             max_hosts=max_hosts, max_instances=max_instances, max_total_entries=max_total_entries)
         """What every host instance announced, and the live claims (:mod:`tghost.agent.ledger`)."""
         self.rejections: Counter[str] = self.ledger.rejections
         """Messages on the topic that were not applied, by reason (see the class docstring)."""

@@ -23,8 +23,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from tghost.protocol.access import ToolAccess
-from tghost.protocol.announcement import MAX_LEASE, Announcement, announcement_key, parse_descriptor
+from tghost.protocol.announcement import Announcement, Entries, announcement_key, parse_descriptor
 from tghost.protocol.descriptors import ToolDescriptor, ToolServiceDescriptor
+from tghost.protocol.epochs import MAX_ENTRIES, MAX_HOSTS, MAX_INSTANCES, MAX_LEASE, MAX_TOTAL_ENTRIES
 from tghost.protocol.trust import SIGNATURE_FIELD, TrustedKeys
 from tghost.system.logs import LogSummary
 
@@ -35,7 +36,10 @@ __all__ = [
     "MAX_ANNOUNCEMENT_BYTES",
     "MAX_DEPTH",
     "MAX_ENTRIES",
+    "MAX_HOSTS",
+    "MAX_INSTANCES",
     "MAX_LEASE",
+    "MAX_TOTAL_ENTRIES",
     "OVER_LIMIT",
     "STALE",
     "Claim",
@@ -63,14 +67,14 @@ DUPLICATE = "duplicate"
 HIJACK = "hijack"
 """Failed the signature check while naming a tool, tool service or host claimed by a trusted host."""
 OVER_LIMIT = "over-limit"
-"""Would give one host instance more than ``max_entries`` tools and tool services."""
+"""Would give one host instance more than ``max_entries`` tools and tool services, the directory
+more than ``max_hosts`` host ids or ``max_total_entries`` entries, or a host id more than
+``max_instances`` instances (docs/protocol.md §4.7)."""
 
 #: Announcements larger than this (bytes) are rejected as ``invalid``.
 MAX_ANNOUNCEMENT_BYTES = 1 << 20
 #: Announcements nested deeper than this (JSON objects and arrays) are rejected as ``invalid``.
 MAX_DEPTH = 32
-#: Tools plus tool services one host instance may announce, by default (:data:`OVER_LIMIT`).
-MAX_ENTRIES = 1000
 
 #: (kind, name) of a tool service or tool; (host id, instance) of a host instance.
 Key = tuple[str, str]
@@ -123,10 +127,10 @@ class HostLease:
 
 @dataclass
 class _Entry:
-    """What one host instance last said about one tool or tool service. The descriptor is kept
-    after a withdrawal, so the instance's next manifest can restore it."""
+    """What one host instance last said about one tool or tool service, once its descriptor came.
+    The descriptor is kept after a withdrawal, so the instance's next manifest can restore it."""
 
-    descriptor: ToolDescriptor | ToolServiceDescriptor | None
+    descriptor: ToolDescriptor | ToolServiceDescriptor
     plugin: dict[str, Any] | None
     available: bool
     external: bool = False
@@ -221,13 +225,21 @@ class Ledger:
     :meth:`apply` takes one message (bytes, the broker's publish time, the message key) and
     returns the (kind, name) pairs whose claims may have changed; :attr:`claims` holds, per
     pair, the claim of every active instance. :meth:`expire` ends instances whose lease ran out.
-    The rules (trust, order, leases, instances, manifests) are described on
+    The rules (trust, order, leases, instances, manifests, caps) are described on
     :class:`tghost.agent.directory.ToolDirectory`; rejections are counted in :attr:`rejections` and
     summarised in the log at most every ``report_interval`` seconds (:meth:`flush_rejections`).
+
+    What it holds is bounded (docs/protocol.md §4.7): at most ``max_hosts`` host ids,
+    ``max_instances`` instances of each, ``max_entries`` available entries per instance and
+    ``max_total_entries`` entries in all. A message past a cap is :data:`OVER_LIMIT`, dropped
+    before its descriptor is validated (a new host id's before it is even decoded), and the
+    first one past each cap is logged as a warning naming its sender and the cap.
     """
 
     def __init__(self, topic: str, trusted: TrustedKeys | None = None, max_clock_skew: float = 60.0,
-                 report_interval: float = 60.0, max_lease: float = MAX_LEASE, max_entries: int = MAX_ENTRIES) -> None:
+                 report_interval: float = 60.0, max_lease: float = MAX_LEASE, max_entries: int = MAX_ENTRIES, *,
+                 max_hosts: int = MAX_HOSTS, max_instances: int = MAX_INSTANCES,
+                 max_total_entries: int = MAX_TOTAL_ENTRIES) -> None:
         self.topic = topic
         self.trusted = trusted
         self.max_clock_skew = max_clock_skew
@@ -235,6 +247,18 @@ class Ledger:
         """Seconds: the longest lease honoured; a longer ``lease.seconds`` counts as this."""
         self.max_entries = max_entries
         """Tools plus tool services one host instance may announce; more is :data:`OVER_LIMIT`."""
+        self.max_hosts = max_hosts
+        """Host ids remembered at once; a message of another host id is :data:`OVER_LIMIT`."""
+        self.max_instances = max_instances
+        """Instances of one host id remembered at once; a message of another one is :data:`OVER_LIMIT`."""
+        self.max_total_entries = max_total_entries
+        """Entries (with their descriptors, withdrawn ones kept included) held in all; an entry
+        message that would add one more is :data:`OVER_LIMIT`."""
+        self.held = 0
+        """Entries held now, over every remembered instance (at most :attr:`max_total_entries`)."""
+        self._warned: set[tuple[str, str]] = set()
+        """(cap, host id or "") of each cap that refused a message and has not been clear since:
+        said once (:meth:`_over`)."""
         self.rejections: Counter[str] = Counter()
         """Messages that were not applied, by reason."""
         self.claims: dict[Key, dict[Ref, Claim]] = {}
@@ -367,10 +391,14 @@ class Ledger:
         host_id, instance = ref
         siblings = self._host_instances[host_id]
         siblings.remove(instance)
+        self.held -= len(state.entries)
         self._release(host_id, state.entries.keys())
-        if not siblings:
+        if not siblings:  # the host is forgotten: nothing of it stays (a flood may rotate host ids)
             del self._host_instances[host_id]
             self._seen.pop(host_id, None)
+            self._skewed_hosts.discard(host_id)
+            self._capped_hosts.discard(host_id)
+        self._clear(host_id)
 
     def _release(self, host_id: str, keys: Iterable[Key]) -> None:
         """Drop ``host_id`` from the holders' index of each of ``keys`` that no remembered instance
@@ -405,13 +433,15 @@ class Ledger:
     def _accept(
         self, data: bytes, publish_time: float, key: str
     ) -> tuple[Announcement, ToolDescriptor | ToolServiceDescriptor | None, bytes, str | None]:
-        """Decode, check the signature, validate, check the key, the clock and the order; the
-        announcement, its parsed descriptor, the message's digest and the key id its signature
-        names (checked only with trusted keys; ``None``: unsigned).
+        """Check the host cap on the message key, decode, check the signature and the other caps,
+        validate, check the key, the clock and the order; the announcement, its parsed descriptor,
+        the message's digest and the key id its signature names (checked only with trusted keys;
+        ``None``: unsigned).
 
         Raises:
             _Rejected: the message must not be applied (the reason says why).
         """
+        self._check_hosts(key)
         value = _decode(data)
         if self.trusted is not None:
             reason = self.trusted.verify(value, self.topic)
@@ -420,6 +450,7 @@ class Ledger:
                 if target is not None and self.is_live(*target):
                     raise _Rejected(HIJACK, f"{reason}, naming the live {target[0]} {target[1]!r}")
                 raise _Rejected(reason, "not signed by a trusted key")
+        self._check_caps(value)
         try:
             announcement = Announcement.model_validate(value)
             descriptor = parse_descriptor(announcement)
@@ -446,12 +477,73 @@ class Ledger:
         signature = value.get(SIGNATURE_FIELD)
         return announcement, descriptor, digest, signature.get("key") if isinstance(signature, dict) else None
 
+    def _check_hosts(self, key: str) -> None:
+        """Raises :class:`_Rejected` (:data:`OVER_LIMIT`) if the directory holds :attr:`max_hosts`
+        host ids and the message ``key`` (``<kind>/<name>@<host id>``, §4.2) names none of them:
+        decided before the message is decoded. A host id may hold ``@``: each ``@`` of the key is
+        tried as the one before it."""
+        if len(self._host_instances) < self.max_hosts:
+            return
+        at = key.find("@")
+        while at != -1:
+            if key[at + 1:] in self._host_instances:
+                return
+            at = key.find("@", at + 1)
+        raise self._over("max_hosts", "", f"host {key.rpartition('@')[2]!r}",
+                         f"{len(self._host_instances)} host ids")
+
+    def _check_caps(self, value: dict[str, Any]) -> None:
+        """Raises :class:`_Rejected` (:data:`OVER_LIMIT`) if the decoded, not yet validated
+        ``value`` is from a new instance of a host id that has :attr:`max_instances`, or is an
+        available entry this instance does not hold yet while the directory holds
+        :attr:`max_total_entries`. A value whose fields have other types is left to validation."""
+        host, kind, name = value.get("host"), value.get("kind"), value.get("name")
+        if not isinstance(host, dict) or not isinstance(host.get("id"), str) or not isinstance(name, str):
+            return
+        host_id, instance = host["id"], host.get("instance", "")
+        state = self._instances.get((host_id, instance)) if isinstance(instance, str) else None
+        siblings = self._host_instances.get(host_id, ())
+        sender = f"host {host_id!r} (instance {instance!r})"
+        if state is None and len(siblings) >= self.max_instances:
+            raise self._over("max_instances", host_id, sender, f"{len(siblings)} instances of host {host_id!r}")
+        adds = kind in ("tool", "tool-service") and value.get("status") == "available" and (
+            state is None or (kind, name) not in state.entries)
+        if adds and self.held >= self.max_total_entries:
+            raise self._over("max_total_entries", "", f"{sender} announcing {kind} {name!r}",
+                             f"{self.held} tools and tool services")
+
+    def _over(self, cap: str, host_id: str, sender: str, held: str) -> _Rejected:
+        """The rejection of a message from ``sender`` past ``cap`` (for ``max_instances``,
+        ``host_id``'s) while the directory holds ``held``: the first one is also a warning that
+        names the sender and the cap and says what to do; the next ones are only counted, until
+        the cap has room again (:meth:`_clear`)."""
+        detail = f"{sender} is over {cap} ({getattr(self, cap)})"
+        if (cap, host_id) not in self._warned:
+            self._warned.add((cap, host_id))
+            log.warning("announcements on %s: %s: the directory holds %s already. Its messages and all others over "
+                        "that cap are dropped and counted as %r until there is room. If the fleet is real, raise %s "
+                        "(ToolDirectory(%s=...), or --%s); otherwise someone floods the topic: sign announcements "
+                        "(tghost keygen) and let only hosts publish on it (docs/protocol.md §4.10)", self.topic,
+                        detail, held, OVER_LIMIT, cap, cap, cap.replace("_", "-"))
+        return _Rejected(OVER_LIMIT, detail)
+
+    def _clear(self, host_id: str) -> None:
+        """Re-arm the warning of each cap that has room again, after ``host_id`` lost an
+        instance or entries (:meth:`_over`)."""
+        if not self._warned:
+            return
+        room = {("max_hosts", ""): len(self._host_instances) < self.max_hosts,
+                ("max_total_entries", ""): self.held < self.max_total_entries,
+                ("max_instances", host_id): len(self._host_instances.get(host_id, ())) < self.max_instances}
+        self._warned -= {cap for cap, clear in room.items() if clear}
+
     def _check_room(self, known: AbstractSet[Key], announcement: Announcement) -> None:
         """Raises :class:`_Rejected` (:data:`OVER_LIMIT`) if applying the message would give the
         instance, whose ``known`` (kind, name) entries are available now, more than
         :attr:`max_entries` available ones (a manifest: more than that many listed)."""
         if announcement.kind == "host":
-            count = len(announcement.entries.keys()) if announcement.entries is not None else 0
+            listed = announcement.entries
+            count = len(set(listed.tool_service)) + len(set(listed.tool)) if listed is not None else 0
         elif announcement.status == "available" and (announcement.kind, announcement.name) not in known:
             count = len(known) + 1
         else:
@@ -517,7 +609,9 @@ class Ledger:
             pruned = [k for k, e in state.entries.items() if not e.available]
             for key in pruned:
                 del state.entries[key]
+            self.held -= len(pruned)
             self._release(ref[0], pruned)
+            self._clear(ref[0])
         if state.expired and state.lease_end >= now:
             state.expired = False  # heard again in time, e.g. from the backlog after an outage of ours
             self._queue(ref, state)  # due when its lease ends again, not when it would be forgotten
@@ -535,28 +629,29 @@ class Ledger:
             state.health = announcement.health
             if state.withdrawn or announcement.entries is None:
                 return set()
-            return _apply_manifest(state, announcement.entries.keys())
+            return _apply_manifest(state, announcement.entries)
         key = (announcement.kind, announcement.name)
         entry = state.entries.get(key)
         if announcement.status == "withdrawn":
             if entry is not None:
                 entry.available = False
         else:
+            assert descriptor is not None  # an available entry's (parse_descriptor)
+            self.held += key not in state.entries
             state.entries[key] = _Entry(self._shared(key, descriptor), announcement.plugin, True,
                                         announcement.external, ToolAccess.from_json(announcement.access))
             self._holders[key].add(announcement.host.id)
         return {key}
 
-    def _shared(self, key: Key, descriptor: ToolDescriptor | ToolServiceDescriptor | None
-                ) -> ToolDescriptor | ToolServiceDescriptor | None:
+    def _shared(self, key: Key, descriptor: ToolDescriptor | ToolServiceDescriptor
+                ) -> ToolDescriptor | ToolServiceDescriptor:
         """The descriptor of ``key`` last applied, if it equals ``descriptor`` (else ``descriptor``,
         which becomes the last): hosts that agree share one object, so a fleet of them holds one
         copy, and the directory tells agreeing claims by identity (docs/scale.md)."""
         known = self._descriptors.get(key)
         if known is not None and known == descriptor:
             return known
-        if descriptor is not None:
-            self._descriptors[key] = descriptor
+        self._descriptors[key] = descriptor
         return descriptor
 
     def _meet(self, ref: Ref, state: _Instance) -> set[Key]:
@@ -611,7 +706,7 @@ class Ledger:
         for key in keys:
             entry = state.entries.get(key)
             claims = self.claims.get(key)
-            if state.active and entry is not None and entry.available and entry.descriptor is not None:
+            if state.active and entry is not None and entry.available:
                 if claims is None:
                     claims = self.claims[key] = {}
                 provider = Provider(state.host, entry.plugin, entry.external, entry.access)
@@ -635,7 +730,7 @@ class Ledger:
                 continue
             for instance in reversed(instances):
                 entry = self._instances[(host_id, instance)].entries.get(key)
-                if entry is not None and entry.descriptor is not None:
+                if entry is not None:
                     found[host_id] = entry.descriptor
                     break
         return found
@@ -709,17 +804,19 @@ def _target(value: dict[str, Any]) -> tuple[str, str] | None:
     return (kind, name) if isinstance(kind, str) and isinstance(name, str) else None
 
 
-def _apply_manifest(state: _Instance, listed: set[Key]) -> set[Key]:
-    """A host message's manifest: every listed entry is available, every other one is not
-    (the latest word wins, docs/protocol.md §4.4); returns the entries that changed. A listed
-    entry whose descriptor has not arrived yet is remembered until it does."""
+def _apply_manifest(state: _Instance, manifest: Entries) -> set[Key]:
+    """A host message's manifest: every entry the instance holds is available if listed, and
+    not if not (the latest word wins, docs/protocol.md §4.4); returns the entries that changed.
+    A listed name whose descriptor has not come is not held: its own ``available`` message,
+    later, is the latest word then. So a manifest costs next to nothing per name it lists (a
+    forged one of 1,000 names included)."""
+    if not state.entries:
+        return set()
+    listed = {"tool-service": frozenset(manifest.tool_service), "tool": frozenset(manifest.tool)}
     changed: set[Key] = set()
-    for key in listed | state.entries.keys():
-        entry = state.entries.get(key)
-        available = key in listed
-        if entry is None:
-            state.entries[key] = _Entry(None, None, available)
-        elif entry.available != available:
+    for key, entry in state.entries.items():
+        available = key[1] in listed[key[0]]
+        if entry.available != available:
             entry.available = available
             changed.add(key)
     return changed

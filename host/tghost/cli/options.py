@@ -11,11 +11,11 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar, cast, overload
 
 import click
 
-from tghost.protocol.epochs import DEFAULT_TOPIC
+from tghost.protocol.epochs import DEFAULT_TOPIC, MAX_HOSTS, MAX_INSTANCES, MAX_TOTAL_ENTRIES
 from tghost.pulsar.clients import DEFAULT_URL, START_A_BROKER, PulsarSettings, is_reachable
 from tghost.system.paths import config_path, default_config_path
 
@@ -170,7 +170,11 @@ def config_option(fn: F) -> F:
 
 def trust_options(fn: F) -> F:
     """--trusted-key (repeatable; env TGHOST_TRUSTED_KEYS, os.pathsep-separated); the command
-    gets one ``trusted: TrustedKeys | None`` (``None``: open mode, every host is believed)."""
+    gets one ``trusted: TrustedKeys | None`` (``None``: open mode, every host is believed).
+    Every command that reads the directory takes them, and the directory's caps with them
+    (:func:`bounds_options`)."""
+    fn = bounds_options(fn)
+
     @functools.wraps(fn)
     def with_trust(*args: Any, trusted_keys: tuple[Path, ...], **kwargs: Any) -> Any:
         from tghost.protocol.trust import KeyFileError, TrustedKeys
@@ -187,6 +191,50 @@ def trust_options(fn: F) -> F:
         help="Public key (.pub from 'tghost keygen') whose signed announcements to accept; repeatable "
              f"(env TGHOST_TRUSTED_KEYS, '{os.pathsep}'-separated). With any, unsigned and other hosts "
              "are ignored [default: accept every host].")(with_trust))
+
+
+#: Where :func:`bounds_options` keeps the caps for :func:`open_directory`: the click context's ``meta``.
+BOUNDS = "tghost.directory_bounds"
+
+
+class DirectoryBounds(TypedDict, total=False):
+    """The caps of :func:`bounds_options`, as ``ToolDirectory`` keyword arguments."""
+
+    max_hosts: int
+    max_instances: int
+    max_total_entries: int
+
+
+def bounds_options(fn: F) -> F:
+    """--max-hosts, --max-instances and --max-total-entries (env TGHOST_MAX_HOSTS, ...): the caps
+    on what the command's directory holds (docs/protocol.md §4.7), kept in the click context for
+    :func:`open_directory` (:func:`directory_bounds`). The command's arguments are unchanged."""
+    @functools.wraps(fn)
+    def with_bounds(*args: Any, max_hosts: int, max_instances: int, max_total_entries: int, **kwargs: Any) -> Any:
+        click.get_current_context().meta[BOUNDS] = DirectoryBounds(
+            max_hosts=max_hosts, max_instances=max_instances, max_total_entries=max_total_entries)
+        return fn(*args, **kwargs)
+
+    caps = [("--max-hosts", MAX_HOSTS, "TGHOST_MAX_HOSTS", "Host ids the directory holds at once; announcements of "
+             "further ones are dropped"),
+            ("--max-instances", MAX_INSTANCES, "TGHOST_MAX_INSTANCES", "Instances (process starts) of one host id "
+             "the directory holds at once; announcements of further ones are dropped"),
+            ("--max-total-entries", MAX_TOTAL_ENTRIES, "TGHOST_MAX_TOTAL_ENTRIES", "Tools and tool services the "
+             "directory holds in all; announcements of further ones are dropped")]
+    wrapped: Any = with_bounds
+    for flag, default, env, what in reversed(caps):
+        wrapped = click.option(flag, type=click.IntRange(min=1), metavar="N", envvar=env, default=default,
+                               show_default=True, help=f"{what}, each counted as 'over-limit' and the first one "
+                                                       f"logged (env {env}).")(wrapped)
+    return cast(F, wrapped)
+
+
+def directory_bounds() -> DirectoryBounds:
+    """The caps :func:`bounds_options` took for the command running now (none outside such a
+    command: the directory's defaults)."""
+    context = click.get_current_context(silent=True)
+    bounds: DirectoryBounds = context.meta.get(BOUNDS, DirectoryBounds()) if context is not None else DirectoryBounds()
+    return bounds
 
 
 def identity_options(fn: F) -> F:
@@ -294,12 +342,13 @@ def require_broker(url: str) -> None:
 def open_directory(pulsar: PulsarSettings, topic: str, trusted: TrustedKeys | None,
                    wait: bool = False, identity: Signer | None = None,
                    installed: Installed | None = None) -> ToolDirectory:
-    """A directory (not started yet). A one-shot command fails at once when no broker answers;
-    with ``wait`` (a follower: watch, mcp) starting it waits up to ``--connect-timeout``.
-    ``installed``: :class:`~tghost.agent.directory.ToolDirectory`'s."""
+    """A directory (not started yet), with the command's caps (:func:`directory_bounds`). A
+    one-shot command fails at once when no broker answers; with ``wait`` (a follower: watch,
+    mcp) starting it waits up to ``--connect-timeout``. ``installed``:
+    :class:`~tghost.agent.directory.ToolDirectory`'s."""
     from tghost.agent.directory import ToolDirectory
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if not wait:
         require_broker(pulsar.url)
-    return ToolDirectory(pulsar, topic, trusted=trusted, identity=identity, installed=installed)
+    return ToolDirectory(pulsar, topic, trusted=trusted, identity=identity, installed=installed, **directory_bounds())

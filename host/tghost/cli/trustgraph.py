@@ -24,6 +24,7 @@ from tghost.adapters.trustgraph.config_service import (
 from tghost.adapters.trustgraph.sync import MARKER, ItemChange, TrustGraphSync, summary
 from tghost.cli.app import cli
 from tghost.cli.options import (
+    directory_bounds,
     filter_options,
     identity_options,
     pulsar_options,
@@ -97,6 +98,7 @@ def sync(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...]
     """
     setup_logging(log_level or ("warning" if once else "info"))
     require_broker(pulsar.url)
+    bounds = directory_bounds()
     from tghost.agent.directory import ToolDirectory
 
     def report(change: ItemChange) -> None:
@@ -104,7 +106,8 @@ def sync(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...]
             click.echo(json.dumps({"workspace": workspace, **change.to_json()}))
 
     async def main() -> list[ItemChange]:
-        async with ToolDirectory(pulsar, descriptors_topic, trusted=trusted, identity=identity) as directory:
+        async with ToolDirectory(pulsar, descriptors_topic, trusted=trusted, identity=identity,
+                                 **bounds) as directory:
             client = await pulsar.connect()
             config = ConfigServiceClient(client, config_request_queue, config_response_queue,
                                          None if once else config_push_queue, timeout)

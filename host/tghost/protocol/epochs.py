@@ -1,5 +1,6 @@
 """epochs: the topics announcements travel on (docs/protocol.md §4.1, §4.6): the base topic,
-its epoch topics, the window of epochs a directory reads, and the lease limit. Constants and
+its epoch topics, the window of epochs a directory reads, the lease limit and the caps on what a
+directory holds (§4.7). Constants and
 arithmetic only, with no model and no third-party import, so a command that only names a topic
 (``tghost pulsar policies``, the CLI's options) loads nothing else.
 """
@@ -12,7 +13,11 @@ import time
 __all__ = [
     "DEFAULT_TOPIC",
     "EPOCH_SECONDS",
+    "MAX_ENTRIES",
+    "MAX_HOSTS",
+    "MAX_INSTANCES",
     "MAX_LEASE",
+    "MAX_TOTAL_ENTRIES",
     "RESTATEMENT_MARGIN",
     "current_topic",
     "epoch_of",
@@ -31,6 +36,21 @@ RESTATEMENT_MARGIN = 30.0
 #: ``lease.seconds`` counts as this, so a flood of fake entries is gone this long after its
 #: last message. A host's lease must not be longer.
 MAX_LEASE = 600.0
+
+# The caps on what a directory holds, by default (docs/protocol.md §4.7): a message past one is
+# refused ``over-limit``. Sized on docs/scale.md: one directory follows about 2,000 hosts of 100
+# tools, at 8 to 9 KiB per tool.
+#: Tools plus tool services one host instance may announce (a 100-tool host uses 101).
+MAX_ENTRIES = 1000
+#: Host ids a directory remembers at once.
+MAX_HOSTS = 10_000
+#: Instances (process starts) of one host id a directory remembers at once, each for its lease
+#: plus twice the clock skew it allows after its last message: a host that restarts every 10 s
+#: has about 15.
+MAX_INSTANCES = 16
+#: Tools plus tool services a directory holds in all (withdrawn ones it keeps included): 2,000
+#: hosts of 100 tools twice over, as while all of them restart at once.
+MAX_TOTAL_ENTRIES = 500_000
 
 
 def check_lease(lease: float) -> None:
