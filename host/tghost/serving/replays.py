@@ -36,7 +36,7 @@ import pulsar
 import pulsar.asyncio
 import pulsar.exceptions
 
-from tghost.agent.window import CatchUpStalled, Handler, TopicWindow
+from tghost.agent.window import Handler, TopicWindow
 from tghost.protocol.epochs import epoch_of, epoch_topic
 from tghost.pulsar import hop
 
@@ -50,11 +50,9 @@ CLAIM_EPOCH_SECONDS = 120.0
 HOST_CLOCK_SKEW = 30.0
 #: Pairs a record keeps at most; past it, the oldest are forgotten (and logged once).
 MAX_PAIRS = 1_000_000
-#: Seconds a catch-up waits for a claim the broker says it has, and how often it tries afresh:
-#: pulsar-lite 0.2.0 now and then stops delivering a topic of many claims to one reader, and a
-#: new reader reads it to its end.
-CATCH_UP_STALL = 5.0
-CATCH_UP_TRIES = 4
+#: Seconds a catch-up waits for a claim the broker says it has (new readers included, see
+#: :class:`~tghost.agent.window.TopicWindow`) before the service fails to start.
+CATCH_UP_STALL = 10.0
 #: Claims messages a host has on their way to the broker at most; later claims wait to go together.
 IN_FLIGHT = 1
 #: Milliseconds a following thread waits for a claim before it looks whether its reader closed.
@@ -160,28 +158,10 @@ class SharedReplays:
 
     async def _start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        await self._catch_up()
+        await self._claims.catch_up(self._read)
         self._claims.follow(self._read)
         await self._open_producers(time.time())
         self._moving = asyncio.create_task(self._keep_moving(), name=f"claims {self.topic}")
-
-    async def _catch_up(self) -> None:
-        """Read the claims in the window to their end, with a new reader each time one stalls.
-
-        Raises:
-            CatchUpStalled: every try stalled.
-        """
-        for attempt in range(1, CATCH_UP_TRIES + 1):
-            try:
-                await self._claims.catch_up(self._read)
-                return
-            except CatchUpStalled as stalled:
-                await self._claims.close()
-                if attempt == CATCH_UP_TRIES:
-                    raise
-                log.info("claims %s: %s; reading it again (try %d of %d)", self.topic, stalled.topic, attempt + 1,
-                         CATCH_UP_TRIES)
-                self._claims = _ClaimWindow(self._client, self.topic, self.window)
 
     async def _open_producers(self, now: float) -> None:
         """Producers for this epoch's and the next one's topic (opened before it begins); older ones closed."""
