@@ -302,19 +302,25 @@ class Jester(tghost.ToolService):
         return f"a {config.get('style', 'plain')} joke about {arguments['topic']}"
 
 
-def jester_catalog(tmp_path: Path, table: dict[str, Any]) -> Any:
+def jester_catalog(tmp_path: Path, table: dict[str, Any], twin: bool = False) -> Any:
+    """joke-plain (no config values) and joke-knock (style = "knock-knock") over one service;
+    ``twin`` adds joke-door, with joke-knock's config values."""
     jester = Jester()
-    catalog = catalog_of([jester], [jester.tool("joke-plain", "Tell a joke"),
-                                    jester.tool("joke-knock", "Tell a knock-knock joke", style="knock-knock")])
+    tools = [jester.tool("joke-plain", "Tell a joke"),
+             jester.tool("joke-knock", "Tell a knock-knock joke", style="knock-knock")]
+    if twin:
+        tools.append(jester.tool("joke-door", "Tell a joke at the door", style="knock-knock"))
+    catalog = catalog_of([jester], tools)
     catalog.access = AccessPolicy.from_table(table, tmp_path)
     return catalog
 
 
 #: The trial's policy: anyone may call joke-plain, alice alone joke-knock.
 PAIR = {"anonymous": ["joke-plain"], "callers": {"alice": {"public-key": "keys/alice.pub", "tools": ["joke-knock"]}}}
-#: joke-plain is bob's alone: alice's own joke-knock request could be for it, so she may not call joke-knock.
+#: With the twin joke-door bob's alone: alice's joke-knock request is for joke-door too (the same
+#: config values), so she may not call joke-knock, nor bob joke-door.
 CROSSED = {"callers": {"alice": {"public-key": "keys/alice.pub", "tools": ["joke-knock"]},
-                       "bob": {"public-key": "keys/bob.pub", "tools": ["joke-plain"]}}}
+                       "bob": {"public-key": "keys/bob.pub", "tools": ["joke-door"]}}}
 
 
 async def test_no_anonymous_request_guessing_a_restricted_tools_config_runs(
@@ -323,17 +329,19 @@ async def test_no_anonymous_request_guessing_a_restricted_tools_config_runs(
     async with LocalHost(pulsar_broker.url, jester_catalog(tmp_path, PAIR)) as host:
         INVOKED.clear()
         descriptor = host.descriptors["jester"]
-        guesses = [{"style": "knock-knock"}, {"style": "knock-knock", "topic": "x"}, {"style": "knock-knock", "n": 1}]
+        guesses = [{"style": "knock-knock"}, {"style": "knock-knock", "topic": "x"}, {"style": "pun"},
+                   {"style": "Knock-Knock"}, {"style": None}]  # the restricted tool's values, or any other style
         async with RawWire(host.pulsar.url, descriptor) as raw:
             for i in range(30):
-                await raw.send(wire.encode_request("u", guesses[i % 3], {"topic": "doors"}), {"id": f"guess-{i}"})
+                await raw.send(wire.encode_request("u", guesses[i % 5], {"topic": "doors"}), {"id": f"guess-{i}"})
             errors = [(await raw.replies(f"guess-{i}"))[-1][1]["error"] for i in range(30)]
         assert INVOKED == []  # 0 of 30 ran
         assert {e["type"] for e in errors} == {wire.UNAUTHORIZED}
-        assert errors[0]["message"] == (
-            "anonymous may not call tool 'joke-knock' on this host (its [access] policy), and a request to service "
-            "'jester' with these config values could be for any of joke-plain, joke-knock: it is allowed only to a "
-            "caller granted every one; sign requests with a caller key (--identity)")
+        assert errors[0]["message"] == ("anonymous may not call tool 'joke-knock' on this host (its [access] "
+                                        "policy); sign requests with a caller key (--identity)")
+        assert errors[2]["message"] == (
+            "anonymous may not call service 'jester' with these config values on this host: no tool of its has "
+            "them; send one tool's own config values and no other tool's (tghost tools --json shows them)")
         assert host.client is not None
         async with ToolServiceClient(host.client, descriptor.request_queue, descriptor.response_queue) as anonymous:
             assert await anonymous.call({}, {"topic": "cats"}, timeout=10) == "a plain joke about cats"
@@ -352,8 +360,8 @@ async def test_a_tool_is_listed_and_called_only_by_callers_granted_every_tool_it
     listed: dict[tuple[str, str | None], list[str]] = {}
     for name, table in (("pair", PAIR), ("crossed", CROSSED)):
         topic = f"persistent://tg/config/access-{uuid.uuid4().hex[:8]}"
-        async with LocalHost(pulsar_broker.url, jester_catalog(tmp_path, table), announce_as=name,
-                             topic=topic) as host:
+        catalog = jester_catalog(tmp_path, table, twin=table is CROSSED)
+        async with LocalHost(pulsar_broker.url, catalog, announce_as=name, topic=topic) as host:
             INVOKED.clear()
             for who in (None, "alice", "bob"):
                 async with ToolDirectory(PulsarSettings(pulsar_broker.url), topic,
@@ -372,25 +380,26 @@ async def test_a_tool_is_listed_and_called_only_by_callers_granted_every_tool_it
                 assert host.client is not None
                 async with ToolServiceClient(host.client, descriptor.request_queue, descriptor.response_queue,
                                              identity=keys["alice"]) as alice:
-                    with pytest.raises(ToolCallError, match=r"caller 'alice' may not call tool 'joke-plain'"):
+                    with pytest.raises(ToolCallError, match=r"caller 'alice' may not call tool 'joke-door'"):
                         await alice.call({"style": "knock-knock"}, {"topic": "x"}, timeout=10)
-                assert INVOKED == ["plain"]  # bob's joke-plain; nobody's joke-knock
+                assert INVOKED == []  # nobody's joke-knock or joke-door
     assert listed == {("pair", None): ["joke-plain"], ("pair", "alice"): ["joke-knock", "joke-plain"],
                       ("pair", "bob"): [],  # a key the host does not know is refused every tool there
-                      ("crossed", None): [], ("crossed", "alice"): [], ("crossed", "bob"): ["joke-plain"]}
+                      ("crossed", None): [], ("crossed", "alice"): [], ("crossed", "bob"): []}
 
 
 def test_a_grant_the_rule_voids_is_a_warning_naming_the_tool_who_and_what_to_do(
     tmp_path: Path, keys: dict[str, Signer], caplog: pytest.LogCaptureFixture
 ) -> None:
     for table in (PAIR, CROSSED):
-        catalog = jester_catalog(tmp_path, {})
+        catalog = jester_catalog(tmp_path, {}, twin=table is CROSSED)
         load_access(catalog, tmp_path / "tools.toml", {"access": table})
-    [warning] = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]  # CROSSED's alone
-    assert warning == (
+    knock, door = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]  # CROSSED's alone
+    assert "tool 'joke-door' is granted to bob" in door and "is for joke-knock too" in door
+    assert knock == (
         f"{tmp_path / 'tools.toml'}: [access]: tool 'joke-knock' is granted to alice, who may not call it all the "
-        "same: a request for it could also be for joke-plain (over its service, with config values among its own), "
-        "which they are not granted; grant them that too, or give each tool config values the other lacks")
+        "same: a request for it is for joke-door too (the same config values over its service), which they are not "
+        "granted; grant them that too, or give the tools different config values")
 
 
 # -- caller sessions: one Ed25519 check per session, an HMAC per request (docs/protocol.md §2.9) ----

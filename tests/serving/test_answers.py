@@ -60,6 +60,50 @@ class Tap:
         self.client.close()
 
 
+class Copier:
+    """Reads every request of a service on its own subscription and sends it again at once, as
+    is (a replay) or with its properties on a body of its own (a forgery), so a host refuses the
+    copy under the caller's ``id``."""
+
+    def __init__(self, url: str, descriptor: ToolServiceDescriptor, forge: bool) -> None:
+        self.client = pulsar.Client(url)
+        self.producer = self.client.create_producer(descriptor.request_queue, batching_enabled=False)
+        self.forge = forge
+        self.copied: set[str] = set()
+        self.consumer = self.client.subscribe(descriptor.request_queue, f"copier-{uuid.uuid4().hex[:6]}",
+                                              message_listener=self._copy)
+
+    def _copy(self, consumer: Any, message: Any) -> None:
+        consumer.acknowledge(message)
+        properties = message.properties()
+        if properties.get("id") in self.copied:
+            return  # its own copy
+        self.copied.add(properties.get("id", ""))
+        self.producer.send(b"garbage" if self.forge else message.data(), properties=properties)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+@pytest.mark.parametrize("forge", [False, True], ids=["replayed", "forged body"])
+async def test_a_hosts_proven_refusal_of_a_copy_never_ends_the_callers_call(
+    host: LocalHost, keys: dict[str, Signer], forge: bool
+) -> None:
+    """The copy is refused (a replay, or a bad request): the refusal goes unproven, or is proven
+    for another body, so the caller drops it and takes its own call's answer."""
+    copier = Copier(host.pulsar.url, host.descriptors["slow-sum"], forge)
+    try:
+        async with ToolDirectory(PulsarSettings(host.pulsar.url), host.announced_on,  # type: ignore[attr-defined]
+                                 identity=keys["alice"]) as directory:
+            await directory.wait_for("slow-sum")
+            results, _ = await calls(directory, 10)
+            [caller] = directory.calls._callers.values()
+    finally:
+        copier.close()
+    assert results == [str(i + 1) for i in range(10)] and len(copier.copied) == 10
+    assert caller.dropped_answers == 10  # each copy's refusal
+
+
 @pytest.fixture
 def keys(tmp_path: Path) -> dict[str, Signer]:
     return {name: Signer.from_file(write_key_pair(tmp_path / "keys" / name).private) for name in ("alice", "host")}

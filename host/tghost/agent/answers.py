@@ -10,7 +10,8 @@ Never talks to Pulsar: the client hands it each message that carries the call's 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections import deque
+from collections.abc import Callable, Collection, Mapping
 
 from tghost.protocol import wire
 from tghost.protocol.answers import HOST
@@ -32,16 +33,19 @@ Arrived = tuple[Mapping[str, str], bytes] | Exception
 
 class Answers:
     """The messages that arrive for one call, in ``queue``, and which of them it accepts:
-    all, without a ``check``; else the proven ones, each (prover, seq) once."""
+    all, without a ``check``; else the proven ones, each (prover, seq) once. ``known`` gives
+    the fingerprints of the hosts the caller knows now: a message naming another is held (the
+    newest :data:`MAX_HELD`), one naming a known host that does not verify is dropped."""
 
-    def __init__(self, check: Check | None) -> None:
+    def __init__(self, check: Check | None, known: Callable[[], Collection[str]] = frozenset) -> None:
         self.queue: asyncio.Queue[Arrived] = asyncio.Queue()
         self.check = check
+        self.known = known
         self.sent: set[str] = set()
         """The ``tghost-signed-at`` of each sending of the request ("" when it is anonymous)."""
         self.dropped = 0
         self._seen: set[tuple[str, str, int]] = set()
-        self._held: list[tuple[Mapping[str, str], bytes]] = []
+        self._held: deque[tuple[Mapping[str, str], bytes]] = deque(maxlen=MAX_HELD)
 
     async def next(self) -> wire.Response | Exception:
         """The next accepted answer, decoded (one that does not decode is a ``bad-request``
@@ -68,7 +72,10 @@ class Answers:
         if proven is not None and proven not in self._seen:
             self._seen.add(proven)
             return True
-        if holding and proven is None and properties.get(HOST) and len(self._held) < MAX_HELD:
+        host = properties.get(HOST)
+        if holding and proven is None and host and host not in self.known():
+            if len(self._held) == MAX_HELD:
+                self.dropped += 1  # the oldest goes
             self._held.append((properties, payload))  # perhaps a host the caller does not know yet
         elif holding:
             self.dropped += 1

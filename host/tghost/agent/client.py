@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import inspect
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pulsar
@@ -170,7 +171,8 @@ class ToolServiceClient:
                 if self.trusted is not None and self.identity is None:
                     asks[PROVE] = "1"
                 in_session = self._send(answers, request_id, body, self._session_keys(), span, asks)
-                answers.check = self._check(request_id, in_session, answers.sent)
+                answers.check = self._check(request_id, in_session, answers.sent, hashlib.sha256(body).hexdigest())
+                answers.known = self._known_hosts if in_session else frozenset
                 while True:
                     response = await answers.next()
                     if isinstance(response, Exception):
@@ -229,7 +231,7 @@ class ToolServiceClient:
         now = time.time()
         answers.sent.add(f"{now:.3f}" if self.identity is not None else "")
         if self.identity is not None and host_keys:
-            if self._session is None or self._session.expires - now < SESSION_RENEWAL:
+            if self._session is None or (not signed and self._session.expires - now < SESSION_RENEWAL):
                 self._session = CallerSession(self.identity, now)
             properties.update(self._session.properties(body, request_id, self.request_queue, now, host_keys))
             if signed:
@@ -241,7 +243,7 @@ class ToolServiceClient:
         hop.send(self._producer, body, properties, lambda result, _: self._on_sent(answers, result))
         return self.identity is not None and bool(host_keys)
 
-    def _check(self, request_id: str, in_session: bool, sent: set[str]) -> Check | None:
+    def _check(self, request_id: str, in_session: bool, sent: set[str], request: str) -> Check | None:
         """How a call checks its answers (docs/protocol.md §2.13): proven under its session's key
         with a host it knows now, or signed by a trusted key; ``None`` when it can check neither."""
         if not in_session and self.trusted is None:
@@ -251,8 +253,13 @@ class ToolServiceClient:
 
         def check(properties: Mapping[str, str], payload: bytes) -> tuple[str, str, int] | None:
             hosts = session.answer_keys(self._session_keys()) if session is not None else {}
-            return proven_by(properties, payload, request_id, self.request_queue, caller, sent, hosts, self.trusted)
+            return proven_by(properties, payload, request_id, self.request_queue, caller, request, sent, hosts,
+                             self.trusted)
         return check
+
+    def _known_hosts(self) -> Collection[str]:
+        """The fingerprints of the hosts this caller's session knows now."""
+        return self._session.answer_keys(self._session_keys()).keys() if self._session is not None else ()
 
     def _count_unproven(self, answers: Answers) -> None:
         dropped = answers.close()

@@ -674,10 +674,11 @@ def _drift(winners: list[Claim], service: str, request_queue: str = "") -> tuple
     return tuple(Side(",".join(sorted(ids)), service, request_queue, fields) for fields, ids in sorted(hosts.items()))
 
 
-def _admitted(provider: Provider) -> frozenset[str] | None:
-    """Who the provider's announced access admits: ``None`` everyone, else the caller key ids."""
+def _admitted(provider: Provider) -> tuple[bool, frozenset[str]] | None:
+    """Who the provider's announced access admits: ``None`` everyone (no access announced),
+    else whether anonymous callers are and the caller key ids it names (listed by them alone)."""
     access = provider.access
-    return None if access is None or access.anonymous else frozenset(access.keys)
+    return None if access is None else (access.anonymous, frozenset(access.keys))
 
 
 def _rank(groups: Any) -> tuple[list[Claim], list[Claim]]:

@@ -266,8 +266,8 @@ class Announcer:
 
     def _access(self, tool: str) -> dict[str, Any] | None:
         """Who may call ``tool`` here, as announced (``None``: no ``[access]`` policy, everyone):
-        who may send its own request, which could be for each tool over its service whose config
-        values are among its own (docs/protocol.md §2.8)."""
+        who may send its own request, which is for each tool over its service with the same config
+        values (docs/protocol.md §2.8)."""
         access, tools = self.catalog.access, self.catalog.tools
         if access is None:
             return None

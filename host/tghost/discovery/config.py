@@ -33,8 +33,8 @@ class ConfigError(ValueError):
 def load_access(catalog: Catalog, path: Path, document: dict[str, Any]) -> None:
     """Set ``catalog.access`` from the ``[access]`` table of the config file at ``path`` (its
     parsed ``document``), if it has one; key paths are relative to the file's directory. A
-    tool granted to callers who still may not call it (a request for it could also be for a
-    tool they are not granted) is a warning, one line per tool.
+    tool granted to callers who still may not call it (a request for it is also for a tool
+    with the same config values that they are not granted) is a warning, one line per tool.
 
     Raises:
         ConfigError: the table is wrong, a key file is missing or not a public key, or it names a

@@ -11,10 +11,10 @@ Config (README "Who may call what")::
     tools = ["calculate", "solve-steps"]   # "*" = all
     rate = "30/minute"                     # optional: calls per period, per host (the `limits` notation)
 
-A request is allowed only when the policy allows the caller every tool it could be for
+A request is allowed only when the policy allows the caller every tool it is for
 (:func:`tools_for`), so a tool's announced access, ``{"anonymous": bool, "keys": [key ids]}``,
-is who may send the tool's own request: those allowed it and each tool over its service whose
-config values are among its own.
+is who may send the tool's own request: those allowed it and each tool over its service with
+the same config values.
 
 Pure data but for the caller key files a table names (read by :meth:`AccessPolicy.from_table`,
 through :func:`tghost.protocol.trust.load_public_key`): never talks to Pulsar and never reads a request.
@@ -170,8 +170,8 @@ class AccessPolicy:
 
     def ungranted(self, tools: Mapping[str, ToolDescriptor]) -> Iterator[str]:
         """A sentence per tool of ``tools`` (a host's, name -> descriptor) that the policy grants
-        to callers who still may not call it, since its own request could also be for a tool
-        they are not granted (:func:`tools_for`): who, why, and what to do."""
+        to callers who still may not call it, since its own request is also for a tool with the
+        same config values that they are not granted (:func:`tools_for`): who, why, and what to do."""
         for name, tool in tools.items():
             could_be = tools_for(tools, tool.service, tool.config)
             granted, able = self.access_of([name]), self.access_of(could_be)
@@ -179,9 +179,9 @@ class AccessPolicy:
                 self.callers[k].name for k in granted.keys if k not in able.keys]
             if lost:
                 yield (f"tool {name!r} is granted to {', '.join(lost)}, who may not call it all the same: a "
-                       f"request for it could also be for {', '.join(t for t in could_be if t != name)} (over "
-                       "its service, with config values among its own), which they are not granted; grant "
-                       "them that too, or give each tool config values the other lacks")
+                       f"request for it is for {', '.join(t for t in could_be if t != name)} too (the same "
+                       "config values over its service), which they are not granted; grant them that too, or "
+                       "give the tools different config values")
 
     def unknown_tools(self, served: Iterable[str]) -> list[str]:
         """The tools the policy names that are not in ``served``."""
@@ -190,11 +190,16 @@ class AccessPolicy:
 
 def tools_for(tools: Mapping[str, ToolDescriptor], service: str, config: Mapping[str, Any]) -> list[str]:
     """The names of ``tools`` (a host's, name -> descriptor) that a request to ``service`` with
-    ``config`` could be for: each tool over ``service`` whose config values ``config`` carries
-    (docs/protocol.md §2.8). A tool's own request could be for it and for every tool over its
-    service whose config values are among its own (a tool with none: every request)."""
-    return [name for name, tool in tools.items()
-            if tool.service == service and all(config.get(k) == v for k, v in tool.config.items())]
+    ``config`` is for (docs/protocol.md §2.8): each tool over ``service`` whose config values
+    ``config`` carries, as long as ``config`` sets no config param that other tools over the
+    service set and this one does not. So a tool without config values is for the requests
+    that set none of its service's tools' params, and only tools with the same config values
+    share a request."""
+    over = {name: tool for name, tool in tools.items() if tool.service == service}
+    set_by_some = {key for tool in over.values() for key in tool.config}
+    return [name for name, tool in over.items()
+            if all(config.get(k) == v for k, v in tool.config.items())
+            and all(key in tool.config for key in set_by_some if key in config)]
 
 
 def _public_key(value: str, base: Path, where: str) -> Ed25519PublicKey:

@@ -42,13 +42,14 @@ PROVE = "tghost-prove-answers"
 _LABEL = b"tghost answer v1\n"
 
 
-def answer_bytes(payload: bytes, request_id: str, topic: str, seq: int, caller: str, signed_at: str) -> bytes:
+def answer_bytes(payload: bytes, request_id: str, topic: str, seq: int, caller: str, signed_at: str,
+                 request: str) -> bytes:
     """What an answer's MAC or signature covers (docs/protocol.md §2.13): the ASCII label
     ``tghost answer v1`` and a newline, then the UTF-8 request ``topic``, the request's ``id``,
     the decimal ``seq``, the ``caller``'s key id and the request's ``signed_at`` text (both empty
-    for an anonymous caller), each as a netstring (``<length>:<bytes>,``), then the payload
-    bytes as sent."""
-    parts = [part.encode() for part in (topic, request_id, str(seq), caller, signed_at)]
+    for an anonymous caller) and ``request``, the hex SHA-256 of the request's body, each as a
+    netstring (``<length>:<bytes>,``), then the payload bytes as sent."""
+    parts = [part.encode() for part in (topic, request_id, str(seq), caller, signed_at, request)]
     return b"".join([_LABEL, *(b"%d:%s," % (len(part), part) for part in parts), payload])
 
 
@@ -62,18 +63,20 @@ class AnswerProof(NamedTuple):
     """How a host proves its answers to one request: under the session key it shares with the
     caller (``mac``: an HMAC keyed with it, and the host's ``host`` fingerprint), or with its
     ``signer``. ``topic`` is the request topic, ``caller`` the key id the request claims and
-    ``signed_at`` its ``tghost-signed-at`` (both "" for an anonymous request)."""
+    ``signed_at`` its ``tghost-signed-at`` (both "" for an anonymous request), ``request`` the
+    hex SHA-256 of its body: an answer proven for one request proves nothing for another."""
 
     topic: str
     caller: str
     signed_at: str
+    request: str
     host: str = ""
     mac: hmac.HMAC | None = None
     signer: Signer | None = None
 
     def properties(self, payload: bytes, request_id: str, seq: int) -> dict[str, str]:
         """The properties that prove the answer ``payload``, the ``seq``-th for ``request_id``."""
-        message = answer_bytes(payload, request_id, self.topic, seq, self.caller, self.signed_at)
+        message = answer_bytes(payload, request_id, self.topic, seq, self.caller, self.signed_at, self.request)
         which = {SEQ: str(seq), SIGNED_AT: self.signed_at} if self.signed_at else {SEQ: str(seq)}
         if self.mac is not None:
             return {**which, HOST: self.host, ANSWER_MAC: _b64_hmac(self.mac, message)}
@@ -83,11 +86,12 @@ class AnswerProof(NamedTuple):
 
 
 def proven_by(properties: Mapping[str, str], payload: bytes, request_id: str, topic: str, caller: str,
-              sent: Collection[str], hosts: Mapping[str, hmac.HMAC],
+              request: str, sent: Collection[str], hosts: Mapping[str, hmac.HMAC],
               trusted: TrustedKeys | None) -> tuple[str, str, int] | None:
     """Who proved an answer, to which sending and its ``seq``: (``host`` fingerprint or signer
     key id, ``signed_at``, seq), when it answers one of the request's sendings (``sent``: their
-    ``tghost-signed-at`` texts; ``{""}`` for an anonymous request) and its MAC verifies under the
+    ``tghost-signed-at`` texts; ``{""}`` for an anonymous request) whose body has the hex SHA-256
+    ``request``, and its MAC verifies under the
     key shared with one of ``hosts`` (fingerprint -> keyed HMAC) or its signature under a
     ``trusted`` key; else ``None``. Never raises."""
     signed_at = properties.get(SIGNED_AT, "")
@@ -97,7 +101,7 @@ def proven_by(properties: Mapping[str, str], payload: bytes, request_id: str, to
         return None
     if signed_at not in sent:
         return None
-    message = answer_bytes(payload, request_id, topic, seq, caller, signed_at)
+    message = answer_bytes(payload, request_id, topic, seq, caller, signed_at, request)
     host, mac = properties.get(HOST, ""), properties.get(ANSWER_MAC)
     if mac is not None and host in hosts:
         return (host, signed_at, seq) if hmac.compare_digest(_b64_hmac(hosts[host], message), mac) else None

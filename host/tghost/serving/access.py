@@ -44,11 +44,14 @@ MAX_SESSIONS = 10_000
 
 class Refused(Exception):
     """A request the gate does not let through: ``error_type`` (``unauthorized`` or
-    ``rate-limited``, :mod:`tghost.protocol.wire`) and the text of the reply."""
+    ``rate-limited``, :mod:`tghost.protocol.wire`) and the text of the reply. ``replay``: the
+    request is a copy of one a host took, so its refusal goes out unproven (docs/protocol.md
+    §2.13): proven, it would end the call of the caller it was copied from."""
 
-    def __init__(self, error_type: str, text: str) -> None:
+    def __init__(self, error_type: str, text: str, replay: bool = False) -> None:
         super().__init__(text)
         self.error_type = error_type
+        self.replay = replay
 
 
 class _Seen:
@@ -185,7 +188,7 @@ class Gate:
             raise Refused(wire.UNAUTHORIZED, f"caller {grant.name!r}: {checked}")
         if not self._first_time(topic, key_id, properties["id"], properties.get(signed.SIGNED_AT, ""), now):
             raise Refused(wire.UNAUTHORIZED, f"caller {grant.name!r}: request {properties['id']!r} was already "
-                                        "received (a replay); send each request with a new id")
+                                        "received (a replay); send each request with a new id", replay=True)
         return grant
 
     def _first_time(self, topic: str, key_id: str, request_id: str, signed_at: str, now: float) -> bool:
@@ -198,7 +201,7 @@ class Gate:
             return record.claim(key_id, request_id, signed_at, CLAIM_TIMEOUT)
         except TimeoutError as exc:
             raise Refused(wire.UNAVAILABLE, f"{exc}: the request did not run, since no host can tell whether "
-                                            "it ran before; retry") from None
+                                            "it ran before; retry with a new id") from None
 
     def _opened(self, grant: CallerGrant, properties: Mapping[str, str], now: float) -> OpenSession | str:
         """The caller session of a request's binding, verified once and kept; or why it is refused."""
@@ -266,9 +269,9 @@ def _refusal(grant: CallerGrant | None, service: str, tools: Sequence[str], refu
     (``None``: anonymous), who may not call ``refused`` of them, and what to do."""
     who = ANONYMOUS if grant is None else f"caller {grant.name!r}"
     if not tools:
-        what = f"service {service!r} with this config"
-    else:
-        what = f"tool {refused[0]!r}" if len(refused) == 1 else f"tools {', '.join(refused)}"
+        return (f"{who} may not call service {service!r} with these config values on this host: no tool of its "
+                "has them; send one tool's own config values and no other tool's (tghost tools --json shows them)")
+    what = f"tool {refused[0]!r}" if len(refused) == 1 else f"tools {', '.join(refused)}"
     text = f"{who} may not call {what} on this host (its [access] policy)"
     if len(tools) > 1:
         text += (f", and a request to service {service!r} with these config values could be for any of "

@@ -4,8 +4,9 @@ service within its window, and not again on a host that restarted.
 
 Each host that checks a service's callers tails the service's claims topics from their first
 message: ``persistent://<tenant>/<namespace>/<request topic name>.claims-epoch-<n>``, one per
-:data:`CLAIM_EPOCH_SECONDS`, those that can hold a claim still inside the window
-(:func:`claim_epochs`). Before it runs a verified request, a host sends a *claim* of its
+:data:`CLAIM_EPOCH_SECONDS` of the requests' own ``tghost-signed-at`` (so every copy of a request
+is claimed on one topic, whatever the hosts' clocks), those a request still inside the window
+can be claimed on (:func:`claim_epochs`). Before it runs a verified request, a host sends a *claim* of its
 (key id, ``id``) pair there and waits to read it back: the first claim of a pair on the topic
 wins, and every later one (another host's, a copy's, this host's after a restart) is a replay.
 A claims message is a JSON array of claims, ``{"caller", "id", "signed_at", "claimant"}`` (all
@@ -40,21 +41,24 @@ from tghost.agent.window import Handler, TopicWindow
 from tghost.protocol.epochs import epoch_of, epoch_topic
 from tghost.pulsar import hop
 
-__all__ = ["CLAIM_EPOCH_SECONDS", "HOST_CLOCK_SKEW", "SharedReplays", "claim_epochs", "claims_topic"]
+__all__ = ["CLAIM_EPOCH_SECONDS", "MARGIN", "SharedReplays", "claim_epochs", "claims_topic"]
 
 log = logging.getLogger(__name__)
 
 #: Seconds per claims epoch topic: twice the 60 s window, so a host reads two or three.
 CLAIM_EPOCH_SECONDS = 120.0
-#: Seconds two hosts' clocks may differ: a host also reads the epochs this far ahead and behind.
-HOST_CLOCK_SKEW = 30.0
-#: Pairs a record keeps at most; past it, the oldest are forgotten (and logged once).
+#: Seconds beyond the window either side that a host still reads and keeps claims of.
+MARGIN = 5.0
+#: Pairs a record keeps at most; past it, the oldest are forgotten (logged once), and a request
+#: signed no later than a forgotten one is not run: it may be its replay.
 MAX_PAIRS = 1_000_000
 #: Seconds a catch-up waits for a claim the broker says it has (new readers included, see
 #: :class:`~tghost.agent.window.TopicWindow`) before the service fails to start.
 CATCH_UP_STALL = 10.0
 #: Claims messages a host has on their way to the broker at most; later claims wait to go together.
 IN_FLIGHT = 1
+#: Seconds between looks at which epoch topics to read and claim on.
+MOVE_EVERY = CLAIM_EPOCH_SECONDS / 8
 #: Milliseconds a following thread waits for a claim before it looks whether its reader closed.
 FOLLOW_POLL_MS = 1000
 
@@ -67,12 +71,11 @@ def claims_topic(request_queue: str) -> str:
     return "persistent://" + request_queue.split("://", 1)[-1] + ".claims"
 
 
-def claim_epochs(now: float, window: float, skew: float = HOST_CLOCK_SKEW,
-                 epoch_seconds: float = CLAIM_EPOCH_SECONDS) -> range:
-    """The claims epochs a host reads at unix time ``now`` (seconds), oldest first: every claim
-    of a request that could still be accepted (signed within ``window`` of now, so claimed at
-    most ``2 * window`` ago) by a host whose clock is within ``skew`` of ours."""
-    return range(epoch_of(now - 2 * window - skew, epoch_seconds), epoch_of(now + skew, epoch_seconds) + 1)
+def claim_epochs(now: float, window: float, epoch_seconds: float = CLAIM_EPOCH_SECONDS) -> range:
+    """The claims epochs a host reads and claims on at unix time ``now`` (seconds), oldest
+    first: those of every ``tghost-signed-at`` it still accepts (within ``window`` of now) and
+    :data:`MARGIN` more either side. A claim goes on the epoch of its request's signing time."""
+    return range(epoch_of(now - window - MARGIN, epoch_seconds), epoch_of(now + window + MARGIN, epoch_seconds) + 1)
 
 
 class _ClaimWindow(TopicWindow):
@@ -81,12 +84,12 @@ class _ClaimWindow(TopicWindow):
     directly, with no hop through the event loop."""
 
     def __init__(self, client: pulsar.asyncio.Client, base: str, window: float) -> None:
-        super().__init__(client, base, HOST_CLOCK_SKEW, CLAIM_EPOCH_SECONDS, stall_timeout=CATCH_UP_STALL)
+        super().__init__(client, base, MARGIN, CLAIM_EPOCH_SECONDS, stall_timeout=CATCH_UP_STALL)
         self.window = window
         self._threads: dict[int, threading.Thread] = {}
 
     def wanted(self, now: float) -> range:
-        return claim_epochs(now, self.window, self.max_clock_skew, self.epoch_seconds)
+        return claim_epochs(now, self.window, self.epoch_seconds)
 
     def follow(self, handler: Handler) -> None:
         """Tail every open topic on a daemon thread, handing each new claim to ``handler`` there
@@ -132,7 +135,8 @@ class SharedReplays:
         self._producers: dict[int, pulsar.asyncio.Producer] = {}
         self._first: OrderedDict[tuple[str, str], tuple[str, float]] = OrderedDict()  # pair -> (claimant, signed at)
         self._waiting: dict[str, tuple[tuple[str, str], futures.Future[bool]]] = {}
-        self._pending: list[dict[str, str]] = []  # claims waiting for the one in flight
+        self._pending: dict[int, list[dict[str, str]]] = {}  # by epoch, claims waiting for those in flight
+        self._forgotten_until = -math.inf  # the latest signing time of a claim forgotten for room
         self._in_flight = 0  # claims messages the broker has not taken yet
         self._lock = threading.Lock()
         self._me = uuid.uuid4().hex[:16]
@@ -164,19 +168,20 @@ class SharedReplays:
         self._moving = asyncio.create_task(self._keep_moving(), name=f"claims {self.topic}")
 
     async def _open_producers(self, now: float) -> None:
-        """Producers for this epoch's and the next one's topic (opened before it begins); older ones closed."""
-        current = epoch_of(now, CLAIM_EPOCH_SECONDS)
-        for epoch in [e for e in self._producers if e < current]:
+        """Producers for the topics of every signing time accepted until the next move (opened
+        before they are needed); those of times no longer accepted closed."""
+        wanted = range(claim_epochs(now, self.window).start, claim_epochs(now + MOVE_EVERY, self.window).stop)
+        for epoch in [e for e in self._producers if e < wanted.start]:
             with contextlib.suppress(Exception):
                 await self._producers.pop(epoch).close()
-        for epoch in (current, current + 1):
+        for epoch in wanted:
             if epoch not in self._producers:
                 self._producers[epoch] = await self._client.create_producer(
                     epoch_topic(self.topic, epoch), batching_enabled=False)
 
     async def _keep_moving(self) -> None:
         while True:
-            await asyncio.sleep(CLAIM_EPOCH_SECONDS / 8)
+            await asyncio.sleep(MOVE_EVERY)
             try:
                 now = time.time()
                 await self._claims.move(now)
@@ -196,6 +201,9 @@ class SharedReplays:
         """
         if self._loop is not None and _running_loop() is self._loop:
             raise RuntimeError("SharedReplays.claim blocks: call it off the event loop")
+        if _seconds(signed_at) <= self._forgotten_until:
+            raise TimeoutError(f"the replay record of {self.topic} forgot claims of requests signed until "
+                               f"{self._forgotten_until:.3f} (over {MAX_PAIRS} claims in the window)")
         claimant = f"{self._me}-{next(self._count)}"
         decided = self._send((key_id, request_id), signed_at, claimant)
         try:
@@ -216,21 +224,22 @@ class SharedReplays:
                 decided.set_result(False)
                 return decided
             self._waiting[claimant] = (pair, decided)
-            self._pending.append({"caller": pair[0], "id": pair[1], "signed_at": signed_at, "claimant": claimant})
-            batch = [] if self._in_flight >= IN_FLIGHT else self._take()
-        if batch:
-            self._publish(batch)
+            claim = {"caller": pair[0], "id": pair[1], "signed_at": signed_at, "claimant": claimant}
+            self._pending.setdefault(epoch_of(_seconds(signed_at), CLAIM_EPOCH_SECONDS), []).append(claim)
+            batches = {} if self._in_flight >= IN_FLIGHT else self._take()
+        for epoch, batch in batches.items():
+            self._publish(epoch, batch)
         return decided
 
-    def _take(self) -> list[dict[str, str]]:
-        """The claims to send next, now in flight (held: the lock)."""
-        batch, self._pending = self._pending, []
-        self._in_flight += bool(batch)
-        return batch
+    def _take(self) -> dict[int, list[dict[str, str]]]:
+        """The claims to send next, by epoch, now in flight (held: the lock)."""
+        batches, self._pending = self._pending, {}
+        self._in_flight += len(batches)
+        return batches
 
-    def _publish(self, batch: list[dict[str, str]]) -> None:
-        producer = self._producers.get(epoch_of(time.time(), CLAIM_EPOCH_SECONDS))
-        if producer is None:
+    def _publish(self, epoch: int, batch: list[dict[str, str]]) -> None:
+        producer = self._producers.get(epoch)
+        if producer is None:  # a signing time the gate accepted is always covered: the broker failed to give it
             self._sent(batch, None)
             return
         hop.send(producer, json.dumps(batch, separators=(",", ":")).encode(), {},
@@ -248,9 +257,9 @@ class SharedReplays:
                         waiting[1].set_exception(futures.TimeoutError())
         with self._lock:
             self._in_flight -= 1
-            following = self._take()
-        if following:
-            self._publish(following)
+            following = self._take() if self._in_flight < IN_FLIGHT else {}
+        for epoch, claims in following.items():
+            self._publish(epoch, claims)
 
     def _read(self, message: pulsar.Message) -> None:
         """A claims message read from the topic (on the loop while catching up, then on a
@@ -260,28 +269,33 @@ class SharedReplays:
                       for c in json.loads(message.data())]
         except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
             return
-        decided = []
+        now, decided = time.time(), []
         with self._lock:
             for key_id, request_id, claimant, signed_at in claims:
+                if abs(signed_at - now) > self.window + MARGIN:
+                    continue  # no request signed then is accepted now: nothing to decide
                 pair = (key_id, request_id)
                 first = self._first.setdefault(pair, (claimant, signed_at))[0]
                 waiting = self._waiting.pop(claimant, None)
                 if waiting is not None and waiting[0] == pair:
                     decided.append((waiting[1], first == claimant))
-            self._forget(time.time())
+            self._forget(now)
         for future, won in decided:
             with contextlib.suppress(futures.InvalidStateError):
                 future.set_result(won)
 
     def _forget(self, now: float) -> None:
-        """Drop the pairs no request can be replayed under any more (held: the lock)."""
-        while self._first and (len(self._first) > MAX_PAIRS
-                               or next(iter(self._first.values()))[1] < now - 2 * self.window - HOST_CLOCK_SKEW):
-            if len(self._first) > MAX_PAIRS and not self._forgot:
-                self._forgot = True
-                log.warning("claims %s: over %d claims within the window; the oldest are forgotten", self.topic,
-                            MAX_PAIRS)
+        """Drop the pairs no request is accepted under any more; past :data:`MAX_PAIRS`, the
+        oldest too, and refuse from then on what was signed before them (held: the lock)."""
+        while self._first and next(iter(self._first.values()))[1] < now - self.window - MARGIN:
             self._first.popitem(last=False)
+        while len(self._first) > MAX_PAIRS:
+            signed_at = self._first.popitem(last=False)[1][1]
+            self._forgotten_until = max(self._forgotten_until, signed_at)
+            if not self._forgot:
+                self._forgot = True
+                log.warning("claims %s: over %d claims within the window (a flood?); the oldest are forgotten, and "
+                            "requests signed before them are refused 'unavailable'", self.topic, MAX_PAIRS)
 
     async def close(self) -> None:
         """Stop tailing and close the readers and producers; waiting claims fail."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import hashlib
 import itertools
 import logging
 import math
@@ -214,7 +215,7 @@ class Terms:
         except wire.BadRequest as exc:
             raise ToolError(str(exc), wire.BAD_REQUEST) from None
         record.user, record.arguments = envelope.user, envelope.arguments
-        caller = self._admit(envelope.config, message, payload)
+        caller = self._admit(envelope.config, request, payload)
         record.caller = caller
         if self.authorize is not None:
             authorizing = tracing.child("tghost_authorize", span)
@@ -228,14 +229,17 @@ class Terms:
         return Call(envelope.user, envelope.config, self.service.check_arguments(envelope.arguments), caller,
                     request.cancelled, functools.partial(request.progress, port))
 
-    def _admit(self, config: dict[str, Any], message: Any, payload: bytes) -> Caller | None:
-        """The verified caller, under the host's access policy (``None`` without one)."""
+    def _admit(self, config: dict[str, Any], request: Request, payload: bytes) -> Caller | None:
+        """The verified caller, under the host's access policy (``None`` without one). A replay's
+        refusal goes out unproven (:class:`~tghost.serving.access.Refused`)."""
         if self.gate is None:
             return None
         try:
-            return self.gate.admit(self.service_id, config, message.properties(), payload,
+            return self.gate.admit(self.service_id, config, request.message.properties(), payload,
                                    self.descriptor.request_queue)
         except Refused as exc:
+            if exc.replay:
+                request.proof = None
             raise ToolError(str(exc), exc.error_type) from None
 
     def may_cancel(self, record: CallRecord, properties: Mapping[str, str], topic: str) -> bool:
@@ -289,15 +293,19 @@ class Prover:
         self.gate = gate
         self.signer = signer
 
-    def proof(self, properties: Mapping[str, str]) -> AnswerProof | None:
-        """The proof for the answers to a request with these message properties; ``None``: none
-        the caller could check."""
+    def proof(self, properties: Mapping[str, str], body: bytes) -> AnswerProof | None:
+        """The proof for the answers to a request with these message properties and ``body``;
+        ``None``: none the caller could check."""
         caller, signed_at = properties.get(CALLER), properties.get(SIGNED_AT, "")
         if caller is not None and self.gate is not None and (mac := self.gate.session_mac(properties)) is not None:
-            return AnswerProof(self.topic, caller, signed_at, self.gate.session.fingerprint, mac)
+            return AnswerProof(self.topic, caller, signed_at, _digest(body), self.gate.session.fingerprint, mac)
         if self.signer is not None and (caller is not None or PROVE in properties):
-            return AnswerProof(self.topic, caller or "", signed_at if caller else "", signer=self.signer)
+            return AnswerProof(self.topic, caller or "", signed_at if caller else "", _digest(body), signer=self.signer)
         return None
+
+
+def _digest(body: bytes) -> str:
+    return hashlib.sha256(body).hexdigest()
 
 
 class Port:
@@ -342,7 +350,8 @@ class Port:
         host's proof (docs/protocol.md §2.13)."""
         proof = request.proof
         if proof is _UNKNOWN:
-            proof = request.proof = self.prover.proof(request.message.properties()) if self.prover else None
+            message = request.message
+            proof = request.proof = self.prover.proof(message.properties(), message.data()) if self.prover else None
         if not isinstance(proof, AnswerProof):
             return {"id": request.request_id}
         return {"id": request.request_id, **proof.properties(payload, request.request_id, next(request.seq))}
