@@ -176,18 +176,18 @@ async def test_a_plain_invoke_may_return_an_awaitable_or_an_async_generator(puls
 async def test_a_call_still_running_when_the_grace_ends_is_answered_unavailable_and_its_thread_counted_stuck(
     pulsar_broker: EmbeddedBroker,
 ) -> None:
-    release = threading.Event()
+    release, running = threading.Event(), threading.Event()
 
     @tghost.tool(timeout=60)
     def endless() -> str:
+        running.set()
         release.wait(30)
         return "never seen"
 
     async with LocalHost(pulsar_broker.url, [endless]) as host:
         call = asyncio.create_task(host.call("endless", timeout=30))
         [endpoint] = host.server.endpoints
-        while endpoint.in_flight == 0:
-            await asyncio.sleep(0.01)
+        await asyncio.to_thread(running.wait, 30)  # running, not only received (a loaded machine is slow to start it)
         assert await host.server.stop(grace=0.2) == 1
         stuck = endpoint.executor.stats().stuck
         with pytest.raises(ToolCallError) as info:
