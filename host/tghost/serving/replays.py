@@ -15,7 +15,7 @@ A topic's messages arrive in one order at every reader, so the hosts agree witho
 each other.
 
 The record lives in the broker: a host reads it back when it starts and keeps in memory only
-the pairs that can still be replayed (within twice the window).
+the pairs of signing times it still accepts (within the window, and :data:`MARGIN`).
 """
 
 from __future__ import annotations
@@ -123,8 +123,8 @@ class SharedReplays:
     """The replay record of one service, shared through its claims topics.
 
     :meth:`open` reads the claims still in the window, then tails them; :meth:`claim` is safe
-    from any thread but the event loop's (its answer is read there). ``window``: seconds a
-    signature is valid either side of the host's clock (the access gate's).
+    from any thread but the event loop's (it blocks for a broker round trip). ``window``:
+    seconds a signature is valid either side of the host's clock (the access gate's).
     """
 
     def __init__(self, client: pulsar.asyncio.Client, request_queue: str, window: float) -> None:
@@ -197,7 +197,7 @@ class SharedReplays:
         Raises:
             TimeoutError: the claim did not come back within ``timeout`` seconds, or the broker
                 did not take it: the request must not run (retry later).
-            RuntimeError: called on the event loop, which reads the claims.
+            RuntimeError: called on the event loop, which it would block.
         """
         if self._loop is not None and _running_loop() is self._loop:
             raise RuntimeError("SharedReplays.claim blocks: call it off the event loop")
