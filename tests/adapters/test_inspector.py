@@ -153,3 +153,30 @@ def test_tghost_inspect_off_loopback_asks_for_a_token_file(pulsar_broker: Embedd
     result = tghost_cli("inspect", "--host", "0.0.0.0", "--pulsar-url", pulsar_broker.url)
     assert result.returncode == 2
     assert "--token-file FILE (env TGHOST_INSPECT_TOKEN_FILE)" in result.stderr and "Traceback" not in result.stderr
+
+
+async def test_a_stopped_inspector_leaves_its_socket_in_no_event_loop(pulsar_broker: EmbeddedBroker) -> None:
+    """The inspector (and the MCP bridge over HTTP) may run in a program's own event loop: once
+    stopped, the loop must not keep watching its closed listening socket. A socket opened later
+    may get the closed one's descriptor, and the loop then never wakes for it (or fails to watch
+    it, FileNotFoundError from epoll: a later test on the suite's one loop failed so now and
+    then). Connections are opened until every descriptor the inspector's run freed is taken
+    again, and each must hear the server's greeting."""
+    async with inspector(pulsar_broker.url):
+        pass
+
+    async def greet(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"hello\n")
+        await writer.drain()
+
+    server = await asyncio.start_server(greet, "127.0.0.1", 0)
+    writers = []
+    try:
+        for _ in range(64):
+            reader, writer = await asyncio.open_connection(*server.sockets[0].getsockname()[:2])
+            writers.append(writer)
+            assert await asyncio.wait_for(reader.readline(), 10) == b"hello\n"
+    finally:
+        for writer in writers:
+            writer.close()
+        server.close()

@@ -230,8 +230,8 @@ async def test_a_rolling_upgrade_drifts_until_the_old_host_leaves_then_applies_t
         try:
             await found.wait_for("tell-joke")
             async with LocalHost(pulsar_broker.url, [joke("v2", 9.0)], announce_as="new", topic=topic):
-                async with asyncio.timeout(10):
-                    while not found.tools["tell-joke"].drifted:
+                async with asyncio.timeout(10):  # the new host's service drifts first, its tool claim comes next
+                    while not (found.tools["tell-joke"].drifted and len(found.tools["tell-joke"].providers) == 2):
                         await asyncio.sleep(0.02)
                 tool = found.tools["tell-joke"]  # both serve; the old descriptor, seen first, is the one applied
                 assert [p.host["id"] for p in tool.providers] == ["old", "new"]

@@ -115,4 +115,7 @@ async def serve_app(app: Any, what: str, host: str, port: int, *, lifespan: Lite
         await serving
     finally:
         serving.cancel()
+        await asyncio.gather(serving, return_exceptions=True)
+        for listening in getattr(server, "servers", ()):  # cancelled, uvicorn does not close them itself
+            listening.close()  # the loop stops watching the socket before it is closed
         sock.close()
