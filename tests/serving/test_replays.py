@@ -27,7 +27,7 @@ from tghost.protocol.epochs import epoch_of, epoch_topic
 from tghost.protocol.sessions import CallerSession
 from tghost.protocol.trust import Signer, write_key_pair
 from tghost.serving import replays
-from tghost.serving.replays import CLAIM_EPOCH_SECONDS, claim_epochs, claims_topic
+from tghost.serving.replays import REPLAY_EPOCH_SECONDS, replay_epochs, replays_topic
 from tghost.testing import LocalHost
 
 RAN: list[str] = []
@@ -131,41 +131,41 @@ async def test_a_restarted_host_refuses_what_ran_before_it_stopped(
     assert sorted(RAN) == sorted([f"b{i}" for i in range(20)] + ["new"])  # 0 of 20 ran again
 
 
-def test_the_claims_topics_and_their_window_cover_every_signing_time_a_host_accepts() -> None:
-    assert claims_topic("non-persistent://tg/request/joke-service") == "persistent://tg/request/joke-service.claims"
-    assert claims_topic("persistent://t/n/x") == "persistent://t/n/x.claims"
+def test_the_replays_topics_and_their_window_cover_every_signing_time_a_host_accepts() -> None:
+    assert replays_topic("non-persistent://tg/request/joke-service") == "persistent://tg/request/joke-service.replays"
+    assert replays_topic("persistent://t/n/x") == "persistent://t/n/x.replays"
     now = 1_000_000.0
-    epochs = claim_epochs(now, 60.0, epoch_seconds=120.0)
+    epochs = replay_epochs(now, 60.0, epoch_seconds=120.0)
     assert epochs.start * 120.0 <= now - 60.0 and now + 60.0 < epochs.stop * 120.0
 
 
-def read_claims(url: str, topic: str) -> list[dict[str, str]]:
-    """Every claim on one claims epoch topic, read from its first message."""
+def read_marks(url: str, topic: str) -> list[dict[str, str]]:
+    """Every mark on one replay epoch topic, read from its first message."""
     client = pulsar.Client(url)
     try:
-        reader, claims = client.create_reader(topic, pulsar.MessageId.earliest), []
+        reader, marks = client.create_reader(topic, pulsar.MessageId.earliest), []
         while reader.has_message_available():
-            claims += json.loads(reader.read_next(5000).data())
-        return claims
+            marks += json.loads(reader.read_next(5000).data())
+        return marks
     except pulsar.exceptions.PulsarException:  # pulsar-lite: an empty topic has no last message
-        return claims
+        return marks
     finally:
         client.close()
 
 
-async def test_a_claim_goes_on_the_epoch_of_its_signing_time_whatever_the_hosts_clock(
+async def test_a_mark_goes_on_the_epoch_of_its_signing_time_whatever_the_hosts_clock(
     fleet: list[LocalHost], alice: Signer
 ) -> None:
-    """Every copy of a request is claimed on one topic, so two hosts whose clocks sit either side
-    of an epoch's start still read each other's claim first (one epoch boundary is always
+    """Every copy of a request is marked on one topic, so two hosts whose clocks sit either side
+    of an epoch's start still read each other's mark first (one epoch boundary is always
     within 60 s of now: the request is signed just across it).
 
     The boundary must be within 50 s, so up to 10 s are waited for it."""
     descriptor = fleet[0].descriptors["stamp"]
     while True:  # a boundary within 50 s (at most 10 s to wait), so the signing time is well inside the window
         now = time.time()
-        here = epoch_of(now, CLAIM_EPOCH_SECONDS)
-        start, end = here * CLAIM_EPOCH_SECONDS, (here + 1) * CLAIM_EPOCH_SECONDS
+        here = epoch_of(now, REPLAY_EPOCH_SECONDS)
+        start, end = here * REPLAY_EPOCH_SECONDS, (here + 1) * REPLAY_EPOCH_SECONDS
         if min(now - start, end - now) <= 50.0:
             break
         await asyncio.sleep(1.0)
@@ -176,16 +176,16 @@ async def test_a_claim_goes_on_the_epoch_of_its_signing_time_whatever_the_hosts_
         await raw.send(body, properties)
         await raw.send(body, properties)
         assert sorted(await outcomes(raw, "edge", 1.0)) == sorted(["stamped edge", wire.UNAUTHORIZED])
-    base = claims_topic(descriptor.request_queue)
-    claimed = read_claims(fleet[0].pulsar.url, epoch_topic(base, epoch_of(signed_at, CLAIM_EPOCH_SECONDS)))
-    assert [c["id"] for c in claimed].count("edge") == 2  # both hosts' claims, on the signing time's topic
-    assert "edge" not in [c["id"] for c in read_claims(fleet[0].pulsar.url, epoch_topic(base, here))]
+    base = replays_topic(descriptor.request_queue)
+    marked = read_marks(fleet[0].pulsar.url, epoch_topic(base, epoch_of(signed_at, REPLAY_EPOCH_SECONDS)))
+    assert [c["id"] for c in marked].count("edge") == 2  # both hosts' marks, on the signing time's topic
+    assert "edge" not in [c["id"] for c in read_marks(fleet[0].pulsar.url, epoch_topic(base, here))]
 
 
-async def test_a_flood_of_claims_makes_a_host_refuse_not_forget(
+async def test_a_flood_of_marks_makes_a_host_refuse_not_forget(
     pulsar_broker: EmbeddedBroker, tmp_path: Path, alice: Signer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Claims are not signed: a flood past the record's bound pushes real claims out, and a
+    """Marks are not signed: a flood past the record's bound pushes real marks out, and a
     request signed before what was pushed out is then refused 'unavailable', never run again."""
     monkeypatch.setattr(replays, "MAX_PAIRS", 50)
     RAN.clear()
@@ -196,21 +196,21 @@ async def test_a_flood_of_claims_makes_a_host_refuse_not_forget(
             await raw.send(*first)
             assert await outcomes(raw, "early") == ["stamped early"]
             now = time.time()
-            flood = [{"caller": "f", "id": f"x{i}", "signed_at": f"{now:.3f}", "claimant": f"c{i}"} for i in range(60)]
+            flood = [{"caller": "f", "id": f"x{i}", "signed_at": f"{now:.3f}", "marker": f"c{i}"} for i in range(60)]
             forger = pulsar.Client(host.pulsar.url)
             try:
-                topic = epoch_topic(claims_topic(descriptor.request_queue), epoch_of(now, CLAIM_EPOCH_SECONDS))
+                topic = epoch_topic(replays_topic(descriptor.request_queue), epoch_of(now, REPLAY_EPOCH_SECONDS))
                 forger.create_producer(topic, batching_enabled=False).send(json.dumps(flood).encode())
             finally:
                 forger.close()
             await asyncio.sleep(0.5)
-            await raw.send(*first)  # its replay, once its claim was pushed out
+            await raw.send(*first)  # its replay, once its mark was pushed out
             replies = [reply.json() for reply in await raw.raw_replies("early", settle=0.5)]
     assert [r["error"]["type"] for r in replies if r["error"]] == [wire.UNAVAILABLE]
     assert RAN == ["early"]
 
 
-async def test_junk_on_the_claims_topic_is_skipped_and_the_host_keeps_serving(
+async def test_junk_on_the_replays_topic_is_skipped_and_the_host_keeps_serving(
     fleet: list[LocalHost], alice: Signer
 ) -> None:
     from tghost.protocol.epochs import current_topic
@@ -218,7 +218,7 @@ async def test_junk_on_the_claims_topic_is_skipped_and_the_host_keeps_serving(
     descriptor = fleet[0].descriptors["stamp"]
     forger = pulsar.Client(fleet[0].pulsar.url)
     try:
-        producer = forger.create_producer(current_topic(claims_topic(descriptor.request_queue), CLAIM_EPOCH_SECONDS),
+        producer = forger.create_producer(current_topic(replays_topic(descriptor.request_queue), REPLAY_EPOCH_SECONDS),
                                           batching_enabled=False)
         for junk in (b"not json", b'[{"caller": 1}]', b'{"caller": "x"}', b"[" * 10_000):
             producer.send(junk)

@@ -36,8 +36,8 @@ log = logging.getLogger(__name__)
 
 #: Seconds a signed request may be from the host's clock; a signature is accepted once within it.
 WINDOW = 60.0
-#: Seconds a host waits for its claim of a request to come back from the service's replay record.
-CLAIM_TIMEOUT = 10.0
+#: Seconds a host waits for its mark of a request to come back from the service's replay record.
+MARK_TIMEOUT = 10.0
 #: Caller sessions a gate keeps open at most; the oldest is dropped (and opened again if used).
 MAX_SESSIONS = 10_000
 
@@ -198,7 +198,7 @@ class Gate:
         if record is None:
             return self._seen.first_time((key_id, request_id), now)
         try:
-            return record.claim(key_id, request_id, signed_at, CLAIM_TIMEOUT)
+            return record.mark(key_id, request_id, signed_at, MARK_TIMEOUT)
         except TimeoutError as exc:
             raise Refused(wire.UNAVAILABLE, f"{exc}: the request did not run, since no host can tell whether "
                                             "it ran before; retry with a new id") from None
@@ -256,7 +256,7 @@ class Gate:
         rate = self._rates.get(grant.key_id)
         if rate is None or self._limiter is None:
             return
-        with self._limiting:  # checks run on several threads at once (the thread lane, claims)
+        with self._limiting:  # checks run on several threads at once (the thread lane, marks)
             if self._limiter.hit(rate, grant.key_id):
                 return
             reset = self._limiter.get_window_stats(rate, grant.key_id).reset_time

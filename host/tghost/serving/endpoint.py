@@ -330,8 +330,8 @@ class ServiceEndpoint:
             await self._refuse(request, *failure(exc, self.descriptor.id))
 
     async def _checked(self, request: Request) -> Call:
-        """:meth:`Terms.check`; in a worker thread for a request that names a caller, whose claim
-        in the shared replay record waits for the broker (the loop reads the claims)."""
+        """:meth:`Terms.check`; in a worker thread for a request that names a caller, whose mark
+        in the shared replay record waits for the broker."""
         if self._replays is None or CALLER not in request.message.properties():
             return self.terms.check(request, self._port)  # type: ignore[arg-type]
         return await asyncio.to_thread(self.terms.check, request, self._port)  # type: ignore[arg-type]
