@@ -63,6 +63,9 @@ def ensure_broker(url: str, data_dir: Path | None = None, *, log_level: str = "w
     port = found[0][1]
     data_dir = Path(data_dir or running_data_dir(port))
     status = broker_status(port, data_dir)
+    if status.answering and status.record is None and (data_dir / _START_LOCK).exists():
+        with held(data_dir / _START_LOCK):  # another process is starting it: its record comes before the lock goes
+            status = broker_status(port, data_dir)
     if status.answering:
         return status
     status = start_detached(port, data_dir, log_level=log_level)
