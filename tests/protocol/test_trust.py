@@ -24,6 +24,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 import tghost
+from tests.broker.test_embedded import ECHO
 from tests.conftest import HostProcess, PluginDir
 from tghost.agent.directory import HIJACK, ToolDirectory
 from tghost.announcing.announcer import Announcer, HostIdentity, announcement_key
@@ -304,24 +305,12 @@ def test_a_bad_key_file_is_a_usage_error_that_says_what_to_do(tmp_path: Path) ->
     assert run.returncode == 2 and "tghost keygen" in run.stderr and "--signing-key" in run.stderr
 
 
-SIGNED_PLUGIN = """
-import tghost
-
-@tghost.tool
-async def echo(text: str) -> str:
-    '''Echo the text back.'''
-    return text
-
-@tghost.hookimpl
-def tghost_register_services(register):
-    register(echo)
-"""
 
 
 def test_run_signs_and_tools_trusts_by_key_files(
     pulsar_broker: EmbeddedBroker, plugin_dir: PluginDir, tmp_path: Path, host_process: Callable[..., HostProcess]
 ) -> None:
-    plugin_dir.add("signed", SIGNED_PLUGIN)
+    plugin_dir.add("signed", ECHO)
     others = ",".join(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name != "signed")
     env = plugin_dir.env(TGHOST_PULSAR_URL=pulsar_broker.url, XDG_CONFIG_HOME=str(tmp_path / "config"),
                          TGHOST_DESCRIPTORS_TOPIC=f"persistent://tg/config/cli-{uuid.uuid4().hex[:8]}",

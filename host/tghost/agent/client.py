@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import inspect
 import logging
 import time
@@ -23,7 +22,7 @@ import pulsar.asyncio
 
 from tghost.agent.answers import Answers, Check
 from tghost.protocol import wire
-from tghost.protocol.answers import PROVE, proven_by
+from tghost.protocol.answers import PROVE, body_digest, proven_by
 from tghost.protocol.callers import SIGNATURE, sign_request
 from tghost.protocol.descriptors import DEFAULT_TIMEOUT, ToolServiceDescriptor
 from tghost.protocol.sessions import CallerSession
@@ -171,7 +170,7 @@ class ToolServiceClient:
                 if self.trusted is not None and self.identity is None:
                     asks[PROVE] = "1"
                 in_session = self._send(answers, request_id, body, self._session_keys(), span, asks)
-                answers.check = self._check(request_id, in_session, answers.sent, hashlib.sha256(body).hexdigest())
+                answers.check = self._check(request_id, in_session, answers.sent, body_digest(body))
                 answers.known = self._known_hosts if in_session else frozenset
                 while True:
                     response = await answers.next()

@@ -21,15 +21,17 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import hmac
 from collections.abc import Collection, Mapping
 from typing import NamedTuple
 
 from tghost.protocol.callers import SIGNED_AT
+from tghost.protocol.sessions import framed, keyed_mac
 from tghost.protocol.trust import Signer, TrustedKeys
 
 __all__ = ["ANSWER_MAC", "ANSWER_SIGNATURE", "ANSWER_SIGNER", "HOST", "PROVE", "SEQ", "AnswerProof",
-           "answer_bytes", "proven_by"]
+           "answer_bytes", "body_digest", "proven_by"]
 
 SEQ = "tghost-seq"
 HOST = "tghost-host"
@@ -49,14 +51,12 @@ def answer_bytes(payload: bytes, request_id: str, topic: str, seq: int, caller: 
     the decimal ``seq``, the ``caller``'s key id and the request's ``signed_at`` text (both empty
     for an anonymous caller) and ``request``, the hex SHA-256 of the request's body, each as a
     netstring (``<length>:<bytes>,``), then the payload bytes as sent."""
-    parts = [part.encode() for part in (topic, request_id, str(seq), caller, signed_at, request)]
-    return b"".join([_LABEL, *(b"%d:%s," % (len(part), part) for part in parts), payload])
+    return framed(_LABEL, (topic, request_id, str(seq), caller, signed_at, request), payload)
 
 
-def _b64_hmac(keyed: hmac.HMAC, message: bytes) -> str:
-    mac = keyed.copy()
-    mac.update(message)
-    return base64.b64encode(mac.digest()).decode()
+def body_digest(body: bytes) -> str:
+    """The hex SHA-256 of a request's body, as an answer's proof binds it."""
+    return hashlib.sha256(body).hexdigest()
 
 
 class AnswerProof(NamedTuple):
@@ -79,7 +79,7 @@ class AnswerProof(NamedTuple):
         message = answer_bytes(payload, request_id, self.topic, seq, self.caller, self.signed_at, self.request)
         which = {SEQ: str(seq), SIGNED_AT: self.signed_at} if self.signed_at else {SEQ: str(seq)}
         if self.mac is not None:
-            return {**which, HOST: self.host, ANSWER_MAC: _b64_hmac(self.mac, message)}
+            return {**which, HOST: self.host, ANSWER_MAC: keyed_mac(self.mac, message)}
         assert self.signer is not None
         return {**which, ANSWER_SIGNER: self.signer.key_id,
                 ANSWER_SIGNATURE: base64.b64encode(self.signer.sign_bytes(message)).decode()}
@@ -104,7 +104,7 @@ def proven_by(properties: Mapping[str, str], payload: bytes, request_id: str, to
     message = answer_bytes(payload, request_id, topic, seq, caller, signed_at, request)
     host, mac = properties.get(HOST, ""), properties.get(ANSWER_MAC)
     if mac is not None and host in hosts:
-        return (host, signed_at, seq) if hmac.compare_digest(_b64_hmac(hosts[host], message), mac) else None
+        return (host, signed_at, seq) if hmac.compare_digest(keyed_mac(hosts[host], message), mac) else None
     signer, signature = properties.get(ANSWER_SIGNER, ""), properties.get(ANSWER_SIGNATURE)
     key = trusted.keys.get(signer) if trusted is not None else None
     if signature is None or key is None:

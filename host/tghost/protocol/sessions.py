@@ -50,6 +50,8 @@ __all__ = [
     "HostSessionKey",
     "OpenSession",
     "fingerprint",
+    "framed",
+    "keyed_mac",
     "mac_bytes",
     "open_session",
     "verify_mac",
@@ -95,18 +97,26 @@ def mac_bytes(body: bytes, request_id: str, topic: str, signed_at: str) -> bytes
     """What a session MAC covers (docs/protocol.md §2.9): the ASCII label ``tghost session mac
     v1`` and a newline, then the UTF-8 request ``topic``, ``id`` and ``signed_at`` text each as a
     netstring (``<length>:<bytes>,``), then the body bytes as sent."""
-    parts = [part.encode() for part in (topic, request_id, signed_at)]
-    return b"".join([_MAC_LABEL, *(b"%d:%s," % (len(part), part) for part in parts), body])
+    return framed(_MAC_LABEL, (topic, request_id, signed_at), body)
+
+
+def framed(label: bytes, texts: Iterable[str], body: bytes) -> bytes:
+    """``label``, then each of ``texts`` in UTF-8 as a netstring (``<length>:<bytes>,``), then
+    ``body``: the bytes a session MAC (§2.9) or an answer's proof (§2.13) covers."""
+    parts = [text.encode() for text in texts]
+    return b"".join([label, *(b"%d:%s," % (len(part), part) for part in parts), body])
 
 
 def _hmac(pair_key: bytes) -> hmac.HMAC:
-    """An HMAC-SHA256 keyed with ``pair_key``, to :func:`_mac` copies of: a copy per request
+    """An HMAC-SHA256 keyed with ``pair_key``, to :func:`keyed_mac` copies of: a copy per request
     does not set the key up again, and (unlike ``hmac.digest``) keeps the GIL for a short
     message, so the Pulsar client's threads do not take it in the middle of a call."""
     return hmac.new(pair_key, digestmod=hashlib.sha256)
 
 
-def _mac(keyed: hmac.HMAC, message: bytes) -> str:
+def keyed_mac(keyed: hmac.HMAC, message: bytes) -> str:
+    """Standard base64 of the HMAC of ``message`` under ``keyed``'s key (a copy: ``keyed`` is
+    kept as it is, to MAC the next message)."""
     mac = keyed.copy()
     mac.update(message)
     return base64.b64encode(mac.digest()).decode()
@@ -176,7 +186,7 @@ class CallerSession:
         message = mac_bytes(body, request_id, topic, signed_at)
         hosts = [host for public in host_keys if (host := self._host(public)) is not None]
         return {**self._binding, SIGNED_AT: signed_at,
-                MACS: ",".join(f"{fp}:{_mac(key, message)}" for fp, key in hosts)}
+                MACS: ",".join(f"{fp}:{keyed_mac(key, message)}" for fp, key in hosts)}
 
 
 class OpenSession(NamedTuple):
@@ -222,5 +232,5 @@ def verify_mac(session: OpenSession, host_fingerprint: str, properties: Mapping[
     request_id, signed_at = properties.get("id"), properties.get(SIGNED_AT)
     if mac is None or request_id is None or signed_at is None:
         return None if mac is None else False
-    expected = _mac(session.mac, mac_bytes(body, request_id, topic, signed_at))
+    expected = keyed_mac(session.mac, mac_bytes(body, request_id, topic, signed_at))
     return hmac.compare_digest(expected, mac)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import hashlib
 import itertools
 import logging
 import math
@@ -38,7 +37,7 @@ import pulsar.asyncio
 from tghost.author.hookspecs import Authorize
 from tghost.author.service import Call, ToolError, ToolService
 from tghost.protocol import wire
-from tghost.protocol.answers import PROVE, AnswerProof
+from tghost.protocol.answers import PROVE, AnswerProof, body_digest
 from tghost.protocol.callers import CALLER, SIGNED_AT, Caller
 from tghost.protocol.descriptors import ToolServiceDescriptor
 from tghost.protocol.trust import Signer
@@ -298,14 +297,11 @@ class Prover:
         ``None``: none the caller could check."""
         caller, signed_at = properties.get(CALLER), properties.get(SIGNED_AT, "")
         if caller is not None and self.gate is not None and (mac := self.gate.session_mac(properties)) is not None:
-            return AnswerProof(self.topic, caller, signed_at, _digest(body), self.gate.session.fingerprint, mac)
+            return AnswerProof(self.topic, caller, signed_at, body_digest(body), self.gate.session.fingerprint, mac)
         if self.signer is not None and (caller is not None or PROVE in properties):
-            return AnswerProof(self.topic, caller or "", signed_at if caller else "", _digest(body), signer=self.signer)
+            signed_at = signed_at if caller is not None else ""
+            return AnswerProof(self.topic, caller or "", signed_at, body_digest(body), signer=self.signer)
         return None
-
-
-def _digest(body: bytes) -> str:
-    return hashlib.sha256(body).hexdigest()
 
 
 class Port:
