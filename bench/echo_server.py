@@ -13,7 +13,7 @@ until killed.
   (``send_async`` without a callback, acknowledge): no hand-off between threads at all.
 - ``listener-loop``: the listener hands each request to an asyncio loop with one
   ``call_soon_threadsafe``, where it is answered the same way: the one hand-off a host that
-  runs plugins away from the client's threads cannot avoid (docs/benchmarks.md §1).
+  runs plugins away from the client's threads cannot avoid (docs/internals/performance.md §1).
 """
 
 from __future__ import annotations

@@ -289,7 +289,7 @@ STARTUP = (
 
 def startup(url: str, runs: int) -> list[dict[str, Any]]:
     """Wall ms of each start-up row and of its yardstick, median of ``runs`` pairs run in turn,
-    against one ``tghost run`` serving the echo (docs/benchmarks.md §14)."""
+    against one ``tghost run`` serving the echo (docs/internals/performance.md §14)."""
     with ExitStack() as stack:
         env = stack.enter_context(host_env(url, {"echo": ECHO}))
         stack.enter_context(process([sys.executable, "-m", "tghost", "run", "--log-level", "warning"], env))

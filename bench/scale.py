@@ -1,5 +1,5 @@
 """Scale (issue 26): a fleet of hosts with 100 tools each announcing on the epoch topics
-(docs/protocol.md §4), and what the fleet costs the broker and a directory. docs/scale.md
+(docs/protocol.md §4), and what the fleet costs the broker and a directory. docs/internals/scale.md
 extrapolates from these figures.
 
 1. messages: the size of each announcement one host sends, built by the real Announcer

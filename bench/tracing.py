@@ -49,7 +49,7 @@ async def nap(seconds: float, mark: str) -> str:
 
 @tghost.tool(max_concurrency=1)
 def grind(seconds: float, mark: str, ctx: tghost.Context) -> str:
-    """Work in steps, stopping when cancelled (as docs/plugin-api.md asks of a long plain def)."""
+    """Work in steps, stopping when cancelled (as docs/reference/plugin-api.md asks of a long plain def)."""
     pathlib.Path(mark).touch()
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline and not ctx.cancelled.is_set():

@@ -1,4 +1,4 @@
-"""docs: every code block in README.md and docs/*.md is run by a test, or is output (```text).
+"""docs: every code block in README.md and docs/**/*.md is run by a test, or is output (```text).
 
 How it works: :func:`blocks` collects every fenced block with its language. A block a reader
 would run or copy is claimed in :data:`RUN_BY` by its file and first line, naming the test
@@ -7,7 +7,7 @@ docs/protocol.md under an ``<!-- example: NAME -->`` marker is checked by tests/
 the few that no test can run here are in :data:`NOT_RUN` with the reason. A new block that is
 none of these fails :func:`test_every_code_block_is_run_by_a_test_or_is_output`.
 
-docs/plugin-hooks.md also stays in step with the hookspecs (as datasette checks its hooks).
+docs/reference/plugin-hooks.md also stays in step with the hookspecs (as datasette checks its hooks).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from tghost.author import hookspecs
 from tghost.discovery.discover import catalog_of_plugin
 
 ROOT = Path(__file__).resolve().parent.parent
-HOOKS_DOC = ROOT / "docs" / "plugin-hooks.md"
+HOOKS_DOC = ROOT / "docs" / "reference" / "plugin-hooks.md"
 #: Fenced blocks that show output to the reader; never run.
 OUTPUT = "text"
 
@@ -50,11 +50,11 @@ class Block:
 
 
 def documents() -> list[Path]:
-    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 
 def blocks() -> list[Block]:
-    """Every fenced block of README.md and docs/*.md, in order."""
+    """Every fenced block of README.md and docs/**/*.md, in order."""
     found = []
     for path in documents():
         text = path.read_text()
@@ -130,18 +130,18 @@ RUN_BY = {
     ("README.md", "tghost tools --search "): "test_mcp",
     ("README.md", '{"mcpServers": {"tghost-search": '): "test_mcp",
     ("README.md", "[external-services.tgpeer] "): "test_external_services",
-    ("docs/plugin-hooks.md", "# tghost_textkit.py"): "test_docs",
-    ("docs/plugin-hooks.md", "# tghost_search.py"): "test_docs",
-    ("docs/plugin-hooks.md", "# tghost_access.py"): "test_docs",
-    ("docs/plugin-hooks.md", "# tghost_greeter.py"): "test_docs",
-    ("docs/plugin-hooks.md", "# tghost_lifecycle.py"): "test_docs",
-    ("docs/plugin-api.md", "# tghost_units.py"): "test_plugin_api",
-    ("docs/plugin-api.md", "# tghost_units.py, continued"): "test_plugin_api",
-    ("docs/plugin-api.md", "# tests/test_units.py"): "test_plugin_api",
-    ("docs/plugin-api.md", "# tghost_crawl.py"): "test_progress",
-    ("docs/agent-api.md", "# agent.py"): "test_agent_api",
-    ("docs/embedding.md", "# my_app.py"): "test_host",
-    ("docs/embedding.md", "# with_my_app.py"): "test_host",
+    ("docs/reference/plugin-hooks.md", "# tghost_textkit.py"): "test_docs",
+    ("docs/reference/plugin-hooks.md", "# tghost_search.py"): "test_docs",
+    ("docs/reference/plugin-hooks.md", "# tghost_access.py"): "test_docs",
+    ("docs/reference/plugin-hooks.md", "# tghost_greeter.py"): "test_docs",
+    ("docs/reference/plugin-hooks.md", "# tghost_lifecycle.py"): "test_docs",
+    ("docs/reference/plugin-api.md", "# tghost_units.py"): "test_plugin_api",
+    ("docs/reference/plugin-api.md", "# tghost_units.py, continued"): "test_plugin_api",
+    ("docs/reference/plugin-api.md", "# tests/test_units.py"): "test_plugin_api",
+    ("docs/reference/plugin-api.md", "# tghost_crawl.py"): "test_progress",
+    ("docs/reference/agent-api.md", "# agent.py"): "test_agent_api",
+    ("docs/guides/embedding.md", "# my_app.py"): "test_host",
+    ("docs/guides/embedding.md", "# with_my_app.py"): "test_host",
 }
 
 #: Blocks no test runs here, and why.
@@ -165,9 +165,9 @@ NOT_RUN = {
         "needs a Kubernetes cluster, Helm, Docker and a registry; tests/deploy validates every manifest against "
         "Kubernetes 1.31's schemas, checks the Dockerfile's entry point and runs 'tghost pulsar policies' as the "
         "Job does",
-    ("docs/benchmarks.md", "python3 -m pip install tox && python3 -m tox -e bench"):
+    ("docs/internals/performance.md", "python3 -m pip install tox && python3 -m tox -e bench"):
         "the benchmarks (minutes, and timing goes into bench/, never into tests)",
-    ("docs/scale.md", ".venv/bin/python bench/run.py scale"):
+    ("docs/internals/scale.md", ".venv/bin/python bench/run.py scale"):
         "the scale benchmark (minutes at full size; timing goes into bench/, never into tests)",
 }
 
@@ -245,37 +245,37 @@ async def test_the_readme_process_isolated_services_run_in_worker_processes(
         assert await host.call("parser", {"text": "abcd"}) == "4"
 
 
-# docs/plugin-hooks.md: every example, run as a plugin module.
+# docs/reference/plugin-hooks.md: every example, run as a plugin module.
 
 async def test_the_hooks_page_examples_register_serve_and_shut_down(pulsar_broker: Any) -> None:
     from tghost.testing import LocalHost
 
-    textkit = module_of(block("docs/plugin-hooks.md", "# tghost_textkit.py"), "tghost_textkit")
+    textkit = module_of(block("docs/reference/plugin-hooks.md", "# tghost_textkit.py"), "tghost_textkit")
     async with LocalHost(pulsar_broker.url, plugin=textkit) as host:
         assert await host.call("word-count", {"text": "a b c"}) == "3"
 
-    search = module_of(block("docs/plugin-hooks.md", "# tghost_search.py"), "tghost_search")
+    search = module_of(block("docs/reference/plugin-hooks.md", "# tghost_search.py"), "tghost_search")
     catalog = catalog_of_plugin(search)
     assert {name: tool.config for name, tool in catalog.tools.items()} == {
         "query-customers": {"collection": "customers"}, "query-products": {"collection": "products"}}
 
-    access = module_of(block("docs/plugin-hooks.md", "# tghost_access.py"), "tghost_access")
+    access = module_of(block("docs/reference/plugin-hooks.md", "# tghost_access.py"), "tghost_access")
     assert access.tghost_authorize(user="eve", service="custom-rag") == "eve may not search the knowledge base"
     assert access.tghost_authorize(user="alice", service="custom-rag") is None
 
-    greeter = module_of(block("docs/plugin-hooks.md", "# tghost_greeter.py"), "tghost_greeter")
+    greeter = module_of(block("docs/reference/plugin-hooks.md", "# tghost_greeter.py"), "tghost_greeter")
     added: dict[str, Any] = {}
     greeter.tghost_register_plugins(register=lambda name, load, **_: added.setdefault(name, load),
                                     config={"greeter": {"greetings": ["hello", "hi"]}})
     assert sorted(added) == ["greeter-hello", "greeter-hi"]
     assert list(catalog_of_plugin(added["greeter-hi"]()).tools) == ["greet-hi"]
 
-    lifecycle = module_of(block("docs/plugin-hooks.md", "# tghost_lifecycle.py"), "tghost_lifecycle")
+    lifecycle = module_of(block("docs/reference/plugin-hooks.md", "# tghost_lifecycle.py"), "tghost_lifecycle")
     catalog_of_plugin(lifecycle).shutdown()
     assert lifecycle.stop.is_set()
 
 
-# docs/plugin-hooks.md stays in step with the hookspecs.
+# docs/reference/plugin-hooks.md stays in step with the hookspecs.
 
 def specs() -> dict[str, list[str]]:
     """Every hookspec in tghost.author.hookspecs: name -> argument names, in order."""
@@ -321,11 +321,11 @@ def test_every_markdown_file_cited_is_in_the_repo_and_nothing_cites_outside_it()
     assert [path for path, text in repo_text_files().items() if outside in text] == []
 
 
-#: The project's own words: docs/architecture.md's glossary defines each (in bold).
+#: The project's own words: docs/internals/architecture.md's glossary defines each (in bold).
 GLOSSARY = ("seed 000", "seed 001", "hop", "lane", "port", "terms", "ledger", "window", "contest", "hand-off",
             "claim", "lease", "epoch", "restatement", "instance", "slot", "drain", "grace", "gate", "session")
 
 
 def test_the_glossary_defines_the_projects_own_words() -> None:
-    glossary = (ROOT / "docs" / "architecture.md").read_text().split("\n## Glossary\n", 1)[1]
+    glossary = (ROOT / "docs" / "internals" / "architecture.md").read_text().split("\n## Glossary\n", 1)[1]
     assert set(GLOSSARY) <= set(re.findall(r"\*\*([^*]+)\*\*", glossary))

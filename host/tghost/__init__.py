@@ -1,6 +1,6 @@
 """tghost: host pip-installed agent tool services on Apache Pulsar.
 
-This module is tghost's public face (docs/architecture.md "The public line"); with
+This module is tghost's public face (docs/internals/architecture.md "The public line"); with
 ``tghost.testing`` (plugin tests) and ``tghost.protocol`` (the wire) it is all a user imports.
 
 - A plugin author's world: the ``hookimpl`` marker, the ``tool`` decorator, the ``ToolService``
@@ -10,7 +10,7 @@ This module is tghost's public face (docs/architecture.md "The public line"); wi
   and ``CallRecord`` are what ``tghost.testing.LocalHost`` takes and tells its listeners.
 - A host's: ``Host``, configured by ``HostConfig`` (``HostError``, ``ConfigError`` and
   ``PluginLoadError`` when it cannot start),
-  which ``tghost run`` builds and a program embeds (docs/embedding.md).
+  which ``tghost run`` builds and a program embeds (docs/guides/embedding.md).
 - An agent's world: ``ToolDirectory``, ``PulsarSettings`` (``DEFAULT_URL``, ``DEFAULT_TOPIC``),
   the ``CallOptions`` of a call, ``ToolCallError`` with its refusals ``UnknownTool`` and
   ``NoProvider``, what a directory gives (``Change``, ``DirectoryTool``, ``Found``,

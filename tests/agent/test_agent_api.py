@@ -1,4 +1,4 @@
-"""docs/agent-api.md stays in step with the code, and its agent runs as written.
+"""docs/reference/agent-api.md stays in step with the code, and its agent runs as written.
 
 Each table lists exactly what introspection finds: ``ToolDirectory``'s parameters (with their
 defaults), its public methods and attributes, the options of ``invoke``/``stream``, the fields
@@ -26,7 +26,7 @@ from tghost.agent.entries import Change, DirectoryTool, ServiceEntry
 from tghost.agent.hosts import LiveHost
 from tghost.broker import EmbeddedBroker
 
-PAGE = "docs/agent-api.md"
+PAGE = "docs/reference/agent-api.md"
 TEXT = (Path(__file__).resolve().parents[2] / PAGE).read_text()
 
 

@@ -1,4 +1,4 @@
-"""docs/plugin-api.md stays in step with the code, and its plugin runs as written.
+"""docs/reference/plugin-api.md stays in step with the code, and its plugin runs as written.
 
 Each section's table lists exactly what introspection finds: the public attributes of
 ``ToolService``, the options of ``@tghost.tool``, ``Context``'s fields, ``Argument``'s and
@@ -24,7 +24,7 @@ from tghost.protocol import wire
 from tghost.protocol.descriptors import ToolDescriptor
 from tghost.testing import LocalHost
 
-PAGE = "docs/plugin-api.md"
+PAGE = "docs/reference/plugin-api.md"
 TEXT = (Path(__file__).resolve().parents[2] / PAGE).read_text()
 
 

@@ -227,11 +227,11 @@ def test_a_load_list_serves_only_the_named_plugins_and_reports_unknown_names(plu
     assert set(catalog.services) == {"kb"}
 
 
-HOOKS_DOC = Path(__file__).resolve().parents[2] / "docs" / "plugin-hooks.md"
+HOOKS_DOC = Path(__file__).resolve().parents[2] / "docs" / "reference" / "plugin-hooks.md"
 
 
 def documented_example(hook: str) -> str:
-    """The first Python block under a hook's heading in docs/plugin-hooks.md: tests run the doc's own example."""
+    """The first Python block under a hook's heading in docs/reference/plugin-hooks.md (tests run it)."""
     section = HOOKS_DOC.read_text().split(f"## {hook}(", 1)[1]
     return section.split("```python\n", 1)[1].split("```", 1)[0]
 

@@ -1,6 +1,6 @@
 """host: ``tghost.Host`` is what ``tghost run``, ``LocalHost`` and an embedding program share.
 Each stops in one order (withdraw, drain, the plugins' ``tghost_shutdown`` hooks once, close),
-whether it stops on exit, on SIGTERM or because it failed to start; docs/embedding.md's
+whether it stops on exit, on SIGTERM or because it failed to start; docs/guides/embedding.md's
 programs run as written and its table is ``HostConfig``'s fields."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from tghost.broker import EmbeddedBroker
 from tghost.system.net import free_port
 from tghost.testing import LocalHost
 
-EMBEDDING = "docs/embedding.md"
+EMBEDDING = "docs/guides/embedding.md"
 
 
 def lifecycle_plugin(events: list[str], release: asyncio.Event) -> types.SimpleNamespace:
@@ -200,7 +200,7 @@ def test_tghost_run_runs_the_shutdown_hook_once_when_its_broker_cannot_start(
     assert shutdowns.read_text() == "shutdown\n", ran.stderr
 
 
-# docs/embedding.md
+# docs/guides/embedding.md
 
 
 @pytest.fixture

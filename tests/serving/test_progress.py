@@ -101,7 +101,7 @@ def tghost_register_services(register):
 
 @pytest.fixture
 def reporting(plugin_dir: PluginDir) -> Catalog:
-    plugin_dir.add("crawl", block("docs/plugin-api.md", "# tghost_crawl.py"))
+    plugin_dir.add("crawl", block("docs/reference/plugin-api.md", "# tghost_crawl.py"))
     plugin_dir.add("more", MORE)
     return discover(plugin_dir.entry_points(), strict=True)
 

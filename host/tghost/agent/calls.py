@@ -138,7 +138,7 @@ class ToolCallRecord:
 
 class CallOptions(TypedDict, total=False):
     """The keyword options of a call by tool name, as :meth:`ToolCalls.stream` takes and documents
-    them (docs/agent-api.md "Call options"): ``invoke`` and the directory's ``invoke``/``stream``
+    them (docs/reference/agent-api.md "Call options"): ``invoke`` and the directory's ``invoke``/``stream``
     pass them on, and type checkers and editors know them by these names."""
 
     user: str | None
@@ -374,7 +374,7 @@ class ToolCalls:
     async def invoke(self, name: str, arguments: dict[str, Any], **options: Unpack[CallOptions]) -> str:
         """Invoke tool ``name`` and return the observation string, all chunks joined; the
         ``options`` (``user``, ``groups``, ``state``, ``allowed_groups``, ``timeout``, ``progress``)
-        and the errors are :meth:`stream`'s (docs/agent-api.md "Call options")."""
+        and the errors are :meth:`stream`'s (docs/reference/agent-api.md "Call options")."""
         return "".join([chunk async for chunk in self.stream(name, arguments, **options)])
 
 

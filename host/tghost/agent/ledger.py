@@ -271,12 +271,12 @@ class Ledger:
         later than the time its lease ends (or, once expired, the time it is to be forgotten). An
         entry is valid while its sequence is the instance's ``queued``; a renewed lease is not
         pushed, but pushed again when its old due time pops, so each instance has one valid entry
-        and :meth:`expire` never walks every instance (docs/scale.md)."""
+        and :meth:`expire` never walks every instance (docs/internals/scale.md)."""
         self._sequence = itertools.count()
         self._host_instances: dict[str, list[str]] = defaultdict(list)
         self._holders: dict[Key, set[str]] = defaultdict(set)
         """Key -> the host ids whose remembered instances may hold a descriptor of it (a superset:
-        :meth:`remembered` checks each), so that it never scans every host (docs/scale.md)."""
+        :meth:`remembered` checks each), so that it never scans every host (docs/internals/scale.md)."""
         self._descriptors: dict[Key, ToolDescriptor | ToolServiceDescriptor] = {}
         """Key -> the descriptor last applied for it (:meth:`_shared`), while a host holds the key."""
         self._clashing: dict[str, frozenset[str]] = {}
@@ -647,7 +647,7 @@ class Ledger:
                 ) -> ToolDescriptor | ToolServiceDescriptor:
         """The descriptor of ``key`` last applied, if it equals ``descriptor`` (else ``descriptor``,
         which becomes the last): hosts that agree share one object, so a fleet of them holds one
-        copy, and the directory tells agreeing claims by identity (docs/scale.md)."""
+        copy, and the directory tells agreeing claims by identity (docs/internals/scale.md)."""
         known = self._descriptors.get(key)
         if known is not None and known == descriptor:
             return known

@@ -308,7 +308,7 @@ async def _catch_up(reader: pulsar.asyncio.Reader, handler: Handler, quiet: floa
 
     The blocking C++ reader behind ``reader`` reads batches in a worker thread while the
     loop handles the previous batch: one thread hop per batch, where ``read_next`` costs
-    two event-loop wake-ups per message (10,000 announcements: see docs/benchmarks.md).
+    two event-loop wake-ups per message (10,000 announcements: see docs/internals/performance.md).
     Falls back to the async reader if pulsar-client no longer exposes the blocking one.
 
     Raises:

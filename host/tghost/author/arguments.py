@@ -13,7 +13,7 @@ one derived from its seed 000 ``arguments``,
 3. checks the rest against the schema: pydantic in strict JSON mode for a function, jsonschema
    for a class service.
 
-The rules and why are in docs/plugin-api.md, "Arguments". Never touches Pulsar.
+The rules and why are in docs/reference/plugin-api.md, "Arguments". Never touches Pulsar.
 """
 
 from __future__ import annotations

@@ -175,7 +175,7 @@ class ToolService:
     from ``arguments``), ``allow_unknown_arguments`` (default ``False``: arguments the schema does
     not name are answered ``invalid-arguments``), ``timeout`` (seconds), ``max_concurrency``,
     ``version``, ``persistent`` and ``isolation``. The host checks every call's arguments against
-    :attr:`arguments_schema` before ``invoke`` (:mod:`tghost.author.arguments`; docs/plugin-api.md). Override
+    :attr:`arguments_schema` before ``invoke`` (:mod:`tghost.author.arguments`; docs/reference/plugin-api.md). Override
     ``invoke(user, config, arguments)``: plain or ``async``, returning a string or a
     JSON-able value, or a (sync or async) generator to stream chunks.
 

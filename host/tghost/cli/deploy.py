@@ -27,7 +27,7 @@ def pulsar() -> None:
               help="The Pulsar role of the agents (directories): they only consume.")
 @click.option("--retention-size", default="1G", show_default=True, metavar="SIZE",
               help="The retention's size bound per topic, in M or G (e.g. 4G): at least twice one epoch's "
-                   "announcements, about 0.2 MB per host of 100 tools (docs/scale.md).")
+                   "announcements, about 0.2 MB per host of 100 tools (docs/internals/scale.md).")
 @click.option("--format", "fmt", type=click.Choice(["admin", "rest"]), default="admin", show_default=True,
               help="pulsar-admin command lines, or admin REST calls (METHOD PATH [JSON body]).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for programs: the namespace and the lines.")

@@ -19,7 +19,7 @@ from tghost.protocol.epochs import DEFAULT_TOPIC, MAX_HOSTS, MAX_INSTANCES, MAX_
 from tghost.pulsar.clients import DEFAULT_URL, START_A_BROKER, PulsarSettings, is_reachable
 from tghost.system.paths import config_path, default_config_path
 
-if TYPE_CHECKING:  # imported when used, by the commands that use them (start-up: docs/benchmarks.md §14)
+if TYPE_CHECKING:  # imported when used, by the commands that use them (start-up: docs/internals/performance.md §14)
     from tghost.agent.calls import Installed
     from tghost.agent.directory import ToolDirectory
     from tghost.protocol.trust import Signer, TrustedKeys

@@ -4,7 +4,7 @@ For implementers of another host, caller or directory, and for tools that read t
 seed 000 descriptors, the request/response envelope with its error types and progress updates,
 the announcement topics and epochs, seed 001 groups and state, the announcement models,
 announcement signatures, caller signatures and caller sessions. docs/protocol.md specifies
-each; every name here is stable (docs/architecture.md "The public line"), while the modules
+each; every name here is stable (docs/internals/architecture.md "The public line"), while the modules
 behind it are internal and free to move: import from ``tghost.protocol`` itself.
 
 No I/O but key files: nothing here opens a socket or a thread (the import-linter contracts in

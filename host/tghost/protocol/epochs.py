@@ -38,7 +38,7 @@ RESTATEMENT_MARGIN = 30.0
 MAX_LEASE = 600.0
 
 # The caps on what a directory holds, by default (docs/protocol.md §4.7): a message past one is
-# refused ``over-limit``. Sized on docs/scale.md: one directory follows about 2,000 hosts of 100
+# refused ``over-limit``. Sized on docs/internals/scale.md: one directory follows about 2,000 hosts of 100
 # tools, at 8 to 9 KiB per tool.
 #: Tools plus tool services one host instance may announce (a 100-tool host uses 101).
 MAX_ENTRIES = 1000

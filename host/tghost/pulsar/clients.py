@@ -201,7 +201,7 @@ def client_logger() -> logging.Logger | pulsar.FileLogger:
 
     Why: a Python logger gets every line the C++ client writes, DEBUG included (about nine per
     request and reply), each taking the GIL from a client thread; that was a third of ``tghost
-    run``'s CPU per call (docs/benchmarks.md). pulsar-client 3.13 has no level filter for a Python
+    run``'s CPU per call (docs/internals/performance.md). pulsar-client 3.13 has no level filter for a Python
     logger, and its native file logger holds lines in a buffer until the client's threads end, so
     it cannot carry warnings to a user in time. What they say that matters (a lost broker, a
     refused client, a failed call) tghost says in its own words at INFO and above. The C++ client

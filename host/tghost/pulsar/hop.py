@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 #: Seconds for ``sys.setswitchinterval`` in a process that serves (``tghost run``): the C++
 #: client's listener and I/O threads need the GIL for every message (the listener, the send
 #: receipt) and, while the event loop is busy, wait for it up to this long; Python's default
-#: 5 ms delays replies under load (docs/benchmarks.md).
+#: 5 ms delays replies under load (docs/internals/performance.md).
 SWITCH_INTERVAL = 0.0005
 #: Chunks of one stream sent before the sender waits for the broker to have them all. A
 #: non-persistent topic has no flow control from the consumer back to the producer: a caller's
@@ -129,7 +129,7 @@ def send(producer: pulsar.asyncio.Producer, payload: bytes, properties: dict[str
     """Send ``payload`` with ``properties`` without waiting. ``done(result, message_id)``, if
     given, runs on the client's I/O thread once the broker has it (``result`` is
     ``_pulsar.Result.Ok``) or it failed; without it nothing runs then, which saves the I/O thread
-    taking the GIL (about 50 µs of CPU per message, docs/benchmarks.md §1). Messages of one
+    taking the GIL (about 50 µs of CPU per message, docs/internals/performance.md §1). Messages of one
     producer go out in the order sent, and ``producer.flush()`` waits for all. Blocks only when
     the producer's queue of pending messages is full and it was created with
     ``block_if_queue_full``."""

@@ -16,7 +16,7 @@ class Deadlines:
     seconds from :meth:`start`; then its task is cancelled, and :meth:`expired` tells that
     cancellation from any other. One loop timer serves every call: the calls are kept in start
     order, which is deadline order, and the timer is armed for the earliest (``asyncio.timeout``
-    per call cost a timer, a context and two running-loop lookups each: docs/benchmarks.md §1).
+    per call cost a timer, a context and two running-loop lookups each: docs/internals/performance.md §1).
 
     Used by :class:`tghost.serving.endpoint.ServiceEndpoint` for calls on the event loop; the thread lane
     (:mod:`tghost.serving.lane`) times its calls from a thread of its own.

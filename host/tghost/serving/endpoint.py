@@ -2,7 +2,7 @@
 ``<service-id>-request`` on its request topic, a non-batching producer on its response topic,
 and the executor whose workers run its ``invoke``.
 
-The hot path (docs/benchmarks.md §1): a request on a non-persistent topic arrives through a C++
+The hot path (docs/internals/performance.md §1): a request on a non-persistent topic arrives through a C++
 message listener. A plain ``def`` service under thread isolation answers it on its worker
 threads (:mod:`tghost.serving.lane`); any other crosses into the event loop once
 (:class:`tghost.pulsar.hop.Mailbox`) and is driven there, through the same request state
@@ -365,7 +365,7 @@ class ServiceEndpoint:
         result). A persistent request's reply is waited for, since the request is acknowledged
         only once the broker has it. A non-persistent one's is not: the broker never delivers a
         non-persistent request again, so the acknowledgement changes nothing, and waiting would
-        cost a hop and the client's I/O thread the GIL (docs/benchmarks.md §1). The producer is
+        cost a hop and the client's I/O thread the GIL (docs/internals/performance.md §1). The producer is
         flushed before it closes. A persistent request whose reply the broker did not take is
         left unacknowledged (:data:`~tghost.serving.request.RETURNED`), for another delivery."""
         if not request.claim(status, self._port):

@@ -1,4 +1,4 @@
-"""lane: a service's requests served on threads alone, with no event-loop hop (docs/benchmarks.md §1).
+"""lane: a service's requests served on threads alone, with no event-loop hop (docs/internals/performance.md §1).
 
 For a service whose plain (blocking) ``invoke`` runs in the host's worker threads, on a
 non-persistent request topic, the C++ listener thread admits each request and hands it straight

@@ -55,7 +55,7 @@ class SessionSettings(BaseModel):
       by hosts that sign with one of them are mounted.
     - ``user``: the request's ``user``, for the hosts' ``tghost_authorize`` checks.
     - ``timeout``: seconds a call may take (default: the timeout the tool's service announces,
-      else 30, as for every caller: docs/agent-api.md "Call options").
+      else 30, as for every caller: docs/reference/agent-api.md "Call options").
     """
 
     model_config = ConfigDict(extra="forbid")

@@ -70,7 +70,7 @@ class ThreadExecutor(Executor):
     thread lane, :mod:`tghost.serving.lane`, uses them); :meth:`run` is the awaitable one.
 
     The threads are its own, fed by one ``SimpleQueue`` (``concurrent.futures``' pool costs a
-    ``Future``, a work item and a semaphore per call: docs/benchmarks.md §14). Only threads that
+    ``Future``, a work item and a semaphore per call: docs/internals/performance.md §14). Only threads that
     serve the queue take calls, and at most ``max_workers`` do: a stuck thread stops serving,
     and a new one takes its place while the service has fewer than ``2 * max_workers``.
     """
