@@ -115,21 +115,22 @@ def module_of(source: str, name: str) -> ModuleType:
 RUN_BY = {
     ("README.md", "$ .venv/bin/tghost tools "): "test_readme_try_it",
     ("README.md", "$ . .venv/bin/activate "): "test_scaffold",
-    ("README.md", "# pyproject.toml"): "test_readme_plugin",
-    ("README.md", "# tghost_weather.py"): "test_readme_plugin",
-    ("README.md", "# tghost_weather.py, continued"): "test_readme_plugin",
-    ("README.md", "# tests/test_weather.py"): "test_readme_plugin",
-    ("README.md", "$ tghost install -e '.[test]'"): "test_readme_plugin",
-    ("README.md", "# a deployment's own access check"): "test_docs",
-    ("README.md", "# tghost_wordcount.py"): "test_docs",
     ("README.md", "# an agent"): "test_readme_try_it",
-    ("README.md", ".venv/bin/tghost run --config examples/tools.toml &"): "test_examples",
-    ("README.md", "# tools.toml"): "test_examples",
-    ("README.md", "# access.toml"): "test_access",
-    ("README.md", "tghost inspect "): "test_inspector",
-    ("README.md", "tghost tools --search "): "test_mcp",
-    ("README.md", '{"mcpServers": {"tghost-search": '): "test_mcp",
-    ("README.md", "[external-services.tgpeer] "): "test_external_services",
+    ("docs/getting-started.md", "$ .venv/bin/tghost call --service joke-service "): "test_readme_try_it",
+    ("docs/guides/writing-plugins.md", "# pyproject.toml"): "test_writing_plugins",
+    ("docs/guides/writing-plugins.md", "# tghost_weather.py"): "test_writing_plugins",
+    ("docs/guides/writing-plugins.md", "# tghost_weather.py, continued"): "test_writing_plugins",
+    ("docs/guides/writing-plugins.md", "# tests/test_weather.py"): "test_writing_plugins",
+    ("docs/guides/writing-plugins.md", "$ tghost install -e '.[test]'"): "test_writing_plugins",
+    ("docs/guides/writing-plugins.md", "# tools.toml"): "test_examples",
+    ("docs/guides/security.md", "# a deployment's own access check"): "test_docs",
+    ("docs/guides/security.md", "# access.toml"): "test_access",
+    ("docs/guides/isolation.md", "# tghost_wordcount.py"): "test_docs",
+    ("docs/guides/agents.md", ".venv/bin/tghost run --config examples/tools.toml &"): "test_examples",
+    ("docs/guides/inspector.md", "tghost inspect "): "test_inspector",
+    ("docs/guides/search.md", "tghost tools --search "): "test_mcp",
+    ("docs/guides/search.md", '{"mcpServers": {"tghost-search": '): "test_mcp",
+    ("docs/integrations/trustgraph.md", "[external-services.tgpeer] "): "test_external_services",
     ("docs/reference/plugin-hooks.md", "# tghost_textkit.py"): "test_docs",
     ("docs/reference/plugin-hooks.md", "# tghost_search.py"): "test_docs",
     ("docs/reference/plugin-hooks.md", "# tghost_access.py"): "test_docs",
@@ -151,20 +152,21 @@ NOT_RUN = {
         "the set-up command: a new venv and four installs from an index (minutes); the tests run in tox's "
         "venv, which installs the same distributions, and test_readme_try_it runs the 'tghost run' it ends with",
     ("README.md", "python3 -m pip install tox && python3 -m tox"): "the test suite itself (.ci/run runs it)",
-    ("README.md", "export TGHOST_PULSAR_URL=pulsar+ssl://pulsar.example.com:6651"):
-        "needs an Apache Pulsar cluster with TLS and token auth (pulsar-lite enforces neither)",
     ("README.md", '{"mcpServers": {"tghost": {"command": "tghost", "args": ["mcp", "--group", "default"],'):
         "an MCP client's own config file; tests/adapters/test_mcp.py runs 'tghost mcp' over stdio as a client does",
-    ("README.md", "pip install -e plugins/tghost-amplifier"):
-        "installs an Amplifier module from GitHub (network); plugins/tghost-amplifier/tests serve local modules",
-    ("README.md", "[amplifier.tool-filesystem]"):
-        "configures the GitHub module above; plugins/tghost-amplifier/tests pass the same table to local modules",
-    ("README.md", "tools:"): "an Amplifier session's mount plan; plugins/tghost-amplifier/tests/test_session.py "
-                             "mounts tool-tghost with the same config keys",
-    ("README.md", "helm repo add apache https://pulsar.apache.org/charts"):
+    ("docs/operations/production.md", "export TGHOST_PULSAR_URL=pulsar+ssl://pulsar.example.com:6651"):
+        "needs an Apache Pulsar cluster with TLS and token auth (pulsar-lite enforces neither)",
+    ("docs/operations/production.md", "helm repo add apache https://pulsar.apache.org/charts"):
         "needs a Kubernetes cluster, Helm, Docker and a registry; tests/deploy validates every manifest against "
         "Kubernetes 1.31's schemas, checks the Dockerfile's entry point and runs 'tghost pulsar policies' as the "
         "Job does",
+    ("docs/integrations/amplifier.md", "pip install -e plugins/tghost-amplifier"):
+        "installs an Amplifier module from GitHub (network); plugins/tghost-amplifier/tests serve local modules",
+    ("docs/integrations/amplifier.md", "[amplifier.tool-filesystem]"):
+        "configures the GitHub module above; plugins/tghost-amplifier/tests pass the same table to local modules",
+    ("docs/integrations/amplifier.md", "tools:"):
+        "an Amplifier session's mount plan; plugins/tghost-amplifier/tests/test_session.py mounts tool-tghost "
+        "with the same config keys",
     ("docs/internals/performance.md", "python3 -m pip install tox && python3 -m tox -e bench"):
         "the benchmarks (minutes, and timing goes into bench/, never into tests)",
     ("docs/internals/scale.md", ".venv/bin/python bench/run.py scale"):
@@ -213,13 +215,13 @@ def test_the_block_counts() -> None:
     assert len(output) + len(examples) + len(run) + len(not_run) == len(every)
 
 
-# README: the access check and the process-isolated tool.
+# docs/guides: the access check and the process-isolated tool.
 
-async def test_the_readme_access_check_denies_with_its_reason(pulsar_broker: Any) -> None:
+async def test_the_guides_access_check_denies_with_its_reason(pulsar_broker: Any) -> None:
     from tghost.agent.client import ToolCallError
     from tghost.testing import LocalHost
 
-    module = module_of(block("README.md", "# a deployment's own access check"), "tghost_readme_access")
+    module = module_of(block("docs/guides/security.md", "# a deployment's own access check"), "tghost_readme_access")
     kb = tghost.tool(name="custom-rag")(lambda question: f"found: {question}")
     async with LocalHost(pulsar_broker.url, [kb], authorize=module.tghost_authorize) as host:
         assert await host.call("custom-rag", {"question": "q"}, user="alice") == "found: q"
@@ -228,12 +230,12 @@ async def test_the_readme_access_check_denies_with_its_reason(pulsar_broker: Any
     assert (refused.value.error_type, refused.value.message) == ("not-allowed", "eve may not search the knowledge base")
 
 
-async def test_the_readme_process_isolated_services_run_in_worker_processes(
+async def test_the_guides_process_isolated_services_run_in_worker_processes(
     pulsar_broker: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from tghost.testing import LocalHost
 
-    (tmp_path / "tghost_wordcount.py").write_text(block("README.md", "# tghost_wordcount.py"))
+    (tmp_path / "tghost_wordcount.py").write_text(block("docs/guides/isolation.md", "# tghost_wordcount.py"))
     monkeypatch.syspath_prepend(str(tmp_path))  # a worker process imports the module to get the services
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     import tghost_wordcount  # type: ignore[import-not-found]

@@ -29,7 +29,7 @@ AGENT = ".venv/bin/tghost run --config examples/tools.toml &   # plus a config-d
 def test_the_example_agent_follows_the_seed_001_workflow(
     pulsar_broker: EmbeddedBroker, tmp_path: Path, host_process: Callable[..., HostProcess]
 ) -> None:
-    (run, _), (agent_argv, _) = commands("README.md", AGENT)
+    (run, _), (agent_argv, _) = commands("docs/guides/agents.md", AGENT)
     assert run[:4] == [sys.executable, "-m", "tghost", "run"] and agent_argv == [sys.executable, "examples/agent.py"]
     env = {**os.environ, "TGHOST_PULSAR_URL": pulsar_broker.url, "XDG_CONFIG_HOME": str(tmp_path),
            "TGHOST_DESCRIPTORS_TOPIC": f"persistent://tg/config/agent-{uuid.uuid4().hex[:8]}"}
@@ -50,7 +50,7 @@ def test_the_readme_tools_file_adds_a_tool_over_a_plugins_service(
     pulsar_broker: EmbeddedBroker, tmp_path: Path, host_process: Callable[..., HostProcess]
 ) -> None:
     config = tmp_path / "tools.toml"
-    config.write_text(block("README.md", "# tools.toml"))
+    config.write_text(block("docs/guides/writing-plugins.md", "# tools.toml"))
     env = {**os.environ, "TGHOST_PULSAR_URL": pulsar_broker.url, "XDG_CONFIG_HOME": str(tmp_path),
            "TGHOST_LOAD_PLUGINS": "knowledge",
            "TGHOST_DESCRIPTORS_TOPIC": f"persistent://tg/config/tools-{uuid.uuid4().hex[:8]}"}

@@ -362,12 +362,12 @@ async def test_the_readme_search_command_and_tool_search_client_config_find_and_
     host.wait_for("announced")
     jokes = host_process(env={**env, "TGHOST_DISABLE_PLUGINS": "", "TGHOST_LOAD_PLUGINS": "joke"})
     jokes.wait_for("announced")
-    [(argv, _)] = commands("README.md", 'tghost tools --search "joke about cats" --limit 3      '
+    [(argv, _)] = commands("docs/guides/search.md", 'tghost tools --search "joke about cats" --limit 3      '
                                         "# add --json for the same rows as 'tghost tools --json', with a score")
     searched = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
     assert searched.returncode == 0, searched.stderr
     assert searched.stdout.splitlines()[1].startswith("tell-joke"), searched.stdout
-    config = json.loads(block("README.md", '{"mcpServers": {"tghost-search": {"command": "tghost", "args": '
+    config = json.loads(block("docs/guides/search.md", '{"mcpServers": {"tghost-search": {"command": "tghost", "args": '
                                            '["mcp", "--tool-search", "--group", "*"],'))
     server = config["mcpServers"]["tghost-search"]
     assert server["command"] == "tghost"

@@ -5,7 +5,6 @@ nobody but itself) and called by tool name through ``ToolDirectory`` and through
 from __future__ import annotations
 
 import json
-import re
 import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,6 +15,7 @@ import pytest
 import tghost
 from tests.adapters.test_mcp import mcp_client, text
 from tests.conftest import HostProcess, LoopThread, PluginDir, tghost_cli
+from tests.test_docs import block
 from tghost.agent.directory import ToolDirectory
 from tghost.broker import EmbeddedBroker
 from tghost.discovery.catalog import Catalog
@@ -26,11 +26,10 @@ from tghost.pulsar.clients import PulsarSettings
 dynamic_tool_service = pytest.importorskip(
     "trustgraph.base.dynamic_tool_service", reason="trustgraph-base 2.11 is not installed here")
 
-README = Path(__file__).resolve().parents[2] / "README.md"
-#: The README's example config file (section "With TrustGraph"), run as written.
-CONFIG = next(block for block in re.findall(r"```toml\n(.*?)```", README.read_text(), re.DOTALL)
-              if "[external-services.tgpeer]" in block)
-TOPIC = "tgpeer"  # the README's DynamicToolService topic
+#: The example config file of docs/integrations/trustgraph.md, run as written.
+CONFIG = block("docs/integrations/trustgraph.md",
+               "[external-services.tgpeer]            # a TrustGraph DynamicToolService run with --topic tgpeer")
+TOPIC = "tgpeer"  # the page's DynamicToolService topic
 
 
 @tghost.tool(service="kb")
@@ -51,7 +50,7 @@ class Shouter(dynamic_tool_service.DynamicToolService):  # type: ignore[misc,nam
 
 @pytest.fixture
 def shouter(pulsar_broker: EmbeddedBroker) -> Iterator[None]:
-    """A ``Shouter`` serving the README's topic on this broker, in its own event loop."""
+    """A ``Shouter`` serving the page's topic on this broker, in its own event loop."""
     thread = LoopThread("trustgraph")
 
     async def start() -> Any:
@@ -70,7 +69,7 @@ def shouter(pulsar_broker: EmbeddedBroker) -> Iterator[None]:
 
 @pytest.fixture
 def env(pulsar_broker: EmbeddedBroker, plugin_dir: PluginDir, tmp_path: Path, shouter: None) -> dict[str, str]:
-    """No plugin at all, and the README's config file declaring the Shouter and a tool over it."""
+    """No plugin at all, and the page's config file declaring the Shouter and a tool over it."""
     config = tmp_path / "tools.toml"
     config.write_text(CONFIG)
     return {**plugin_dir.user_env(pulsar_broker.url, tmp_path / "config", "external"), "TGHOST_CONFIG": str(config)}

@@ -128,7 +128,7 @@ def inspector(env: dict[str, str], host_process: Callable[..., HostProcess]) -> 
     """A ``tghost run`` host and the README's ``tghost inspect`` on a free port; gives the page's URL."""
     host = host_process(env=env)
     host.wait_for(READY)
-    [(argv, _)] = commands("README.md", README_COMMAND)
+    [(argv, _)] = commands("docs/guides/inspector.md", README_COMMAND)
     assert argv[:4] == [sys.executable, "-m", "tghost", "inspect"], argv
     inspect = host_process(*argv[4:], "--port", str(free_port()), env=env, command=("inspect",))
     line = inspect.wait_for(r"tghost inspect: the live directory")

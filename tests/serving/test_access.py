@@ -268,7 +268,7 @@ async def test_the_readme_access_table_is_what_tghost_run_serves_under(
     pulsar_broker: EmbeddedBroker, tmp_path: Path, host_process: Any
 ) -> None:
     config = tmp_path / "access.toml"
-    config.write_text(block("README.md", "# access.toml"))
+    config.write_text(block("docs/guides/security.md", "# access.toml"))
     keygen = tghost_cli("keygen", "--out", str(tmp_path / "keys" / "alice"))
     assert keygen.returncode == 0, keygen.stderr
     env = {**os.environ, "TGHOST_PULSAR_URL": pulsar_broker.url, "TGHOST_LOAD_PLUGINS": "joke,calculator",

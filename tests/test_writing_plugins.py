@@ -1,7 +1,7 @@
-"""The README's plugin, built from the README's own blocks ("Write a tool"), works as written:
+"""The plugin of docs/guides/writing-plugins.md, built from the page's own blocks, works as written:
 its ``pyproject.toml`` builds and installs, its test passes with no pytest configuration (and no
 pytest-asyncio), and ``tghost run`` serves it: each ``tghost call`` of the console block answers
-exactly what the README shows under it."""
+exactly what the page shows under it."""
 
 from __future__ import annotations
 
@@ -19,16 +19,16 @@ from tghost.discovery.discover import ENTRY_POINT_GROUP
 
 from .conftest import HostProcess
 
-README = "README.md"
+GUIDE = "docs/guides/writing-plugins.md"
 
 
 def write_plugin(root: Path) -> None:
-    """The plugin's three files, from the README's blocks, each named by its first line."""
+    """The plugin's three files, from the page's blocks, each named by its first line."""
     (root / "tests").mkdir(parents=True)
-    (root / "pyproject.toml").write_text(block(README, "# pyproject.toml"))
+    (root / "pyproject.toml").write_text(block(GUIDE, "# pyproject.toml"))
     (root / "tghost_weather.py").write_text(
-        block(README, "# tghost_weather.py") + "\n" + block(README, "# tghost_weather.py, continued"))
-    (root / "tests" / "test_weather.py").write_text(block(README, "# tests/test_weather.py"))
+        block(GUIDE, "# tghost_weather.py") + "\n" + block(GUIDE, "# tghost_weather.py, continued"))
+    (root / "tests" / "test_weather.py").write_text(block(GUIDE, "# tests/test_weather.py"))
 
 
 def test_the_readme_plugin_builds_installs_passes_its_test_and_is_served(
@@ -36,7 +36,7 @@ def test_the_readme_plugin_builds_installs_passes_its_test_and_is_served(
 ) -> None:
     root = tmp_path / "tghost-weather"
     write_plugin(root)
-    install, pytest_run, run, *calls = commands(README, "$ tghost install -e '.[test]'")
+    install, pytest_run, run, *calls = commands(GUIDE, "$ tghost install -e '.[test]'")
     tghost = [sys.executable, "-m", "tghost"]
     assert (install[0], pytest_run[0], run[0]) == ([*tghost, "install", "-e", ".[test]"],
                                                    [sys.executable, "-m", "pytest"], [*tghost, "run"])
