@@ -1,4 +1,4 @@
-"""Access: what a host's ``[access]`` policy costs per call (README "Who may call what").
+"""Access: what a host's ``[access]`` policy costs per call (docs/guides/security.md "Who may call what").
 
 One ``tghost run`` serving the echo tool, in three set-ups, in turn, ``REPS`` times: no policy
 and an anonymous caller (today's path); a policy with the caller's key, the caller signing

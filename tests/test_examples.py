@@ -22,7 +22,7 @@ from .conftest import HostProcess
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
-#: The README's commands for the example agent (section "Announcements and the tool directory").
+#: The commands for the example agent (docs/guides/agents.md, "An example agent").
 AGENT = ".venv/bin/tghost run --config examples/tools.toml &   # plus a config-declared tool"
 
 

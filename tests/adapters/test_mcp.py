@@ -356,7 +356,7 @@ def test_mcp_without_a_broker_says_how_to_start_one() -> None:
 
 async def test_the_readme_search_command_and_tool_search_client_config_find_and_call_a_tool(
         env: dict[str, str], host_process: Callable[..., HostProcess]) -> None:
-    """README "Finding the right tool": its 'tghost tools --search' command, and its MCP client
+    """docs/guides/search.md: its 'tghost tools --search' command, and its MCP client
     config run as a client runs it (the command and args from the JSON, over stdio)."""
     host = host_process(env=env)
     host.wait_for("announced")

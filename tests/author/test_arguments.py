@@ -23,7 +23,7 @@ from tghost.testing import LocalHost
 
 
 class ListedMetric(tghost.ToolService):
-    """The README's shape: a class service with an ``arguments`` list and no schema."""
+    """The shape docs/guides/writing-plugins.md shows: a class service with an ``arguments`` list and no schema."""
 
     id = "listed-metric"
     arguments = (tghost.Argument(name="value", type="number", description="How many"),

@@ -3,7 +3,7 @@
 
 Run with ``tox -e browser`` (``.ci/run`` installs Chromium); without Playwright or Chromium
 these tests skip. With ``TGHOST_SCREENSHOTS=DIR`` the stream and two-host tests also save the
-screenshots the README shows.
+screenshots docs/guides/inspector.md shows.
 """
 
 from __future__ import annotations
@@ -119,16 +119,16 @@ def env(plugin_dir: PluginDir, pulsar_broker: EmbeddedBroker, tmp_path: Path) ->
                           TGHOST_LOAD_PLUGINS="calculator,shapes")
 
 
-#: The README's command (section "Inspector"), run here on a free port.
-README_COMMAND = "tghost inspect                # then open http://localhost:8766/, or pass --open"
+#: The command of docs/guides/inspector.md, run here on a free port.
+GUIDE_COMMAND = "tghost inspect                # then open http://localhost:8766/, or pass --open"
 
 
 @pytest.fixture
 def inspector(env: dict[str, str], host_process: Callable[..., HostProcess]) -> str:
-    """A ``tghost run`` host and the README's ``tghost inspect`` on a free port; gives the page's URL."""
+    """A ``tghost run`` host and the guide's ``tghost inspect`` on a free port; gives the page's URL."""
     host = host_process(env=env)
     host.wait_for(READY)
-    [(argv, _)] = commands("docs/guides/inspector.md", README_COMMAND)
+    [(argv, _)] = commands("docs/guides/inspector.md", GUIDE_COMMAND)
     assert argv[:4] == [sys.executable, "-m", "tghost", "inspect"], argv
     inspect = host_process(*argv[4:], "--port", str(free_port()), env=env, command=("inspect",))
     line = inspect.wait_for(r"tghost inspect: the live directory")

@@ -1,4 +1,4 @@
-"""access: a host's ``[access]`` policy on the embedded broker (README "Who may call what"):
+"""access: a host's ``[access]`` policy on the embedded broker (docs/guides/security.md "Who may call what"):
 anonymous callers and signed ones allowed and refused, a tampered body, a replay and a stale
 signature refused, a rate exceeded, and the verified caller reaching the tool and the call
 records. Nothing refused reaches ``invoke``."""

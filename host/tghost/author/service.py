@@ -75,7 +75,7 @@ class Context:
     ``user`` is the request's user, as the caller asserted it (nothing checks it); ``config``
     the tool's config values (seed 000); ``caller`` the verified caller (name and key id), when
     the host has an ``[access]`` policy and the request was signed by one of its callers, else
-    ``None`` (README "Who may call what").
+    ``None`` (docs/guides/security.md "Who may call what").
     """
 
     user: str

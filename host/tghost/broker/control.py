@@ -1,4 +1,4 @@
-"""control: the ``tghost broker`` process, which owns pulsar-lite (README.md, "The broker"): run
+"""control: the ``tghost broker`` process, which owns pulsar-lite (docs/operations/broker.md): run
 in the foreground until stopped (:func:`run_until_stopped`), or started detached, in its own
 session, shared by every process on its URL and outliving whoever started it
 (:func:`start_detached`; :func:`ensure_broker` for ``tghost run``); and stopped (:func:`stop_broker`).

@@ -84,7 +84,7 @@ def call(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...]
         raise click.UsageError(
             f"{given} goes with --service, not with a tool name: a tool brings its own config values and topic. "
             f"Call the service instead (tghost call --service ID {given} ...), or declare a tool with those "
-            "config values in a config file ('Tools from configuration' in the README)")
+            "config values in a config file ('Tools from configuration' in docs/guides/writing-plugins.md)")
     if json_args is not None and arguments:
         raise click.UsageError("give arguments as KEY=VALUE pairs or --json, not both")
     args = parse_pairs(arguments, "ARGUMENTS") if json_args is None else _json_object(json_args)

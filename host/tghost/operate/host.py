@@ -63,9 +63,10 @@ class HostConfig:
       (:class:`tghost.Signer`; ``None``: unsigned). ``epoch_seconds``: how long one announcement
       topic is written before the next (docs/protocol.md §4.1).
     - ``config_file``: a TOML file of tools, external services, ``[access]`` and plugin config
-      (README "Tools from configuration", "Who may call what"); ``plugins``: which installed
-      plugins load (default: from ``TGHOST_LOAD_PLUGINS``/``TGHOST_DISABLE_PLUGINS``), only for a
-      host that discovers its plugins (no services or plugin given to :class:`Host`).
+      (docs/guides/writing-plugins.md "Tools from configuration", docs/guides/security.md "Who may
+      call what"); ``plugins``: which installed plugins load (default: from
+      ``TGHOST_LOAD_PLUGINS``/``TGHOST_DISABLE_PLUGINS``), only for a host that discovers its plugins
+      (no services or plugin given to :class:`Host`).
     - ``watch_plugins``: serve plugins pip-installed while running, withdraw uninstalled ones,
       looking every ``watch_interval`` seconds (a host that discovers its plugins only).
     - ``metrics_port``: serve Prometheus ``/metrics`` and ``/health`` there, bound to

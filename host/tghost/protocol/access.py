@@ -1,7 +1,7 @@
 """access: who may call what on a host, as its ``[access]`` config table states it and its
 announcements publish it (docs/protocol.md §2.8, §4.3).
 
-Config (README "Who may call what")::
+Config (docs/guides/security.md "Who may call what")::
 
     [access]
     anonymous = ["tell-joke"]              # tools callers without a verified identity may use; "*" = all
