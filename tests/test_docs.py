@@ -1,4 +1,5 @@
-"""docs: every code block in README.md and docs/**/*.md is run by a test, or is output (```text).
+"""docs: every code block in README.md, CONTRIBUTING.md, CHANGELOG.md and docs/**/*.md is run by a test, or
+is output (```text).
 
 How it works: :func:`blocks` collects every fenced block with its language. A block a reader
 would run or copy is claimed in :data:`RUN_BY` by its file and first line, naming the test
@@ -50,11 +51,11 @@ class Block:
 
 
 def documents() -> list[Path]:
-    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    return [ROOT / "README.md", ROOT / "CONTRIBUTING.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 
 def blocks() -> list[Block]:
-    """Every fenced block of README.md and docs/**/*.md, in order."""
+    """Every fenced block of :func:`documents`, in order."""
     found = []
     for path in documents():
         text = path.read_text()
@@ -152,6 +153,10 @@ NOT_RUN = {
         "the set-up command: a new venv and four installs from an index (minutes); the tests run in tox's "
         "venv, which installs the same distributions, and test_readme_try_it runs the 'tghost run' it ends with",
     ("README.md", "python3 -m pip install tox && python3 -m tox"): "the test suite itself (.ci/run runs it)",
+    ("CONTRIBUTING.md", "python3 -m venv .venv && .venv/bin/pip install -e . -e plugins/tghost-joke -e "
+                        "plugins/tghost-calculator -e plugins/tghost-knowledge && .venv/bin/tghost run"):
+        "the README's set-up command, repeated for contributors (see the README's reason)",
+    ("CONTRIBUTING.md", "python3 -m pip install tox && python3 -m tox"): "the test suite itself (.ci/run runs it)",
     ("README.md", '{"mcpServers": {"tghost": {"command": "tghost", "args": ["mcp", "--group", "default"],'):
         "an MCP client's own config file; tests/adapters/test_mcp.py runs 'tghost mcp' over stdio as a client does",
     ("docs/operations/production.md", "export TGHOST_PULSAR_URL=pulsar+ssl://pulsar.example.com:6651"):
@@ -302,7 +307,8 @@ def test_every_hook_is_documented_with_its_exact_arguments_and_nothing_else_is()
 
 REPO = HOOKS_DOC.parent.parent
 #: Where the project documents itself: what a reader or a docstring may cite.
-SOURCES = ("README.md", "docs", "host", "bench", "plugins", "tests", "examples", "tox.ini", "pyproject.toml")
+SOURCES = ("README.md", "CONTRIBUTING.md", "CHANGELOG.md", "docs", "host", "bench", "plugins", "tests", "examples",
+           "tox.ini", "pyproject.toml")
 
 
 def repo_text_files() -> dict[Path, str]:
