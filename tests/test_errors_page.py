@@ -1,8 +1,9 @@
 """docs/reference/errors.md is the one list of error types and exceptions, in step with the code.
 
-Its tables list exactly what the code has (no more, no fewer): every error type a host answers
-with (the wire's, :mod:`tghost.protocol.wire`) or a caller refuses with (:mod:`tghost.agent.calls`),
-once, with who sends it; and every exception ``import tghost`` gives. docs/protocol.md §2.6 defines
+It lists exactly what the code has (no more, no fewer): every error type a host answers with
+(the wire's, :mod:`tghost.protocol.wire`) or a caller raises itself (:mod:`tghost.agent.calls`,
+its client), once, under its own heading, with who sends it; and, in a table, every exception
+``import tghost`` gives. docs/protocol.md §2.6 defines
 the same types for other implementations; the Plugin API and Agent API pages link the list
 instead of repeating it. No broker needed.
 """
@@ -59,12 +60,19 @@ def sent_by_callers() -> set[str]:
     return refused | {getattr(wire, name) for name in made}
 
 
+#: Who sends a type, as the line under its heading says it.
+SENDERS = {"Sent by the host.": "host", "Sent by the caller.": "caller",
+           "Sent by the host or the caller.": "host, caller"}
+
+
 def types_on_the_page() -> dict[str, str]:
-    """Each error type of the page's table, with its 'sent by' cell."""
-    table = rows(section(PAGE.read_text(), "Error types"))
-    names = [row[0].strip("`") for row in table]
+    """Each error type of the page (a ``### `type``` heading under ``## Error types``), with who sends it."""
+    types = PAGE.read_text().split("\n## Error types\n", 1)[1].split("\n## ", 1)[0]
+    found = re.findall(r"^### `([^`]+)`\n\n(.*)$", types, re.MULTILINE)
+    assert len(found) == types.count("\n### "), "a heading under Error types is not an error type"
+    names = [name for name, _ in found]
     assert len(names) == len(set(names)), "an error type is listed twice"
-    return {row[0].strip("`"): row[1] for row in table}
+    return {name: SENDERS[line] for name, line in found}
 
 
 def test_the_page_lists_every_error_type_once_and_nothing_else() -> None:
@@ -78,12 +86,13 @@ def test_the_page_says_who_sends_each_type() -> None:
 
 
 def test_the_page_lists_every_exception_of_tghost() -> None:
+    """tghost's own by their name (``ToolCallError``), the others as Python names them."""
     named = [row[0].strip("`") for row in rows(section(PAGE.read_text(), "Exceptions"))]
     assert len(named) == len(set(named))
-    exported = {f"tghost.{name}" for name in tghost.__all__
+    exported = {name for name in tghost.__all__
                 if isinstance(value := getattr(tghost, name), type) and issubclass(value, BaseException)}
-    assert {name for name in named if name.startswith("tghost.")} == exported
-    for dotted in named:
+    assert exported <= set(named)
+    for dotted in set(named) - exported:
         module, _, name = dotted.rpartition(".")
         error = getattr(importlib.import_module(module) if module else builtins, name)
         assert issubclass(error, BaseException), dotted
