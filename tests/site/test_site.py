@@ -1,6 +1,6 @@
 """The documentation site as built (``tox -e docs``): every page is there, the CLI reference names
-every ``tghost`` command, the search index holds every page, and nothing is left unrendered or
-links to a file the site does not have.
+every ``tghost`` command (and only variables the commands have), the search index holds every
+page, and nothing is left unrendered or links to a file the site does not have.
 
 ``mkdocs build --strict`` already fails on a broken link between pages, a missing anchor or a
 missing snippet; these tests check what it does not: the pages it generates and the links of
@@ -109,6 +109,18 @@ def test_the_cli_page_names_every_command(site: Path) -> None:
     assert {"tghost", "tghost run", "tghost broker start", "tghost trustgraph sync"} <= set(paths)
     headings = page(site / "reference" / "cli" / "index.html").headings
     assert [path for path in paths if headings.get(path) != path.replace(" ", "-")] == []
+
+
+def test_the_cli_pages_variables_are_the_commands_own(site: Path) -> None:
+    """Each variable of the page's Environment table (but those with no option) and its option
+    are named in the help that the page was generated from."""
+    table = (DOCS / "reference" / "cli.md").read_text().split("\n## Environment\n", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `([A-Z_]+)` \| (`--[a-z-]+`|none) \|", table, re.MULTILINE)
+    assert len(rows) == table.count("\n| `")
+    html = (site / "reference" / "cli" / "index.html").read_text()
+    generated = html.split('id="tghost"', 1)[1]
+    assert [(variable, option) for variable, option in rows if option != "none"
+            and (variable not in generated or option.strip("`") not in generated)] == []
 
 
 def test_the_search_index_holds_every_page_and_finds_its_words(site: Path) -> None:
