@@ -50,20 +50,21 @@ TESTING = [
 ]
 
 PROTOCOL = [
-    "Announcement", "Argument", "BAD_REQUEST", "BAD_SIGNATURE", "BadRequest", "CALLER", "CANCEL", "CANCELLED",
-    "Caller", "CallerSession", "ConfigParam", "DEFAULT_GROUPS", "DEFAULT_STATE", "DEFAULT_TIMEOUT", "DEFAULT_TOPIC",
-    "DescriptorError", "EPOCH_SECONDS", "Entries", "HostInfo", "HostSessionKey", "INVALID_ARGUMENTS", "KINDS",
-    "KeyFileError", "Lease", "MACS", "MAX_LEASE", "MAX_LIFETIME", "MAX_MESSAGE", "MISSING_CONFIG", "NOT_ALLOWED",
-    "OK", "OVERLOADED", "OpenSession", "PROGRESS", "Progress", "RATE_LIMITED", "REDELIVERY_LIMIT",
-    "RESTATEMENT_MARGIN", "Request", "Response", "SESSION", "SESSION_KEY", "SESSION_SIGNATURE", "SIGNATURE",
-    "SIGNATURE_FIELD", "SIGNED_AT", "Signer", "TIMEOUT", "TOOL_SERVICE_ERROR", "TooLarge", "ToolAccess",
-    "ToolDescriptor", "ToolServiceDescriptor", "TrustedKeys", "UNAUTHORIZED", "UNAVAILABLE", "UNKNOWN_KEY",
-    "UNKNOWN_SESSION", "UNSIGNED", "WILDCARD", "announcement_key", "announcement_value", "caller_key_id",
-    "canonical_json", "check_lease", "control_topic", "current_topic", "decode_request", "decode_response",
-    "encode_error", "encode_progress", "encode_request", "encode_response", "epoch_of", "epoch_topic", "fingerprint",
-    "full_topic_name", "is_available", "key_id", "mac_bytes", "next_state", "observation", "open_session",
-    "parse_descriptor", "read_window", "request_queue", "response_queue", "schema_of_arguments", "select",
-    "sign_request", "signed_bytes", "signed_request_bytes", "signed_within", "verify_mac", "verify_request",
+    "ADDED_TOOL_KEYS", "Announcement", "Argument", "BAD_REQUEST", "BAD_SIGNATURE", "BadRequest", "CALLER", "CANCEL",
+    "CANCELLED", "CONTENT_TYPE", "Caller", "CallerSession", "ConfigParam", "DEFAULT_GROUPS", "DEFAULT_STATE",
+    "DEFAULT_TIMEOUT", "DEFAULT_TOPIC", "DescriptorError", "EPOCH_SECONDS", "Entries", "HostInfo", "HostSessionKey",
+    "INVALID_ARGUMENTS", "JSON_CONTENT", "KINDS", "KeyFileError", "Lease", "MACS", "MAX_LEASE", "MAX_LIFETIME",
+    "MAX_MESSAGE", "MISSING_CONFIG", "NOT_ALLOWED", "OK", "OVERLOADED", "OpenSession", "PROGRESS", "Progress",
+    "RATE_LIMITED", "REDELIVERY_LIMIT", "RESTATEMENT_MARGIN", "Request", "Response", "SESSION", "SESSION_KEY",
+    "SESSION_SIGNATURE", "SIGNATURE", "SIGNATURE_FIELD", "SIGNED_AT", "Signer", "TIMEOUT", "TOOL_SERVICE_ERROR",
+    "TooLarge", "ToolAccess", "ToolAnnotations", "ToolDescriptor", "ToolServiceDescriptor", "TrustedKeys",
+    "UNAUTHORIZED", "UNAVAILABLE", "UNKNOWN_KEY", "UNKNOWN_SESSION", "UNSIGNED", "WILDCARD", "announcement_key",
+    "announcement_value", "caller_key_id", "canonical_json", "check_lease", "control_topic", "current_topic",
+    "decode_request", "decode_response", "encode_error", "encode_progress", "encode_request", "encode_response",
+    "epoch_of", "epoch_topic", "fingerprint", "full_topic_name", "is_available", "key_id", "mac_bytes",
+    "next_state", "observation", "open_session", "parse_descriptor", "read_window", "request_queue",
+    "response_queue", "schema_of_arguments", "select", "sign_request", "signed_bytes", "signed_request_bytes",
+    "signed_within", "verify_mac", "verify_request",
 ]
 
 #: Pages a user reads to use tghost: they name public paths only.

@@ -43,10 +43,12 @@ if TYPE_CHECKING:
         verify_request,
     )
     from tghost.protocol.descriptors import (
+        ADDED_TOOL_KEYS,
         DEFAULT_TIMEOUT,
         Argument,
         ConfigParam,
         DescriptorError,
+        ToolAnnotations,
         ToolDescriptor,
         ToolServiceDescriptor,
         request_queue,
@@ -96,7 +98,9 @@ if TYPE_CHECKING:
         BAD_REQUEST,
         CANCEL,
         CANCELLED,
+        CONTENT_TYPE,
         INVALID_ARGUMENTS,
+        JSON_CONTENT,
         MAX_MESSAGE,
         MISSING_CONFIG,
         NOT_ALLOWED,
@@ -138,8 +142,8 @@ _LAZY = {
         "signed_within", "verify_request",
     ), "tghost.protocol.callers"),
     **dict.fromkeys((
-        "DEFAULT_TIMEOUT", "Argument", "ConfigParam", "DescriptorError", "ToolDescriptor", "ToolServiceDescriptor",
-        "request_queue", "response_queue", "schema_of_arguments",
+        "ADDED_TOOL_KEYS", "DEFAULT_TIMEOUT", "Argument", "ConfigParam", "DescriptorError", "ToolAnnotations",
+        "ToolDescriptor", "ToolServiceDescriptor", "request_queue", "response_queue", "schema_of_arguments",
     ), "tghost.protocol.descriptors"),
     **dict.fromkeys((
         "DEFAULT_TOPIC", "EPOCH_SECONDS", "MAX_LEASE", "RESTATEMENT_MARGIN", "check_lease", "current_topic",
@@ -157,7 +161,8 @@ _LAZY = {
         "canonical_json", "full_topic_name", "key_id", "signed_bytes",
     ), "tghost.protocol.trust"),
     **dict.fromkeys((
-        "BAD_REQUEST", "CANCEL", "CANCELLED", "INVALID_ARGUMENTS", "MAX_MESSAGE", "MISSING_CONFIG", "NOT_ALLOWED",
+        "BAD_REQUEST", "CANCEL", "CANCELLED", "CONTENT_TYPE", "INVALID_ARGUMENTS", "JSON_CONTENT", "MAX_MESSAGE",
+        "MISSING_CONFIG", "NOT_ALLOWED",
         "OK", "OVERLOADED", "PROGRESS", "RATE_LIMITED", "REDELIVERY_LIMIT", "TIMEOUT", "TOOL_SERVICE_ERROR",
         "UNAUTHORIZED", "UNAVAILABLE", "UNKNOWN_SESSION", "BadRequest", "Progress", "Request", "Response",
         "TooLarge", "control_topic", "decode_request", "decode_response", "encode_error", "encode_progress",
@@ -166,17 +171,20 @@ _LAZY = {
 }
 
 __all__ = [
+    "ADDED_TOOL_KEYS",
     "BAD_REQUEST",
     "BAD_SIGNATURE",
     "CALLER",
     "CANCEL",
     "CANCELLED",
+    "CONTENT_TYPE",
     "DEFAULT_GROUPS",
     "DEFAULT_STATE",
     "DEFAULT_TIMEOUT",
     "DEFAULT_TOPIC",
     "EPOCH_SECONDS",
     "INVALID_ARGUMENTS",
+    "JSON_CONTENT",
     "KINDS",
     "MACS",
     "MAX_LEASE",
@@ -223,6 +231,7 @@ __all__ = [
     "Signer",
     "TooLarge",
     "ToolAccess",
+    "ToolAnnotations",
     "ToolDescriptor",
     "ToolServiceDescriptor",
     "TrustedKeys",

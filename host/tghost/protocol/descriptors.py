@@ -1,4 +1,5 @@
 """descriptors: the two descriptor tiers of seed 000 (tool service, tool) plus seed 001's group/state,
+tghost's additions to a tool (a title, behaviour hints and an output schema: docs/protocol.md §3.3),
 and the JSON Schema of a seed 000 ``arguments`` list (:func:`schema_of_arguments`: a host checks
 arguments against it, a caller shows it).
 
@@ -14,10 +15,12 @@ from typing import Any, Literal
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 __all__ = [
+    "ADDED_TOOL_KEYS",
     "DEFAULT_TIMEOUT",
     "Argument",
     "ConfigParam",
     "DescriptorError",
+    "ToolAnnotations",
     "ToolDescriptor",
     "ToolServiceDescriptor",
     "describe_validation_error",
@@ -31,6 +34,11 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
 #: Seconds a call may take when its service announces no ``timeout``: what a host serves with
 #: unless told otherwise (``tghost run --timeout``), and what a caller waits.
 DEFAULT_TIMEOUT = 30.0
+#: The tool keys tghost added after its first release (docs/protocol.md §3.3). A directory of
+#: that release took every unknown tool key for a config value and sent it in a request's
+#: config; so a host drops these keys from a request's config before anything reads it, and
+#: no service names a config param so.
+ADDED_TOOL_KEYS = frozenset({"title", "annotations", "output-schema"})
 
 
 def request_queue(topic: str) -> str:
@@ -111,13 +119,32 @@ class ToolServiceDescriptor(_Model):
         return tuple(p.name for p in self.config_params if p.required)
 
 
+class ToolAnnotations(_Model):
+    """A tool's behaviour hints (docs/protocol.md §3.3), MCP's ``ToolAnnotations`` in the wire's
+    spelling: ``read-only`` (it changes nothing), ``destructive`` (it may destroy or overwrite),
+    ``idempotent`` (calling it again with the same arguments does nothing more) and
+    ``open-world`` (it reaches beyond the host: the web, other systems). Each is a boolean, or
+    left out when unset: a client then applies MCP's default. Keys it does not know are ignored,
+    so hints added later reach older directories without harm."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    read_only: bool | None = Field(default=None, alias="read-only")
+    destructive: bool | None = None
+    idempotent: bool | None = None
+    open_world: bool | None = Field(default=None, alias="open-world")
+
+
 class ToolDescriptor(_Model):
     """Tier 2 of seed 000: a tool the agent sees, bound to a service with config values.
 
     Config-param values sit at the top level (``"collection": "customers"``); every key
     that is not a known field is one, available as :attr:`config`. Seed 001 adds
     ``group`` (default ``["default"]``), ``state`` and ``available_in_states`` (input
-    alias ``applicable-states``). tghost adds ``input-schema`` (JSON Schema).
+    alias ``applicable-states``). tghost adds ``input-schema`` (JSON Schema) and, in
+    :data:`ADDED_TOOL_KEYS`, ``title`` (a name for people), ``annotations``
+    (:class:`ToolAnnotations`) and ``output-schema`` (the JSON Schema of a structured
+    observation: an object schema; docs/protocol.md §3.3).
     """
 
     model_config = ConfigDict(extra="allow")
@@ -135,6 +162,21 @@ class ToolDescriptor(_Model):
         serialization_alias="available_in_states",
     )
     input_schema: dict[str, Any] | None = Field(default=None, alias="input-schema")
+    title: str | None = Field(default=None, min_length=1)
+    annotations: ToolAnnotations | None = None
+    output_schema: dict[str, Any] | None = Field(default=None, alias="output-schema")
+
+    @field_validator("output_schema")
+    @classmethod
+    def _an_object_schema(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None and value.get("type") != "object":
+            raise ValueError('an output schema describes a JSON object: its "type" must be "object"')
+        return value
+
+    @property
+    def read_only(self) -> bool:
+        """Whether the tool is hinted read-only (``annotations.read-only`` is true)."""
+        return self.annotations is not None and self.annotations.read_only is True
 
     @field_validator("group", mode="before")
     @classmethod

@@ -10,11 +10,15 @@ import json
 from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeGuard
 
+from tghost.protocol.descriptors import ADDED_TOOL_KEYS
+
 __all__ = [
     "BAD_REQUEST",
     "CANCEL",
     "CANCELLED",
+    "CONTENT_TYPE",
     "INVALID_ARGUMENTS",
+    "JSON_CONTENT",
     "MAX_MESSAGE",
     "MISSING_CONFIG",
     "NOT_ALLOWED",
@@ -65,6 +69,11 @@ CANCELLED = "cancelled"
 CANCEL = "tghost-cancel"
 #: The request property by which a caller asks for progress updates (docs/protocol.md §2.12).
 PROGRESS = "tghost-progress"
+#: The reply property that says how to read the observation (docs/protocol.md §2.14): only
+#: :data:`JSON_CONTENT` so far, on every reply of a tool with an ``output-schema``.
+CONTENT_TYPE = "tghost-content-type"
+#: The observation is the JSON text of one object that matches the tool's ``output-schema``.
+JSON_CONTENT = "application/json"
 #: A request in a caller session carries no MAC for the host that received it (the caller did
 #: not yet know the host): nothing ran, and the caller resends it signed (docs/protocol.md §2.9).
 UNKNOWN_SESSION = "unknown-session"
@@ -145,7 +154,10 @@ def decode_request(payload: bytes) -> Request:
 
     ``{"user": str?, "config": "<JSON object>", "arguments": "<JSON object>"}``; unknown keys
     are ignored, an empty or missing ``config``/``arguments`` means ``{}`` and a missing,
-    null or empty ``user`` means ``"trustgraph"``.
+    null or empty ``user`` means ``"trustgraph"``. The config keys of
+    :data:`~tghost.protocol.descriptors.ADDED_TOOL_KEYS` are dropped: a directory of tghost's
+    first release sends a tool's ``title``, ``annotations`` and ``output-schema`` as config
+    values (docs/protocol.md §3.3).
 
     Raises:
         BadRequest: the payload is not UTF-8 JSON (or nests too deeply to parse), not an object,
@@ -163,7 +175,10 @@ def decode_request(payload: bytes) -> Request:
         user = DEFAULT_USER
     elif not isinstance(user, str):
         raise BadRequest(f"'user' must be a string, got {type(user).__name__}")
-    return Request(user, _json_object(envelope, "config"), _json_object(envelope, "arguments"))
+    config = _json_object(envelope, "config")
+    if not ADDED_TOOL_KEYS.isdisjoint(config):
+        config = {key: value for key, value in config.items() if key not in ADDED_TOOL_KEYS}
+    return Request(user, config, _json_object(envelope, "arguments"))
 
 
 def encode_request(user: str | None, config: dict[str, Any], arguments: dict[str, Any]) -> bytes:
