@@ -98,7 +98,8 @@ def test_every_key_of_a_tool_in_json_is_documented() -> None:
         {"id": "svc", "request-queue": "non-persistent://tg/request/svc",
          "response-queue": "non-persistent://tg/response/svc"})
     descriptor = tghost.ToolDescriptor.model_validate(
-        {"name": "t", "description": "d", "service": "svc", "state": "s", "available_in_states": ["s"]})
+        {"name": "t", "description": "d", "service": "svc", "state": "s", "available_in_states": ["s"], "title": "T",
+         "annotations": {"read-only": True}, "output-schema": {"type": "object"}})
     shape = DirectoryTool(descriptor, ServiceEntry(service, ()), ()).to_json()
     assert set(rows("A tool in JSON")) == set(shape) and None not in shape.values()
 

@@ -29,6 +29,7 @@ from tghost.protocol.announcement import (
     epoch_topic,
     read_window,
 )
+from tghost.protocol.descriptors import ToolDescriptor
 from tghost.protocol.trust import Signer, TrustedKeys, signed_bytes
 from tghost.testing import LocalHost, RawWire
 
@@ -59,7 +60,8 @@ def announcer() -> Announcer:
 def test_every_example_is_labelled_and_checked() -> None:
     labels = {m["label"] for m in EXAMPLE.finditer(PAGE.read_text())}
     assert labels == {"request", "response", "stream", "error", "progress", "tool-service descriptor",
-                      "tool descriptor", "epoch", "announcement", "canonical", "signed announcement"}
+                      "tool descriptor", "tool descriptor with hints", "epoch", "announcement", "canonical",
+                      "signed announcement"}
     assert PAGE.read_text().count("<!-- example:") == len(list(EXAMPLE.finditer(PAGE.read_text())))
 
 
@@ -90,6 +92,14 @@ def test_a_progress_update_is_what_a_host_encodes_and_a_caller_decodes() -> None
     update = wire.Progress(2, 3, "page 2")
     assert text.encode() == wire.encode_progress(update)
     assert wire.decode_response(text.encode()) == wire.Response("", False, None, update)
+
+
+def test_the_descriptor_with_hints_parses_with_no_config_values() -> None:
+    [text] = examples("tool descriptor with hints")
+    tool = ToolDescriptor.model_validate_json(text)
+    assert tool.config == {} and tool.read_only and tool.title == "Weather forecast"
+    assert tool.output_schema is not None and tool.output_schema["type"] == "object"
+    assert {"type": "tool-service", **tool.to_json_dict()} == json.loads(text)
 
 
 def test_the_descriptors_are_the_joke_plugins() -> None:

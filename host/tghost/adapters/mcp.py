@@ -128,7 +128,8 @@ class Bridge:
         except Exception as exc:
             log.exception("calling %r failed", name)
             return _error(f"{type(exc).__name__}: {exc}")
-        return types.CallToolResult(content=[types.TextContent(text=observation)])
+        text = observation if isinstance(observation, str) else json.dumps(observation)
+        return types.CallToolResult(content=[types.TextContent(text=text)])
 
     @property
     def _listing(self) -> str:

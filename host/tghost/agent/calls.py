@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import difflib
+import json
 import logging
 import time
 from collections import Counter
@@ -371,11 +372,39 @@ class ToolCalls:
             except Exception:
                 log.exception("call listener %r failed on a call of %r", listener, record.tool)
 
-    async def invoke(self, name: str, arguments: dict[str, Any], **options: Unpack[CallOptions]) -> str:
-        """Invoke tool ``name`` and return the observation string, all chunks joined; the
-        ``options`` (``user``, ``groups``, ``state``, ``allowed_groups``, ``timeout``, ``progress``)
-        and the errors are :meth:`stream`'s (docs/reference/agent-api.md "Call options")."""
-        return "".join([chunk async for chunk in self.stream(name, arguments, **options)])
+    async def invoke(self, name: str, arguments: dict[str, Any],
+                     **options: Unpack[CallOptions]) -> str | dict[str, Any]:
+        """Invoke tool ``name`` and return the observation string, all chunks joined, or, for a
+        tool with an ``output-schema``, the JSON object it holds (a typed call: docs/protocol.md
+        §2.14). The ``options`` (``user``, ``groups``, ``state``, ``allowed_groups``, ``timeout``,
+        ``progress``) and the errors are :meth:`stream`'s (docs/reference/agent-api.md "Call
+        options").
+
+        Raises:
+            ToolCallError: as :meth:`stream`; ``bad-request`` when a tool with an output schema
+                answers something that is not a JSON object.
+        """
+        known = self.tools.get(name)
+        text = "".join([chunk async for chunk in self.stream(name, arguments, **options)])
+        if known is None or known.descriptor.output_schema is None:
+            return text
+        return structured(name, text)
+
+
+def structured(name: str, text: str) -> dict[str, Any]:
+    """The JSON object of tool ``name``'s observation ``text`` (a tool with an output schema).
+
+    Raises:
+        ToolCallError: ``bad-request``: the text is not a JSON object.
+    """
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise ToolCallError(wire.BAD_REQUEST, f"tool {name!r} has an output schema, but its host answered "
+                                              f"something that is not a JSON object: {text[:200]!r}")
+    return value
 
 
 #: Names compared in full for a suggestion; past this many, only those of a like length and

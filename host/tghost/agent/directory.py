@@ -541,9 +541,11 @@ class ToolDirectory:
 
     # -- queries ---------------------------------------------------------------------------
 
-    def available(self, groups: Sequence[str] | None = None, state: str | None = None) -> list[ToolDescriptor]:
+    def available(self, groups: Sequence[str] | None = None, state: str | None = None,
+                  read_only: bool = False) -> list[ToolDescriptor]:
         """Tools a request with these groups and state may use (seed 001), and that their hosts
-        admit this directory's :attr:`identity` to (anonymous without one), sorted by name.
+        admit this directory's :attr:`identity` to (anonymous without one), sorted by name; with
+        ``read_only``, only those hinted read-only (``annotations.read-only``, docs/protocol.md §3.3).
 
         Cached per (groups, state) until the tool set changes.
         """
@@ -552,7 +554,7 @@ class ToolDirectory:
             descriptors = (self.tools[name].descriptor for name in sorted(self.tools)
                            if self.calls.admits(self.tools[name]))
             self._filtered[key] = select(descriptors, groups, state)
-        return self._filtered[key]
+        return [d for d in self._filtered[key] if d.read_only] if read_only else self._filtered[key]
 
     async def changes(self, replay: bool = False) -> AsyncGenerator[Change, None]:
         """Yield every change to the live tool set from the first iteration on, until the caller
@@ -575,10 +577,10 @@ class ToolDirectory:
             self._watchers.remove(queue)
 
     def search(self, query: str, limit: int = 10, groups: Sequence[str] | None = None,
-               state: str | None = None) -> list[Found]:
+               state: str | None = None, read_only: bool = False) -> list[Found]:
         """The live tools that best match ``query`` (plain language), best first, at most
-        ``limit`` (1..1000): only those :meth:`available` gives for ``groups`` and ``state`` (seed
-        001; ``groups=None`` is the ``default`` group, ``["*"]`` every group), each with its
+        ``limit`` (1..1000): only those :meth:`available` gives for ``groups``, ``state`` and
+        ``read_only`` (seed 001; ``groups=None`` is the ``default`` group, ``["*"]`` every group), each with its
         score (:mod:`tghost.agent.search`: BM25 over name, description and arguments). A tool
         whose name is contested is the one the directory would call (:attr:`DirectoryTool.contested`).
         Never talks to Pulsar; a change the directory has seen is searched.
@@ -586,7 +588,7 @@ class ToolDirectory:
         Raises:
             tghost.agent.search.SearchError: the query has no words, or ``limit`` is out of range.
         """
-        allowed = {d.name for d in self.available(groups, state)}
+        allowed = {d.name for d in self.available(groups, state, read_only)}
         return [Found(self.tools[name], score) for name, score in self.index.ranked(query, allowed.__contains__, limit)]
 
     async def wait_for(self, name: str, timeout: float = 10.0, present: bool = True,
@@ -631,8 +633,10 @@ class ToolDirectory:
         """:meth:`tghost.agent.calls.ToolCalls.stream`: invoke tool ``name``, yield observation chunks."""
         return self.calls.stream(name, arguments, **options)
 
-    async def invoke(self, name: str, arguments: dict[str, Any], **options: Unpack[CallOptions]) -> str:
-        """:meth:`tghost.agent.calls.ToolCalls.invoke`: invoke tool ``name``, return the observation."""
+    async def invoke(self, name: str, arguments: dict[str, Any],
+                     **options: Unpack[CallOptions]) -> str | dict[str, Any]:
+        """:meth:`tghost.agent.calls.ToolCalls.invoke`: invoke tool ``name``, return the observation
+        (the JSON object it holds, for a tool with an output schema)."""
         return await self.calls.invoke(name, arguments, **options)
 
 

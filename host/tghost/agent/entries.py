@@ -127,8 +127,9 @@ class DirectoryTool:
 
     def to_json(self) -> dict[str, Any]:
         """The tool for programs, the one shape every command and API gives:
-        ``name``, ``description``, ``service``, ``arguments``, ``input-schema`` (:func:`input_schema`),
-        ``group``, ``state`` and ``available_in_states`` (seed 001; left out when unset), ``config``
+        ``name``, ``title``, ``description``, ``service``, ``arguments``, ``input-schema``
+        (:func:`input_schema`), ``output-schema`` and ``annotations`` (the hints set; docs/protocol.md
+        §3.3), ``group``, ``state`` and ``available_in_states`` (seed 001; left out when unset), ``config``
         (its config values, only there), ``providers`` (host ids), ``external`` (a provider
         announces its service as served elsewhere), ``access`` (:meth:`access`), ``conflicts``
         (the other side of each conflict over its name or service: :meth:`Side.to_json`) and
@@ -136,8 +137,10 @@ class DirectoryTool:
         fields that differ). No ``null``: a field without a value is left out."""
         d = self.descriptor
         shape: dict[str, Any] = {
-            "name": d.name, "description": d.description, "service": d.service,
+            "name": d.name, "title": d.title, "description": d.description, "service": d.service,
             "arguments": [a.model_dump() for a in d.arguments], "input-schema": input_schema(d),
+            "output-schema": d.output_schema,
+            "annotations": None if d.annotations is None else d.annotations.to_json_dict() or None,
             "group": list(d.group), "state": d.state,
             "available_in_states": None if d.available_in_states is None else list(d.available_in_states),
             "config": d.config, "providers": [p.host["id"] for p in self.providers],
