@@ -66,8 +66,8 @@ def call(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...]
     """Call a tool by name (through the live directory), or a service with --service.
 
     A tool call merges the tool's config values into the request and is refused, with the
-    reason, when the request's --group/--state (seed 001) do not allow the tool. --config and
-    --topic go with --service only (a usage error with a tool name, exit 2). The
+    reason, when the request's --group/--state (TrustGraph's tool groups) do not allow the
+    tool. --config and --topic go with --service only (a usage error with a tool name, exit 2). The
     observation is printed as it streams in, and the tool's progress updates (if it reports
     any) on stderr, on one line rewritten in place on a terminal. Exits 1 on a refusal, an error reply or a
     timeout (the error goes to stderr). A tool or --service that no live host serves fails at

@@ -32,7 +32,7 @@ def pulsar() -> None:
               help="pulsar-admin command lines, or admin REST calls (METHOD PATH [JSON body]).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for programs: the namespace and the lines.")
 def policies(namespace: str, host_role: str, agent_role: str, retention_size: str, fmt: str, as_json: bool) -> None:
-    """Print what docs/protocol.md §4.10 asks of the announcement namespace.
+    """Print the Pulsar policies the announcement namespace needs (docs/protocol.md §4.10).
 
     It creates the namespace if it is missing (Pulsar never creates namespaces), then sets
     retention, compaction and inactive-topic deletion, and lets hosts produce and agents

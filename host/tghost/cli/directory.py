@@ -59,7 +59,7 @@ def tools(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...
           limit: int | None, as_json: bool) -> None:
     """List the live tools every agent can see, as announced by running hosts.
 
-    Without --group/--state, every live tool is listed; with them, only those a seed 001
+    Without --group/--state, every live tool is listed; with them, only those a
     request with those groups and state may use. Hosts with an [access] policy announce who may
     call each tool: only those the --identity (or an anonymous caller) may call are listed,
     unless --all. A tool whose name or service another host
@@ -220,7 +220,7 @@ def export_tools(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[s
                  trusted: TrustedKeys | None, fmt: str) -> None:
     """Write the live tools as JSON on stdout, in the shape another agent loads.
 
-    Without --group/--state every live tool is written; with them, only those a seed 001
+    Without --group/--state every live tool is written; with them, only those a
     request with those groups and state may use. Exits 1 when no broker answers.
     """
     async def fetch() -> Any:

@@ -83,7 +83,7 @@ def _default_status_url() -> str | None:
 @pulsar_options(waits=False)
 @trust_options
 @click.option("--url", envvar="TGHOST_STATUS_URL", default=None,
-              help="Ask only this host's health URL (env TGHOST_STATUS_URL), as before hosts announced it; "
+              help="Ask only this host's health URL (env TGHOST_STATUS_URL); "
                    "TGHOST_METRICS_PORT (and TGHOST_METRICS_HOST) set does the same for http://HOST:PORT/health "
                    "[default: every live host the announcements show].")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=5.0, show_default=True,

@@ -92,7 +92,7 @@ def sync(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...]
     them when the tool is withdrawn or expires, until Ctrl-C or SIGTERM. It talks to
     TrustGraph's config service (trustgraph-flow's config-svc, 2.11) over Pulsar, as
     TrustGraph's own services do, and changes only items it wrote (marked with its --owner).
-    Without --group/--state every live tool is written; with them, only those a seed 001
+    Without --group/--state every live tool is written; with them, only those a
     request with those groups and state may use. Exits 1 when no broker answers, or with
     --once when the config service does not answer. Stopping it leaves the items in place.
     """
