@@ -10,15 +10,20 @@ from typing import Any
 
 import jsonschema
 import pytest
+from mcp import types
 
 from tests.conftest import HostProcess, PluginDir, tghost_cli
 from tghost import ToolDescriptor, ToolServiceDescriptor
-from tghost.adapters.export import input_schema, mcp_tool, trustgraph_tool
+from tghost.adapters.export import MCP_HINTS, input_schema, mcp_tool, trustgraph_tool
 from tghost.broker import EmbeddedBroker
+from tghost.protocol import ADDED_TOOL_KEYS, ToolAnnotations
 
+#: The output schema of WEATHER's ``forecast`` tool.
+FORECAST = {"type": "object", "required": ["summary"], "properties": {"summary": {"type": "string"}}}
 #: A class-based service described by a seed 000 ``arguments`` list only (no JSON Schema), and
-#: a decorated one whose schema comes from its signature.
-WEATHER = """
+#: a decorated one whose schema comes from its signature; ``forecast`` declares a title, hints
+#: and an output schema as tool keys.
+WEATHER = f"FORECAST = {FORECAST!r}\n" + """
 import tghost
 from tghost import Argument, ToolService
 
@@ -49,7 +54,9 @@ def tghost_register_services(register):
 @tghost.hookimpl
 def tghost_register_tools(register):
     register(Weather().tool("forecast", "Forecast the weather in a city.", units="celsius", group=["outdoor"],
-                            state="forecasted", available_in_states=["undefined", "planning"]))
+                            state="forecasted", available_in_states=["undefined", "planning"],
+                            title="Weather forecast", annotations={"read-only": True, "open-world": True},
+                            **{"output-schema": FORECAST}))
 """
 
 
@@ -83,6 +90,7 @@ def test_trustgraph_export_round_trips_through_the_descriptor_models(live: dict[
     assert set(config["tool-service"]) == {"weather", "greet"}
     for name, value in config["tool"].items():
         assert value["type"] == "tool-service"  # seed 000: required
+        assert not ADDED_TOOL_KEYS & set(value)  # TrustGraph's agent would take them for config values
         assert "available_in_states" not in value and None not in value.values()
         tool = ToolDescriptor.model_validate(value)  # reads TrustGraph's "applicable-states" back
         assert tool.name == name and trustgraph_tool(tool) == value
@@ -112,6 +120,7 @@ def test_openai_export_gives_the_schema_the_host_checks_for_an_arguments_list_or
     assert set(definitions) == {"forecast", "greet"}
     assert all(d["type"] == "function" for d in definitions.values())
     forecast = definitions["forecast"]["function"]
+    assert set(forecast) == {"name", "description", "parameters"}  # OpenAI's format has no title, hints or output
     assert forecast["description"] == "Forecast the weather in a city."
     assert forecast["parameters"] == {
         "type": "object", "required": ["city", "days"], "additionalProperties": False,
@@ -132,7 +141,18 @@ def test_mcp_export_lists_tool_objects_filtered_by_group(live: dict[str, str]) -
     (greet,) = tools
     assert greet["description"].startswith("Greet someone by name.")
     assert greet["inputSchema"]["properties"]["name"]["description"] == "Who to greet."
-    assert greet["annotations"] == {"title": "Greet"}
+    assert greet["title"] == "Greet" and greet["annotations"] == {"title": "Greet"}  # derived; no hints set
+    assert "outputSchema" not in greet
+
+
+def test_mcp_export_carries_the_title_hints_and_output_schema_a_tool_declares(live: dict[str, str]) -> None:
+    [forecast] = export(live, "--format", "mcp", "--group", "outdoor")
+    assert forecast["title"] == "Weather forecast"
+    assert forecast["annotations"] == {"title": "Weather forecast", "readOnlyHint": True, "openWorldHint": True}
+    assert forecast["outputSchema"] == FORECAST
+    tool = types.Tool.model_validate(forecast)  # as an MCP client reads it
+    hints = tool.annotations
+    assert hints is not None and hints.read_only_hint and hints.destructive_hint is None
 
 
 def test_input_schema_prefers_the_tools_own_schema() -> None:
@@ -151,3 +171,19 @@ def test_input_schema_from_arguments_requires_each_and_skips_empty_descriptions(
                       "properties": {"a": {"type": "number"}, "b": {"type": "number", "description": "B."}}}
     jsonschema.Draft202012Validator.check_schema(schema)
     assert mcp_tool(tool)["annotations"] == {"title": "Add up"}
+
+
+def test_mcp_tool_gives_each_hint_set_false_ones_included_and_leaves_out_the_unset() -> None:
+    tool = ToolDescriptor.model_validate({"name": "drop-table", "description": "Drop.", "service": "db",
+                                          "annotations": {"read-only": False, "destructive": True}})
+    assert mcp_tool(tool)["annotations"] == {"title": "Drop table", "readOnlyHint": False, "destructiveHint": True}
+    assert set(MCP_HINTS.values()) == {"readOnlyHint", "destructiveHint", "idempotentHint", "openWorldHint"}
+    assert set(MCP_HINTS) == set(ToolAnnotations.model_fields)  # every hint tghost carries reaches MCP
+
+
+def test_trustgraph_tool_is_the_same_with_or_without_the_added_keys() -> None:
+    plain = {"name": "kb", "description": "Ask.", "service": "kb", "collection": "docs"}
+    added = {**plain, "title": "Knowledge base", "annotations": {"read-only": True},
+             "output-schema": {"type": "object"}}
+    without = trustgraph_tool(ToolDescriptor.model_validate(plain))
+    assert trustgraph_tool(ToolDescriptor.model_validate(added)) == without == {"type": "tool-service", **plain}

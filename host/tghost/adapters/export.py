@@ -10,10 +10,10 @@ from typing import Any
 
 from tghost.agent.directory import DirectoryTool, ToolDirectory
 from tghost.agent.entries import input_schema
-from tghost.protocol.descriptors import ToolDescriptor
+from tghost.protocol.descriptors import ADDED_TOOL_KEYS, ToolAnnotations, ToolDescriptor
 
 __all__ = [
-    "FORMATS", "input_schema", "mcp_tool", "mcp_tools", "openai_tools", "select_tools", "title",
+    "FORMATS", "MCP_HINTS", "input_schema", "mcp_tool", "mcp_tools", "openai_tools", "select_tools", "title",
     "trustgraph_config", "trustgraph_tool",
 ]
 
@@ -34,22 +34,39 @@ def select_tools(
 
 
 def title(tool: ToolDescriptor) -> str:
-    """A human title for the tool, from its name: ``ask-staff`` -> ``Ask staff``."""
+    """A human title for the tool: its descriptor's ``title``, else one from its name:
+    ``ask-staff`` -> ``Ask staff``."""
+    if tool.title is not None:
+        return tool.title
     words = tool.name.replace("_", " ").replace("-", " ").split()
     return " ".join(words).capitalize() or tool.name
 
 
+#: :class:`~tghost.protocol.ToolAnnotations` field -> MCP's ``ToolAnnotations`` key.
+MCP_HINTS = {"read_only": "readOnlyHint", "destructive": "destructiveHint", "idempotent": "idempotentHint",
+             "open_world": "openWorldHint"}
+
+
 def mcp_tool(tool: ToolDescriptor) -> dict[str, Any]:
-    """The tool as an MCP ``Tool`` object (JSON): ``name``, ``description``, ``inputSchema``
-    (:func:`input_schema`) and ``annotations`` with the ``title`` (:func:`title`). tghost
-    knows nothing of the read-only/destructive/idempotent hints, so it sets none."""
-    return {"name": tool.name, "description": tool.description, "inputSchema": input_schema(tool),
-            "annotations": {"title": title(tool)}}
+    """The tool as an MCP ``Tool`` object (JSON): ``name``, ``title`` (:func:`title`),
+    ``description``, ``inputSchema`` (:func:`input_schema`), ``annotations`` with the same
+    ``title`` and each hint the descriptor sets (``readOnlyHint``, ``destructiveHint``,
+    ``idempotentHint``, ``openWorldHint``; an unset one is left out, so MCP's default applies),
+    and ``outputSchema`` when the tool has an output schema."""
+    shown, annotations = title(tool), tool.annotations or ToolAnnotations()
+    hints = {key: getattr(annotations, field) for field, key in MCP_HINTS.items()}
+    value: dict[str, Any] = {
+        "name": tool.name, "title": shown, "description": tool.description, "inputSchema": input_schema(tool),
+        "annotations": {"title": shown, **{key: hint for key, hint in hints.items() if hint is not None}}}
+    if tool.output_schema is not None:
+        value["outputSchema"] = tool.output_schema
+    return value
 
 
 def openai_tools(tools: Iterable[DirectoryTool]) -> list[dict[str, Any]]:
     """OpenAI function-calling definitions: ``[{"type": "function", "function": {"name",
-    "description", "parameters": <JSON Schema>}}]``."""
+    "description", "parameters": <JSON Schema>}}]``. OpenAI's format has no place for a
+    tool's title, hints or output schema, so they are left out."""
     return [{"type": "function", "function": {"name": t.descriptor.name, "description": t.descriptor.description,
                                               "parameters": input_schema(t.descriptor)}} for t in tools]
 
@@ -65,8 +82,10 @@ def trustgraph_tool(tool: ToolDescriptor) -> dict[str, Any]:
     ``to_json_dict()`` leaves out when unset), and seed 001's ``available_in_states`` under
     the name TrustGraph's agent reads, ``applicable-states`` (trustgraph-flow 2.11,
     ``agent/tool_filter.py``). Unset ``state``/``applicable-states`` are left out, never
-    ``null``: the agent rejects a ``state`` that is not a string."""
-    value = {"type": tool.type, **tool.to_json_dict()}
+    ``null``: the agent rejects a ``state`` that is not a string. The keys of
+    :data:`~tghost.protocol.ADDED_TOOL_KEYS` are left out too: TrustGraph's agent would take
+    them for config values."""
+    value = {key: v for key, v in {"type": tool.type, **tool.to_json_dict()}.items() if key not in ADDED_TOOL_KEYS}
     states = value.pop("available_in_states", None)
     if states is not None:
         value["applicable-states"] = states
