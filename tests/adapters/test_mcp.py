@@ -4,6 +4,7 @@ and the embedded broker."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import signal
@@ -12,7 +13,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -23,16 +24,20 @@ import pytest
 from mcp import ClientSession, StdioServerParameters, types
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
 from mcp.shared.memory import create_client_server_memory_streams
 
+import tghost
 from tests.cli.test_cli import ECHO, SHOUT
 from tests.conftest import HostProcess, PluginDir, tghost_cli
-from tests.test_docs import block, commands
-from tghost.adapters.mcp import Bridge
+from tests.test_docs import ROOT, block, commands
+from tghost import ToolDescriptor
+from tghost.adapters.mcp import CALL_TOOL, PAGE_SIZE, SEARCH_TOOLS, Bridge, Selection, meta_tools, page
 from tghost.agent.directory import ToolDirectory
 from tghost.broker import EmbeddedBroker
 from tghost.pulsar.clients import PulsarSettings
 from tghost.system.net import free_port
+from tghost.testing import LocalHost
 
 
 @pytest.fixture
@@ -391,3 +396,292 @@ def test_a_port_in_use_is_a_clear_error_not_a_server_log(env: dict[str, str], co
     assert result.returncode == 1 and result.stderr.startswith(
         f"Error: cannot serve {what} on 127.0.0.1:{port}: Address already in use; choose another --port"), result.stderr
     assert "uvicorn" not in result.stderr
+
+
+# -- title, hints and typed results ---------------------------------------------------------------
+
+#: The output schema of NOTES' ``read-notes`` tool.
+READ_SCHEMA = {"type": "object", "required": ["notes", "count"],
+               "properties": {"notes": {"type": "array", "items": {"type": "string"}}, "count": {"type": "integer"}}}
+#: A notebook whose three tools declare hints as tool keys: ``read-notes`` (read-only, with a
+#: title and an output schema: it answers JSON text), ``delete-notes`` and ``admin-purge``
+#: (destructive).
+NOTES = f"READ_SCHEMA = {READ_SCHEMA!r}\n" + """
+import json
+import tghost
+
+class Notes(tghost.ToolService):
+    id = "notes"
+    description = "A notebook."
+    config_params = ["action"]
+
+    def invoke(self, user, config, arguments):
+        if config["action"] == "read":
+            return json.dumps({"notes": ["buy milk"], "count": 1})
+        return f"{config['action']}: done"
+
+@tghost.hookimpl
+def tghost_register_services(register):
+    register(Notes())
+
+@tghost.hookimpl
+def tghost_register_tools(register):
+    notes = Notes()
+    register(notes.tool("read-notes", "Read every note.", action="read", title="Read the notes",
+                        annotations={"read-only": True, "idempotent": True, "open-world": False},
+                        **{"output-schema": READ_SCHEMA}))
+    register(notes.tool("delete-notes", "Delete every note.", action="delete",
+                        annotations={"destructive": True, "idempotent": True}))
+    register(notes.tool("admin-purge", "Purge the notebook's store.", action="purge",
+                        annotations={"destructive": True}))
+"""
+
+
+@pytest.fixture
+def notes_host(env: dict[str, str], plugin_dir: PluginDir,
+               host_process: Callable[..., HostProcess]) -> Iterator[dict[str, str]]:
+    """A host serving ECHO and NOTES (announced); Ctrl-C'd and checked to exit 0 at the end.
+    Gives the environment to run ``tghost mcp`` in."""
+    plugin_dir.add("notes", NOTES)
+    host = host_process(env=env)
+    host.wait_for("announced")
+    yield env
+    host.process.send_signal(signal.SIGINT)
+    assert host.finish() == 0
+
+
+async def test_a_typed_tool_lists_its_title_hints_and_output_schema_and_answers_structured_content(
+        notes_host: dict[str, str]) -> None:
+    async with mcp_client(notes_host) as session:
+        tools = {tool.name: tool for tool in (await session.list_tools()).tools}
+        read = await session.call_tool("read-notes", {})  # the SDK checks structuredContent against the schema
+        deleted = await session.call_tool("delete-notes", {})
+    notes = tools["read-notes"]
+    assert notes.title == "Read the notes" and notes.output_schema == READ_SCHEMA
+    assert notes.annotations == types.ToolAnnotations(title="Read the notes", read_only_hint=True,
+                                                      idempotent_hint=True, open_world_hint=False)
+    assert tools["delete-notes"].annotations == types.ToolAnnotations(title="Delete notes", destructive_hint=True,
+                                                                      idempotent_hint=True)
+    assert tools["echo"].annotations == types.ToolAnnotations(title="Echo") and tools["echo"].output_schema is None
+    assert not read.is_error and read.structured_content == {"notes": ["buy milk"], "count": 1}
+    assert json.loads(text(read)) == read.structured_content  # the same object as text, for clients of text
+    assert (deleted.is_error, deleted.structured_content, text(deleted)) == (False, None, "delete: done")
+
+
+#: docs/guides/mcp.md's MCP client config of a read-only view (its first line).
+READ_ONLY_CONFIG = ('{"mcpServers": {"tghost-read-only": {"command": "tghost", "args": ["mcp", "--read-only", '
+                    '"--group", "*",')
+
+
+async def test_read_only_include_and_exclude_narrow_what_is_listed_and_called(notes_host: dict[str, str]) -> None:
+    """Also docs/guides/mcp.md's read-only client config, run as a client runs it."""
+    [server] = json.loads(block("docs/guides/mcp.md", READ_ONLY_CONFIG))["mcpServers"].values()
+    assert server["command"] == "tghost" and "--read-only" in server["args"]
+    async with mcp_client(notes_host, *server["args"][1:]) as session:
+        read_only = {tool.name for tool in (await session.list_tools()).tools}
+        destroyed = await session.call_tool("delete-notes", {})
+        read = await session.call_tool("read-notes", {})
+    async with mcp_client(notes_host, "--group", "*", "--include", "*-notes", "--include", "echo",
+                          "--exclude", "delete-*") as session:
+        narrowed = {tool.name for tool in (await session.list_tools()).tools}
+        excluded = await session.call_tool("delete-notes", {})
+        not_included = await session.call_tool("admin-purge", {})
+        echoed = await session.call_tool("echo", {"text": "in"})
+    assert read_only == {"read-notes"}  # echo sets no hints: not read-only either
+    assert destroyed.is_error and text(destroyed) == (
+        "unknown-tool: tool 'delete-notes' is outside this bridge's set (it is not hinted read-only, and this "
+        "bridge serves read-only tools only); find one with tools/list")
+    assert not read.is_error and read.structured_content == {"notes": ["buy milk"], "count": 1}
+    assert narrowed == {"read-notes", "echo"}
+    assert excluded.is_error and text(excluded) == ("unknown-tool: tool 'delete-notes' is outside this bridge's set "
+                                                    "(its name matches the excluded 'delete-*'); find one with "
+                                                    "tools/list")
+    assert not_included.is_error and "its name matches none of the included '*-notes', 'echo'" in text(not_included)
+    assert text(echoed) == "in"
+
+
+def test_the_mcp_help_and_guide_say_the_page_size() -> None:
+    result = tghost_cli("mcp", "--help")
+    assert f"at most {PAGE_SIZE} a page" in " ".join(result.stdout.split())
+    assert f"in pages of at most {PAGE_SIZE} tools" in " ".join((ROOT / "docs/guides/mcp.md").read_text().split())
+
+
+# -- pages -------------------------------------------------------------------------------------------
+
+
+class Numbered(tghost.ToolService):
+    """A service whose tools are named by the test; every call answers ``ok``."""
+
+    id = "numbered"
+    description = "Numbered tools."
+
+    def invoke(self, user: str, config: dict[str, Any], arguments: dict[str, Any]) -> str:
+        return "ok"
+
+
+def numbered(*names: str, **fields: Any) -> list[ToolDescriptor]:
+    """Tools of :class:`Numbered` with these names (and fields)."""
+    return [Numbered().tool(name, f"The tool {name}.", **fields) for name in names]
+
+
+def mcp_topic() -> str:
+    return f"persistent://tg/config/mcp-{uuid.uuid4().hex[:8]}"
+
+
+@asynccontextmanager
+async def bridge_session(bridge: Bridge, notifications: Notifications | None = None) -> AsyncIterator[ClientSession]:
+    """An initialized SDK client session with ``bridge`` in this process (memory streams), its
+    :meth:`Bridge.follow` running."""
+    async with create_client_server_memory_streams() as (client_streams, (read, write)), \
+            anyio.create_task_group() as group:
+        group.start_soon(bridge.server.run, read, write, bridge.server.create_initialization_options())
+        group.start_soon(bridge.follow)
+        async with ClientSession(*client_streams, message_handler=notifications) as session:
+            await session.initialize()
+            yield session
+        group.cancel_scope.cancel()
+
+
+async def pages(session: ClientSession, cursor: str | None = None) -> list[list[str]]:
+    """The tool names of each page of ``tools/list``, from ``cursor`` (the first page without) to the last."""
+    found: list[list[str]] = []
+    while True:
+        listed = await session.list_tools(params=types.PaginatedRequestParams(cursor=cursor))
+        found.append([tool.name for tool in listed.tools])
+        if listed.next_cursor is None:
+            return found
+        cursor = listed.next_cursor
+
+
+async def test_250_tools_come_in_3_pages_and_a_list_that_changes_between_pages_loses_and_repeats_none(
+        pulsar_broker: EmbeddedBroker) -> None:
+    where = mcp_topic()
+    names = [f"tool-{i:03}" for i in range(250)]
+    async with LocalHost(pulsar_broker.url, [Numbered()], tools=numbered(*names[:99], *names[100:]),
+                         announce_as="many", topic=where), \
+            ToolDirectory(PulsarSettings(pulsar_broker.url), where) as directory:
+        async with LocalHost(pulsar_broker.url, [Numbered()], tools=numbered(names[99]), announce_as="one",
+                             topic=where):
+            for name in names:
+                await directory.wait_for(name)
+            async with bridge_session(Bridge(directory, None, None)) as session:
+                whole = await pages(session)
+                first = await session.list_tools()
+        await directory.wait_for(names[99], present=False)  # the last name the first page gave is gone
+        async with LocalHost(pulsar_broker.url, [Numbered()], tools=numbered("tool-150a", "tool-050a"),
+                             announce_as="new", topic=where):
+            await directory.wait_for("tool-150a")
+            await directory.wait_for("tool-050a")
+            async with bridge_session(Bridge(directory, None, None)) as session:
+                rest = await pages(session, first.next_cursor)
+    assert [len(names_of_page) for names_of_page in whole] == [100, 100, 50]
+    assert [name for names_of_page in whole for name in names_of_page] == names  # sorted, each once
+    assert [tool.name for tool in first.tools] == names[:100] and first.next_cursor is not None
+    assert [len(names_of_page) for names_of_page in rest] == [100, 51]
+    assert [name for names_of_page in rest for name in names_of_page] == sorted([*names[100:], "tool-150a"])
+    # tool-050a sorts before the cursor: not on the pages after it
+
+
+async def test_an_invalid_cursor_is_an_invalid_params_error_saying_to_list_again(pulsar_broker: EmbeddedBroker) -> None:
+    async with ToolDirectory(PulsarSettings(pulsar_broker.url), mcp_topic()) as directory, \
+            bridge_session(Bridge(directory, None, None)) as session:
+        with pytest.raises(MCPError) as raised:
+            await session.list_tools(params=types.PaginatedRequestParams(cursor="not-a-cursor"))
+    assert raised.value.code == types.INVALID_PARAMS == -32602
+    assert raised.value.message == ("invalid cursor 'not-a-cursor': it is not one this server gave; list the tools "
+                                    "again without a cursor")
+
+
+def test_a_page_is_the_tools_after_the_cursors_name() -> None:
+    tools = numbered("a", "b", "c", "d", "e")
+    first, cursor = page(tools, None, size=2)
+    assert [t.name for t in first] == ["a", "b"] and cursor is not None
+    second, cursor = page([t for t in tools if t.name != "b"], cursor, size=2)  # b left meanwhile
+    assert [t.name for t in second] == ["c", "d"] and cursor is not None
+    third, last = page(tools, cursor, size=2)
+    assert [t.name for t in third] == ["e"] and last is None
+    assert page(tools, None, size=5) == (tools, None)  # a full last page has no next
+    assert page([], None) == ([], None)
+
+
+@pytest.mark.parametrize("cursor", ["", "***", base64.urlsafe_b64encode(b"not json").decode(),
+                                    base64.urlsafe_b64encode(b'{"before": "x"}').decode(),
+                                    base64.urlsafe_b64encode(b'{"after": 5}').decode()])
+def test_a_cursor_that_is_not_a_name_in_base64url_json_is_refused(cursor: str) -> None:
+    with pytest.raises(MCPError) as raised:
+        page(numbered("a"), cursor)
+    assert raised.value.code == types.INVALID_PARAMS and "list the tools again without a cursor" in raised.value.message
+
+
+# -- the selection and --tool-search -----------------------------------------------------------
+
+
+def test_a_selection_refuses_by_exclude_then_include_then_read_only() -> None:
+    [plain] = numbered("notes-write")
+    [reader] = numbered("notes-read", annotations={"read-only": True})
+    selection = Selection(read_only=True, include=("notes-*",), exclude=("*-write", "*-purge"))
+    assert selection.refusal("notes-read", reader) is None
+    assert selection.refusal("notes-write", plain) == "its name matches the excluded '*-write'"
+    assert selection.refusal("echo", None) == "its name matches none of the included 'notes-*'"
+    assert Selection(read_only=True).refusal("notes-write", plain) == (
+        "it is not hinted read-only, and this bridge serves read-only tools only")
+    assert Selection(read_only=True).refusal("not-live", None) is None  # the directory says it is unknown
+    assert Selection().select([plain, reader]) == [plain, reader] and not Selection().narrows
+    assert Selection(include=("NOTES-*",)).select([plain, reader]) == []  # case-sensitive
+
+
+def test_search_tools_description_names_the_count_and_the_groups() -> None:
+    def described(tools: list[ToolDescriptor], groups: list[str] | None, read_only: bool = False) -> str:
+        search, _ = meta_tools(tools, groups, read_only)
+        return str(search["description"]).split(", the ones")[0]
+
+    assert described([], None) == "Find, among the 0 tools of group default"
+    assert described([], ["*"]) == "Find, among the 0 tools of any group"
+    assert described(numbered("a", group=["default", "hr"]), None) == "Find, among the 1 tool of group default"
+    assert described(numbered("a", "b", group=["research", "hr"]), ["*"], read_only=True) == (
+        "Find, among the 2 read-only tools of groups hr and research")
+    many = [tool for i in range(12) for tool in numbered(f"t{i}", group=[f"g{i:02}"])]
+    assert described(many, ["*"]) == ("Find, among the 12 tools of groups g00, g01, g02, g03, g04, g05, g06, g07, "
+                                      "g08, g09 and 2 more")
+
+
+async def test_search_tools_description_follows_the_count_with_list_changed(pulsar_broker: EmbeddedBroker) -> None:
+    where = mcp_topic()
+    notifications = Notifications()
+    async with LocalHost(pulsar_broker.url, [Numbered()], tools=numbered("tool-a", "tool-b"), announce_as="first",
+                         topic=where), \
+            ToolDirectory(PulsarSettings(pulsar_broker.url), where) as directory:
+        await directory.wait_for("tool-b")
+        bridge = Bridge(directory, ["default", "research"], None, tool_search=True)
+        async with bridge_session(bridge, notifications) as session:
+            before = {tool.name: tool for tool in (await session.list_tools()).tools}
+            async with LocalHost(pulsar_broker.url, [Numbered()], tools=numbered("tool-c", group=["research"]),
+                                 announce_as="second", topic=where):
+                await asyncio.wait_for(notifications.list_changed.wait(), 20)
+                after = {tool.name: tool for tool in (await session.list_tools()).tools}
+    assert list(before) == list(after) == [SEARCH_TOOLS, CALL_TOOL]
+    assert str(before[SEARCH_TOOLS].description).startswith("Find, among the 2 tools of group default, the ones")
+    assert str(after[SEARCH_TOOLS].description).startswith("Find, among the 3 tools of groups default and research,")
+
+
+async def test_tool_search_finds_and_calls_only_the_tools_of_the_selection(pulsar_broker: EmbeddedBroker) -> None:
+    where = mcp_topic()
+    tools = [*numbered("notes-read", annotations={"read-only": True}, title="Read notes"),
+             *numbered("notes-delete", annotations={"destructive": True})]
+    async with LocalHost(pulsar_broker.url, [Numbered()], tools=tools, announce_as="notes", topic=where), \
+            ToolDirectory(PulsarSettings(pulsar_broker.url), where) as directory:
+        await directory.wait_for("notes-read")
+        await directory.wait_for("notes-delete")
+        bridge = Bridge(directory, None, None, tool_search=True, selection=Selection(read_only=True))
+        async with bridge_session(bridge) as session:
+            [search, _] = (await session.list_tools()).tools
+            found = json.loads(text(await session.call_tool(SEARCH_TOOLS, {"query": "the tool notes"})))
+            called = await session.call_tool(CALL_TOOL, {"name": "notes-read", "arguments": {}})
+            refused = await session.call_tool(CALL_TOOL, {"name": "notes-delete", "arguments": {}})
+    assert str(search.description).startswith("Find, among the 1 read-only tool of group default,")
+    assert [match["name"] for match in found] == ["notes-read"]
+    assert found[0]["title"] == "Read notes" and found[0]["annotations"]["readOnlyHint"] is True
+    assert (called.is_error, text(called)) == (False, "ok")
+    assert refused.is_error and text(refused) == (
+        "unknown-tool: tool 'notes-delete' is outside this bridge's set (it is not hinted read-only, and this "
+        "bridge serves read-only tools only); find one with search_tools")

@@ -8,13 +8,17 @@ the SDK does by itself.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import contextlib
 import functools
 import hmac
 import json
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from typing import Any, Protocol, TypeVar
 
 from mcp import types
 from mcp.server import InitializationOptions, NotificationOptions, Server, ServerRequestContext
@@ -23,6 +27,7 @@ from mcp.server.auth.settings import AuthSettings
 from mcp.server.session import ServerSession
 from mcp.server.stdio import stdio_server
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
+from mcp.shared.exceptions import MCPError
 from pydantic import AnyHttpUrl
 
 from tghost._version import __version__
@@ -31,11 +36,14 @@ from tghost.adapters.web import serve_app, transport_security, warn_if_unreachab
 from tghost.agent.calls import UNKNOWN_TOOL, UnknownTool
 from tghost.agent.client import ToolCallError
 from tghost.agent.directory import DirectoryTool, ToolDirectory
-from tghost.agent.search import MAX_LIMIT, SearchError
+from tghost.agent.search import MAX_LIMIT, Found, SearchError
 from tghost.protocol import wire
+from tghost.protocol.descriptors import ToolDescriptor
+from tghost.protocol.groups import DEFAULT_GROUPS, WILDCARD
 from tghost.protocol.wire import Progress
 
-__all__ = ["CALL_TOOL", "META_TOOLS", "SEARCH_TOOLS", "BearerToken", "Bridge", "serve"]
+__all__ = ["CALL_TOOL", "PAGE_SIZE", "SEARCH_TOOLS", "BearerToken", "Bridge", "Selection", "meta_tools", "page",
+           "serve"]
 
 log = logging.getLogger(__name__)
 
@@ -53,25 +61,68 @@ class _Server(Server[Any]):
             notification_options or NotificationOptions(tools_changed=True), experimental_capabilities, extensions)
 
 
+@dataclass(frozen=True)
+class Selection:
+    """Which of the tools a bridge's requests may use (seed 001 groups and state, the caller's
+    access) it serves: with ``read_only``, only those hinted read-only
+    (:attr:`tghost.protocol.ToolDescriptor.read_only`); with ``include`` globs, only those whose
+    name matches one of them; never one whose name matches an ``exclude`` glob. Globs are shell
+    patterns (``*``, ``?``, ``[seq]``), case-sensitive (:func:`fnmatch.fnmatchcase`). The
+    default, ``Selection()``, serves them all."""
+
+    read_only: bool = False
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+
+    @property
+    def narrows(self) -> bool:
+        """Whether it leaves any tool out."""
+        return self.read_only or bool(self.include or self.exclude)
+
+    def refusal(self, name: str, tool: ToolDescriptor | None) -> str | None:
+        """Why the tool ``name`` (its descriptor ``tool``; ``None`` if it is not live) is left
+        out, e.g. ``"it is not hinted read-only"``; ``None`` if it is in (a tool that is not
+        live is left out only by its name)."""
+        excluded = [glob for glob in self.exclude if fnmatchcase(name, glob)]
+        if excluded:
+            return f"its name matches the excluded {excluded[0]!r}"
+        if self.include and not any(fnmatchcase(name, glob) for glob in self.include):
+            return f"its name matches none of the included {', '.join(map(repr, self.include))}"
+        if self.read_only and tool is not None and not tool.read_only:
+            return "it is not hinted read-only, and this bridge serves read-only tools only"
+        return None
+
+    def select(self, tools: list[ToolDescriptor]) -> list[ToolDescriptor]:
+        """The tools of ``tools`` it serves, in their order (``tools`` itself when it narrows nothing)."""
+        if not self.narrows:
+            return tools
+        return [tool for tool in tools if self.refusal(tool.name, tool) is None]
+
+
 class Bridge:
     """One MCP server over ``directory``: ``tools/list`` gives the tools a seed 001 request with
-    ``groups`` (``None``: ``["default"]``) and ``state`` may use, ``tools/call`` invokes one over
-    Pulsar, and :meth:`follow` sends ``notifications/tools/list_changed`` when that list changes:
-    to every initialized handshake-era session, and to every 2026-07-28 ``subscriptions/listen``
-    stream that asked for tool changes.
+    ``groups`` (``None``: ``["default"]``) and ``state`` may use, narrowed by ``selection``
+    (:class:`Selection`), sorted by name, in pages of at most :data:`PAGE_SIZE` (:func:`page`);
+    ``tools/call`` invokes one over Pulsar, and :meth:`follow` sends
+    ``notifications/tools/list_changed`` when that list changes: to every initialized
+    handshake-era session, and to every 2026-07-28 ``subscriptions/listen`` stream that asked
+    for tool changes.
 
-    With ``tool_search``, ``tools/list`` gives :data:`META_TOOLS` instead: ``search_tools``, which
-    ranks the same tools for a request (:meth:`tghost.agent.directory.ToolDirectory.search`), and
-    ``call_tool``, which calls one of them by name, so a client with a limit on tools reaches
-    any number of them.
+    With ``tool_search``, ``tools/list`` gives :func:`meta_tools` instead: ``search_tools``,
+    which ranks the same tools for a request (BM25, :mod:`tghost.agent.search`) and whose
+    description says how many there are and of which groups, and ``call_tool``, which calls one
+    of them by name, so a client with a limit on tools reaches any number of them.
     """
 
     def __init__(self, directory: ToolDirectory, groups: Sequence[str] | None, state: str | None,
-                 tool_search: bool = False) -> None:
+                 tool_search: bool = False, selection: Selection = Selection()) -> None:
         self.directory = directory
         self.groups = None if groups is None else list(groups)
         self.state = state
         self.tool_search = tool_search
+        self.selection = selection
+        self._selected: tuple[list[ToolDescriptor], list[ToolDescriptor]] = ([], [])
+        """The directory's available list last seen, and :meth:`descriptors` of it."""
 
         self.sessions: set[ServerSession] = set()
         """One per initialized handshake-era connection, until it closes."""
@@ -90,23 +141,44 @@ class Bridge:
         self.sessions.add(session)
         session._connection.exit_stack.callback(self.sessions.discard, session)
 
-    def tools(self) -> list[types.Tool]:
-        """The MCP ``Tool`` objects of the tools this bridge's clients may use, sorted by name
-        (with ``tool_search``: :data:`META_TOOLS`)."""
-        if self.tool_search:
-            return [types.Tool.model_validate(tool) for tool in META_TOOLS]
-        return [types.Tool.model_validate(mcp_tool(d)) for d in self.directory.available(self.groups, self.state)]
+    def descriptors(self) -> list[ToolDescriptor]:
+        """The tools this bridge serves, sorted by name: those the directory makes available to
+        its groups and state (and identity), narrowed by its :class:`Selection` (once per list
+        the directory gives: it gives the same one until the tool set changes)."""
+        available = self.directory.available(self.groups, self.state)
+        if self._selected[0] is not available:
+            self._selected = (available, self.selection.select(available))
+        return self._selected[1]
 
-    async def list_tools(self, ctx: ServerRequestContext[Any], params: Any) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=self.tools())
+    def _meta_tools(self) -> list[dict[str, Any]]:
+        return meta_tools(self.descriptors(), self.groups, self.selection.read_only)
+
+    async def list_tools(self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None,
+                         ) -> types.ListToolsResult:
+        """One page (:func:`page`) of the MCP ``Tool`` objects of :meth:`descriptors` (with
+        ``tool_search``: of :func:`meta_tools`): the first, or the one after ``params.cursor``.
+
+        Raises:
+            MCPError: the cursor is not one this bridge gave (``INVALID_PARAMS``).
+        """
+        cursor = None if params is None else params.cursor
+        if self.tool_search:
+            meta, next_cursor = page([types.Tool.model_validate(tool) for tool in self._meta_tools()], cursor)
+            return types.ListToolsResult(tools=meta, next_cursor=next_cursor)
+        shown, next_cursor = page(self.descriptors(), cursor)
+        return types.ListToolsResult(tools=[types.Tool.model_validate(mcp_tool(d)) for d in shown],
+                                     next_cursor=next_cursor)
 
     async def call_tool(self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams,
                         ) -> types.CallToolResult:
         """Invoke the tool through the directory; an error reply or a refusal (``unknown-tool``
-        with the closest names, ``no-provider``, ``not-allowed``, ``timeout``, ...) is a result
-        with ``isError`` and ``type: message`` text; so is any other failure (e.g. the broker is
-        unreachable), typed by its class name and logged. With a progress token in the request's
-        ``_meta``, the tool's progress updates go to the client as ``notifications/progress``."""
+        with the closest names, or naming why the tool is outside this bridge's
+        :class:`Selection`; ``no-provider``, ``not-allowed``, ``timeout``, ...) is a result with
+        ``isError`` and ``type: message`` text; so is any other failure (e.g. the broker is
+        unreachable), typed by its class name and logged. The observation of a tool with an
+        output schema is ``structuredContent`` (the object) plus its JSON text; any other's is
+        the text. With a progress token in the request's ``_meta``, the tool's progress updates
+        go to the client as ``notifications/progress``."""
         name, arguments = params.name, dict(params.arguments or {})
         if self.tool_search and name == SEARCH_TOOLS:
             return self._search(arguments)
@@ -116,11 +188,18 @@ class Bridge:
                 return _error(f"{wire.INVALID_ARGUMENTS}: {CALL_TOOL} needs 'name' (a string, from "
                               f"{SEARCH_TOOLS}) and 'arguments' (an object)")
             name = called
+        live = self.directory.tools.get(name)
+        descriptor = None if live is None else live.descriptor
+        refusal = self.selection.refusal(name, descriptor)
+        if refusal is not None:
+            return _error(f"{UNKNOWN_TOOL}: tool {name!r} is outside this bridge's set ({refusal}); "
+                          f"find one with {self._listing}")
         token = (ctx.meta or {}).get("progress_token")
         progress = None if token is None else functools.partial(_forward_progress, ctx, token)
         try:
             observation = await self.directory.invoke(name, arguments, groups=self.groups, state=self.state,
                                                       progress=progress)
+            return _result(descriptor, observation)
         except UnknownTool as exc:  # the directory's hint names a CLI an MCP client cannot run
             return _error(f"{UNKNOWN_TOOL}: {exc.explain(f'find one with {self._listing}')}")
         except ToolCallError as exc:  # no-provider included: it says that no live host serves the tool
@@ -128,8 +207,11 @@ class Bridge:
         except Exception as exc:
             log.exception("calling %r failed", name)
             return _error(f"{type(exc).__name__}: {exc}")
-        text = observation if isinstance(observation, str) else json.dumps(observation)
-        return types.CallToolResult(content=[types.TextContent(text=text)])
+
+    def _shown(self) -> list[Any]:
+        """What ``tools/list`` shows, in a form cheap to compare: the descriptors (each one's
+        ``Tool`` is made of it alone), or with ``tool_search`` the meta tools' JSON."""
+        return self._meta_tools() if self.tool_search else self.descriptors()
 
     @property
     def _listing(self) -> str:
@@ -138,11 +220,12 @@ class Bridge:
 
     async def follow(self) -> None:
         """Send ``notifications/tools/list_changed`` each time the listed tools change (a change
-        that leaves the list as it was, such as one provider more, is not sent). Runs until
-        cancelled."""
-        shown = self.tools()
+        that leaves the list as it was, such as one provider more, is not sent; with
+        ``tool_search``, each time the number or groups of the tools behind ``search_tools``
+        change its description). Runs until cancelled."""
+        shown = self._shown()
         async for change in self.directory.changes():
-            now = self.tools()
+            now = self._shown()
             if now == shown:
                 continue
             shown = now
@@ -151,15 +234,18 @@ class Bridge:
             for session in list(self.sessions):
                 await session.send_tool_list_changed()  # never raises: a closed channel drops it
 
-
     def _search(self, arguments: dict[str, Any]) -> types.CallToolResult:
-        """``search_tools``: the best matches as JSON, ``[{"name", "description", "inputSchema",
-        "score"}, ...]``; a contested tool (the one the directory would call) also has ``conflict``."""
+        """``search_tools``: the best matches among :meth:`descriptors` as JSON, ``[{"name",
+        "title", "description", "inputSchema", "annotations", "score", ...}, ...]``
+        (:func:`tghost.adapters.export.mcp_tool`, with ``outputSchema`` for a typed tool); a
+        contested tool (the one the directory would call) also has ``conflict``."""
         query, limit = arguments.get("query"), arguments.get("limit", 10)
         if not isinstance(query, str):
             return _error(f"{wire.INVALID_ARGUMENTS}: {SEARCH_TOOLS} needs 'query', a string: what the tool should do")
+        served = {d.name for d in self.descriptors()}
         try:
-            found = self.directory.search(query, limit, self.groups, self.state)
+            found = [Found(self.directory.tools[name], score)
+                     for name, score in self.directory.index.ranked(query, served.__contains__, limit)]
         except SearchError as exc:
             return _error(f"{wire.INVALID_ARGUMENTS}: {exc}")
         matches = [{**mcp_tool(f.tool.descriptor), "score": round(f.score, 3),
@@ -167,26 +253,140 @@ class Bridge:
         return types.CallToolResult(content=[types.TextContent(text=json.dumps(matches))])
 
 
+#: The most tools one ``tools/list`` answer holds; a longer list comes in pages.
+PAGE_SIZE = 100
+
+
+class _Named(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+Named = TypeVar("Named", bound=_Named)
+
+
+def page(tools: Sequence[Named], cursor: str | None, size: int = PAGE_SIZE) -> tuple[list[Named], str | None]:
+    """One page of ``tools`` (sorted by name): the first ``size`` whose name sorts after the one
+    ``cursor`` holds (from the start without a cursor), and the cursor of the next page
+    (``None``: there is none). A cursor holds the last name a page gave, so a list that changed
+    between pages goes on after it: a tool that stayed is never repeated or skipped; one added
+    or removed meanwhile is on a page or not, as its name falls.
+
+    Raises:
+        MCPError: ``cursor`` is not one this function gave (``INVALID_PARAMS``); the message says
+            to list again from the start.
+    """
+    after = None if cursor is None else _after(cursor)
+    rest = [tool for tool in tools if after is None or tool.name > after]
+    shown = rest[:size]
+    return shown, _cursor(shown[-1].name) if len(rest) > size else None
+
+
+def _cursor(name: str) -> str:
+    """The opaque cursor of the page after ``name``: base64url (unpadded) of ``{"after": name}``."""
+    return base64.urlsafe_b64encode(json.dumps({"after": name}).encode()).decode().rstrip("=")
+
+
+def _after(cursor: str) -> str:
+    """The name a :func:`_cursor` holds.
+
+    Raises:
+        MCPError: it is not one (``INVALID_PARAMS``).
+    """
+    try:
+        value = json.loads(base64.b64decode(cursor + "=" * (-len(cursor) % 4), altchars=b"-_", validate=True))
+    except (binascii.Error, ValueError):
+        value = None
+    if not (isinstance(value, dict) and isinstance(value.get("after"), str)):
+        raise MCPError(types.INVALID_PARAMS, f"invalid cursor {cursor[:64]!r}: it is not one this server gave; "
+                                             "list the tools again without a cursor")
+    name: str = value["after"]
+    return name
+
+
 SEARCH_TOOLS = "search_tools"
 CALL_TOOL = "call_tool"
-#: The two tools of ``tghost mcp --tool-search`` (MCP ``Tool`` JSON).
-META_TOOLS: list[dict[str, Any]] = [
-    {"name": SEARCH_TOOLS,
-     "description": "Find the tools that can do something: describe the task in plain words. Returns the best "
-                    "matching tools, best first, each with its name, description and input schema; then call one "
-                    f"with {CALL_TOOL}.",
-     "inputSchema": {"type": "object", "required": ["query"], "properties": {
-         "query": {"type": "string", "description": "What the tool should do, e.g. 'weather forecast for a city'"},
-         "limit": {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT, "default": 10,
-                   "description": "How many tools to return"}}},
-     "annotations": {"title": "Search tools", "readOnlyHint": True}},
-    {"name": CALL_TOOL,
-     "description": f"Call a tool that {SEARCH_TOOLS} found, by its name, with arguments that match its input schema.",
-     "inputSchema": {"type": "object", "required": ["name", "arguments"], "properties": {
-         "name": {"type": "string", "description": f"The tool's name, as {SEARCH_TOOLS} gave it"},
-         "arguments": {"type": "object", "description": "The tool's arguments"}}},
-     "annotations": {"title": "Call a tool"}},
-]
+#: The most groups ``search_tools``' description names; the others are counted.
+MAX_GROUPS_NAMED = 10
+
+
+def meta_tools(tools: Sequence[ToolDescriptor], groups: Sequence[str] | None, read_only: bool = False,
+               ) -> list[dict[str, Any]]:
+    """The two tools of ``tghost mcp --tool-search`` (MCP ``Tool`` JSON): ``search_tools``, whose
+    description says how many ``tools`` it finds among (``read_only``: saying they are
+    read-only) and their groups that a request with ``groups`` names (``None``: ``default``;
+    with ``*``: all of theirs), and ``call_tool``."""
+    found = f"{len(tools)} {'read-only ' if read_only else ''}tool{'' if len(tools) == 1 else 's'}"
+    return [
+        {"name": SEARCH_TOOLS,
+         "description": f"Find, among the {found} of {_groups_of(tools, groups)}, the ones that can do something: "
+                        "describe the task in plain words. Returns the best matching tools, best first, each with "
+                        f"its name, description and input schema; then call one with {CALL_TOOL}.",
+         "inputSchema": {"type": "object", "required": ["query"], "properties": {
+             "query": {"type": "string", "description": "What the tool should do, e.g. 'weather forecast for a city'"},
+             "limit": {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT, "default": 10,
+                       "description": "How many tools to return"}}},
+         "annotations": {"title": "Search tools", "readOnlyHint": True}},
+        {"name": CALL_TOOL,
+         "description": f"Call a tool that {SEARCH_TOOLS} found, by its name, with arguments that match its input "
+                        "schema.",
+         "inputSchema": {"type": "object", "required": ["name", "arguments"], "properties": {
+             "name": {"type": "string", "description": f"The tool's name, as {SEARCH_TOOLS} gave it"},
+             "arguments": {"type": "object", "description": "The tool's arguments"}}},
+         "annotations": {"title": "Call a tool"}},
+    ]
+
+
+def _groups_of(tools: Sequence[ToolDescriptor], groups: Sequence[str] | None) -> str:
+    """``group default``, ``groups default and research``, ``groups a, b, ... and 3 more``: the
+    groups of ``tools`` that a request with ``groups`` names (all of them with ``*``), else
+    (no tools) the ones it names; ``any group`` for ``*`` and no tools."""
+    requested = DEFAULT_GROUPS if groups is None else tuple(groups)
+    every = WILDCARD in requested
+    named = sorted({g for tool in tools for g in tool.group if every or g in requested}) or \
+        sorted(g for g in set(requested) if g != WILDCARD)
+    if not named:
+        return "any group"
+    shown = named[:MAX_GROUPS_NAMED] + ([f"{len(named) - MAX_GROUPS_NAMED} more"] if len(named) > MAX_GROUPS_NAMED
+                                        else [])
+    listed = shown[0] if len(shown) == 1 else f"{', '.join(shown[:-1])} and {shown[-1]}"
+    return f"group{'' if len(named) == 1 else 's'} {listed}"
+
+
+def _result(tool: ToolDescriptor | None, observation: str | dict[str, Any]) -> types.CallToolResult:
+    """A call's answer: for a tool with an output schema, its object as ``structuredContent``
+    plus the object's JSON text (for clients that read text only, as MCP asks); for any other,
+    the text. A reply that is not the promised JSON object is a ``tool-service-error`` result."""
+    try:
+        structured = _structured(tool, observation)
+    except ValueError as exc:
+        return _error(f"{wire.TOOL_SERVICE_ERROR}: {exc}")
+    if structured is None:
+        return types.CallToolResult(content=[types.TextContent(text=str(observation))])
+    return types.CallToolResult(content=[types.TextContent(text=json.dumps(structured))],
+                                structured_content=structured)
+
+
+def _structured(tool: ToolDescriptor | None, observation: str | dict[str, Any]) -> dict[str, Any] | None:
+    """The object of a structured observation, ``None`` for a text one. ``ToolDirectory.invoke``
+    gives the object of a tool with an output schema; until it does (issue 37's agent side),
+    the text of such a tool is parsed here.
+
+    Raises:
+        ValueError: the text of a tool with an output schema is not a JSON object.
+    """
+    if isinstance(observation, dict):
+        return observation
+    if tool is None or tool.output_schema is None:
+        return None
+    try:
+        value = json.loads(observation)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise ValueError(f"the reply of tool {tool.name!r} is not the JSON object its output schema promises: "
+                         f"{observation[:200]!r}")
+    return value
 
 
 async def _forward_progress(ctx: ServerRequestContext[Any], token: str | int, update: Progress) -> None:
@@ -207,22 +407,22 @@ def _error(text: str) -> types.CallToolResult:
 async def serve(directory: ToolDirectory, groups: Sequence[str] | None, state: str | None,
                 transport: str, host: str, port: int, allowed_hosts: Sequence[str] = (),
                 token: str | None = None, tool_search: bool = False,
-                on_ready: Callable[[str], None] | None = None) -> None:
+                on_ready: Callable[[str], None] | None = None, selection: Selection = Selection()) -> None:
     """Follow ``directory`` and serve it until the stdio client leaves or the task is cancelled.
 
     ``transport`` is ``stdio`` (MCP on stdin/stdout) or ``http`` (streamable HTTP at
     ``http://host:port/mcp``, accepting the ``Host`` headers of :func:`transport_security`
     with ``allowed_hosts``; with a ``token``, every request must carry ``Authorization: Bearer
     <token>``, else it is answered 401, through the SDK's bearer auth). ``tool_search``: list
-    the two tools of :data:`META_TOOLS` instead of every tool (:class:`Bridge`). Over HTTP,
-    ``on_ready`` gets the endpoint's URL once it listens.
+    the two tools of :func:`meta_tools` instead of every tool; ``selection`` narrows the tools
+    served (:class:`Bridge`). Over HTTP, ``on_ready`` gets the endpoint's URL once it listens.
 
     Raises:
         tghost.pulsar.clients.BrokerError: no broker answered within the directory's ``connect_timeout``.
         OSError: over HTTP, the port could not be bound (:func:`tghost.adapters.web.bind`).
     """
     async with directory:
-        bridge = Bridge(directory, groups, state, tool_search)
+        bridge = Bridge(directory, groups, state, tool_search, selection)
         follower = asyncio.create_task(bridge.follow(), name="mcp list_changed")
         try:
             if transport == "stdio":

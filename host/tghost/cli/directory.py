@@ -269,24 +269,38 @@ def _host_names(ctx: click.Context, param: click.Parameter, values: tuple[str, .
                    "--host is not a loopback address; loopback works without one.")
 @click.option("--tool-search", is_flag=True,
               help="List two tools instead of every tool: search_tools(query, limit), which ranks the live tools "
-                   "for a request, and call_tool(name, arguments), which calls one; for clients with a limit on "
-                   "tools.")
+                   "for a request and whose description says how many there are and of which groups, and "
+                   "call_tool(name, arguments), which calls one; for clients with a limit on tools.")
+@click.option("--read-only", is_flag=True,
+              help="Serve only the tools hinted read-only (their annotations say read-only: true); the others are "
+                   "left out of tools/list and search_tools, and a call of one is refused.")
+@click.option("--include", "include", multiple=True, metavar="NAME_GLOB",
+              help="Serve only the tools whose name matches a shell pattern (*, ?, [seq]; case-sensitive), e.g. "
+                   "'notes-*'. Repeatable: a tool that matches any is served.")
+@click.option("--exclude", "exclude", multiple=True, metavar="NAME_GLOB",
+              help="Never serve a tool whose name matches this pattern, e.g. 'admin-*'. Repeatable; wins over "
+                   "--include.")
 @click.option("--log-level", type=LogLevel(), default="warning",
               show_default=True, help="Log level; the log always goes to stderr.")
 def mcp_bridge(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...], state: str | None,
                trusted: TrustedKeys | None, identity: Signer | None, transport: str, http_host: str, http_port: int,
-               allowed_hosts: tuple[str, ...], token_file: Path | None, tool_search: bool, log_level: str) -> None:
+               allowed_hosts: tuple[str, ...], token_file: Path | None, tool_search: bool, read_only: bool,
+               include: tuple[str, ...], exclude: tuple[str, ...], log_level: str) -> None:
     """Serve the live tools to MCP clients (Model Context Protocol), until Ctrl-C or the client leaves.
 
     tools/list gives the tools a seed 001 request with --group (default: the 'default' group)
-    and --state may use, and that the hosts admit --identity to (anonymous without one);
+    and --state may use, and that the hosts admit --identity to (anonymous without one),
+    narrowed by --read-only, --include and --exclude: sorted by name, at most 100 a page,
+    each with its title, behaviour hints (annotations) and output schema when it has them.
     tools/call calls one over Pulsar, signed with --identity (an error reply is a result with
-    isError true). Clients get notifications/tools/list_changed when that list changes. Over
-    HTTP bound off loopback it asks every request for the bearer token in --token-file.
+    isError true; a tool with an output schema answers structuredContent and its JSON text);
+    a tool outside the set is refused as an unknown one. Clients get
+    notifications/tools/list_changed when that list changes. Over HTTP bound off loopback it
+    asks every request for the bearer token in --token-file.
     """
     token = _web_token(token_file, transport == "http", http_host, "the MCP bridge", "TGHOST_MCP_TOKEN_FILE")
     setup_logging(log_level)
-    from tghost.adapters.mcp import serve  # the mcp SDK is imported only by this command
+    from tghost.adapters.mcp import Selection, serve  # the mcp SDK is imported only by this command
 
     def ready(url: str) -> None:
         where = f"port {http_port} of every address of this machine" if http_host in ("0.0.0.0", "::") else url
@@ -298,7 +312,7 @@ def mcp_bridge(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str
     try:
         with contextlib.suppress(KeyboardInterrupt):
             asyncio.run(serve(directory, list(groups) or None, state, transport, http_host, http_port, allowed_hosts,
-                              token, tool_search, on_ready=ready))
+                              token, tool_search, on_ready=ready, selection=Selection(read_only, include, exclude)))
     except OSError as exc:
         raise click.ClickException(str(exc)) from None
 
