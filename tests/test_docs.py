@@ -131,6 +131,7 @@ RUN_BY = {
     ("docs/guides/inspector.md", "tghost inspect "): "test_inspector",
     ("docs/guides/search.md", "tghost tools --search "): "test_mcp",
     ("docs/guides/search.md", '{"mcpServers": {"tghost-search": '): "test_mcp",
+    ("docs/guides/mcp.md", '{"mcpServers": {"tghost-read-only": '): "test_mcp",
     ("docs/integrations/trustgraph.md", "[external-services.tgpeer] "): "test_external_services",
     ("docs/reference/plugin-hooks.md", "# tghost_textkit.py"): "test_docs",
     ("docs/reference/plugin-hooks.md", "# tghost_search.py"): "test_docs",
