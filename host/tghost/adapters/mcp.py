@@ -199,7 +199,7 @@ class Bridge:
         try:
             observation = await self.directory.invoke(name, arguments, groups=self.groups, state=self.state,
                                                       progress=progress)
-            return _result(descriptor, observation)
+            return _result(observation)
         except UnknownTool as exc:  # the directory's hint names a CLI an MCP client cannot run
             return _error(f"{UNKNOWN_TOOL}: {exc.explain(f'find one with {self._listing}')}")
         except ToolCallError as exc:  # no-provider included: it says that no live host serves the tool
@@ -353,40 +353,14 @@ def _groups_of(tools: Sequence[ToolDescriptor], groups: Sequence[str] | None) ->
     return f"group{'' if len(named) == 1 else 's'} {listed}"
 
 
-def _result(tool: ToolDescriptor | None, observation: str | dict[str, Any]) -> types.CallToolResult:
-    """A call's answer: for a tool with an output schema, its object as ``structuredContent``
-    plus the object's JSON text (for clients that read text only, as MCP asks); for any other,
-    the text. A reply that is not the promised JSON object is a ``tool-service-error`` result."""
-    try:
-        structured = _structured(tool, observation)
-    except ValueError as exc:
-        return _error(f"{wire.TOOL_SERVICE_ERROR}: {exc}")
-    if structured is None:
-        return types.CallToolResult(content=[types.TextContent(text=str(observation))])
-    return types.CallToolResult(content=[types.TextContent(text=json.dumps(structured))],
-                                structured_content=structured)
-
-
-def _structured(tool: ToolDescriptor | None, observation: str | dict[str, Any]) -> dict[str, Any] | None:
-    """The object of a structured observation, ``None`` for a text one. ``ToolDirectory.invoke``
-    gives the object of a tool with an output schema; until it does (issue 37's agent side),
-    the text of such a tool is parsed here.
-
-    Raises:
-        ValueError: the text of a tool with an output schema is not a JSON object.
-    """
-    if isinstance(observation, dict):
-        return observation
-    if tool is None or tool.output_schema is None:
-        return None
-    try:
-        value = json.loads(observation)
-    except ValueError:
-        value = None
-    if not isinstance(value, dict):
-        raise ValueError(f"the reply of tool {tool.name!r} is not the JSON object its output schema promises: "
-                         f"{observation[:200]!r}")
-    return value
+def _result(observation: str | dict[str, Any]) -> types.CallToolResult:
+    """A call's answer: the object of a tool with an output schema (``ToolDirectory.invoke``
+    gives it parsed) as ``structuredContent``, plus its JSON text for clients that read text
+    only, as MCP asks; any other tool's text as it is."""
+    if isinstance(observation, str):
+        return types.CallToolResult(content=[types.TextContent(text=observation)])
+    return types.CallToolResult(content=[types.TextContent(text=json.dumps(observation))],
+                                structured_content=observation)
 
 
 async def _forward_progress(ctx: ServerRequestContext[Any], token: str | int, update: Progress) -> None:

@@ -288,7 +288,7 @@ def mcp_bridge(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str
                include: tuple[str, ...], exclude: tuple[str, ...], log_level: str) -> None:
     """Serve the live tools to MCP clients (Model Context Protocol), until Ctrl-C or the client leaves.
 
-    tools/list gives the tools a seed 001 request with --group (default: the 'default' group)
+    tools/list gives the tools a request with --group (default: the 'default' group)
     and --state may use, and that the hosts admit --identity to (anonymous without one),
     narrowed by --read-only, --include and --exclude: sorted by name, at most 100 a page,
     each with its title, behaviour hints (annotations) and output schema when it has them.
