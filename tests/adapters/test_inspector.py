@@ -16,7 +16,7 @@ import httpx2
 import tghost
 from tests.conftest import tghost_cli
 from tghost.adapters.inspector import serve
-from tghost.adapters.inspector.app import COOKIE
+from tghost.adapters.inspector.app import COOKIE, _structured
 from tghost.agent.directory import ToolDirectory
 from tghost.broker import EmbeddedBroker
 from tghost.pulsar.clients import PulsarSettings
@@ -43,12 +43,30 @@ def count(up_to: int) -> Any:
         yield f"{number}\n"
 
 
+class Stock(tghost.ToolService):
+    """A tool service whose tool declares a title, hints and an output schema."""
+
+    id = "stock"
+    description = "How many of an item are in stock."
+    arguments = (tghost.Argument(name="item", type="string", description="The item to look up"),)
+
+    def invoke(self, user: str, config: dict[str, Any], arguments: dict[str, Any]) -> str:
+        return json.dumps({"item": arguments["item"], "count": 3})
+
+
+STOCK = Stock()
+STOCK_SCHEMA = {"type": "object", "properties": {"item": {"type": "string"}, "count": {"type": "integer"}}}
+CHECK_STOCK = STOCK.tool("check-stock", title="Check stock", annotations={"read-only": True, "open-world": False},
+                         **{"output-schema": STOCK_SCHEMA})
+
+
 @asynccontextmanager
 async def inspector(url: str, token: str | None = None) -> AsyncIterator[str]:
-    """A host announcing shout and count on a fresh topic, and the inspector over it; gives its base URL."""
+    """A host announcing shout, count and check-stock on a fresh topic, and the inspector over
+    it; gives its base URL."""
     topic = f"persistent://tg/config/inspect-{uuid.uuid4().hex[:8]}"
     port, ready = free_port(), asyncio.Event()
-    async with LocalHost(url, [shout, count], announce_as="inspected", topic=topic):
+    async with LocalHost(url, [shout, count, STOCK], tools=[CHECK_STOCK], announce_as="inspected", topic=topic):
         directory = ToolDirectory(PulsarSettings(url), topic)
         server = asyncio.create_task(serve(directory, "127.0.0.1", port, token=token,
                                            on_ready=lambda _: ready.set()))
@@ -67,7 +85,7 @@ async def test_the_directory_json_has_each_tool_with_its_schema_and_each_host_wi
     async with inspector(pulsar_broker.url) as base, httpx2.AsyncClient() as http:
         snap = (await http.get(f"{base}/api/directory")).json()
     tools = {tool["name"]: tool for tool in snap["tools"]}
-    assert sorted(tools) == ["count", "shout"]
+    assert sorted(tools) == ["check-stock", "count", "shout"]
     assert tools["shout"]["input-schema"]["required"] == ["text"] and tools["shout"]["providers"] == ["inspected"]
     [host] = snap["hosts"]
     assert host["host"]["id"] == "inspected" and host["state"] == "active" and host["signed_by"] is None
@@ -91,6 +109,30 @@ async def test_a_call_streams_its_chunks_as_ndjson_then_done_and_an_error_with_i
     assert error["error"]["type"] == "invalid-arguments" and "text" in error["error"]["message"]
     assert json.loads(unknown.text)["error"]["type"] == "unknown-tool"
     assert not_a_call.status_code == 400 and not_a_call.json()["error"]["type"] == "bad-request"
+
+
+async def test_a_tools_title_hints_and_output_schema_are_shown_and_its_call_ends_with_the_object(
+    pulsar_broker: EmbeddedBroker
+) -> None:
+    async with inspector(pulsar_broker.url) as base, httpx2.AsyncClient() as http:
+        snap = (await http.get(f"{base}/api/directory")).json()
+        called = await http.post(f"{base}/api/call", json={"tool": "check-stock", "arguments": {"item": "bolts"}})
+    tools = {tool["name"]: tool for tool in snap["tools"]}
+    stock = tools["check-stock"]
+    assert (stock["title"], stock["annotations"]) == ("Check stock", {"read-only": True, "open-world": False})
+    assert stock["output-schema"] == STOCK_SCHEMA
+    assert not {"title", "annotations", "output-schema"} & set(tools["shout"])  # none set, none given
+    *chunks, structured, done = [json.loads(line) for line in called.text.splitlines()]
+    assert json.loads("".join(line["chunk"] for line in chunks)) == {"item": "bolts", "count": 3}  # the text, as ever
+    assert structured == {"structured": {"item": "bolts", "count": 3}} and "total_ms" in done["done"]
+
+
+def test_only_a_json_object_is_a_structured_result() -> None:
+    """What the page may draw as a tree: a JSON object, never a value JSON.parse would refuse
+    (NaN, Infinity) nor one too deep to parse; else the text alone is shown."""
+    assert _structured('{"a": [1, null]}') == {"a": [1, None]}
+    refused = ("[1]", '"a"', "not json", '{"a": NaN}', '{"a": -Infinity}', '{"a":' * 100_000)
+    assert [_structured(text) for text in refused] == [None] * len(refused)
 
 
 async def test_with_a_token_every_request_needs_it_and_the_page_link_sets_a_cookie(

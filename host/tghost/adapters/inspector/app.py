@@ -12,9 +12,10 @@ Routes:
 - ``POST /api/call`` (JSON ``{"tool", "arguments", "groups"?, "state"?, "user"?}``): calls the tool
   through the directory, exactly as an agent would, and streams newline-delimited JSON: a
   ``{"chunk": str, "ms": float}`` per observation chunk and a ``{"progress": {"done", "total",
-  "message"}, "ms": float}`` per progress update (docs/protocol.md §2.12), then ``{"done": {"first_chunk_ms",
-  "total_ms"}}`` or ``{"error": {"type", "message"}, "total_ms"}``. Closing the request cancels
-  the call.
+  "message"}, "ms": float}`` per progress update (docs/protocol.md §2.12); for a tool with an
+  ``output-schema`` whose observation is a JSON object, ``{"structured": object}`` (that object,
+  for the page to draw as a tree); then ``{"done": {"first_chunk_ms", "total_ms"}}``
+  or ``{"error": {"type", "message"}, "total_ms"}``. Closing the request cancels the call.
 
 Every request, static files and unknown paths included, has its ``Host`` (and a POST its
 JSON content type) checked (:func:`tghost.adapters.web.transport_security`), and its ``Origin``,
@@ -181,6 +182,8 @@ class Inspector:
                     yield {"chunk": value, "ms": ms()}
                 elif kind == "progress":
                     yield {"progress": value._asdict(), "ms": ms()}
+                elif kind == "structured":
+                    yield {"structured": value}
                 elif kind == "done":
                     yield {"done": {"first_chunk_ms": first, "total_ms": ms()}}
                     return
@@ -193,14 +196,23 @@ class Inspector:
 
     async def _pump(self, events: asyncio.Queue[tuple[str, Any]], tool: str, arguments: dict[str, Any],
                     options: dict[str, Any]) -> None:
-        """Make the call, putting each chunk and progress update on ``events``, then its end:
-        ``("done", None)`` or ``("error", {"type", "message"})``."""
+        """Make the call, putting each chunk and progress update on ``events``; then, for a tool
+        with an ``output-schema``, ``("structured", object)`` (:func:`_structured`); then its
+        end: ``("done", None)`` or ``("error", {"type", "message"})``."""
         def progress(update: Progress) -> None:
             events.put_nowait(("progress", update))
 
+        known = self.directory.tools.get(tool)
+        structured = known is not None and known.descriptor.output_schema is not None
+        chunks: list[str] = []
         try:
             async for chunk in self.directory.stream(tool, arguments, progress=progress, **options):
                 events.put_nowait(("chunk", chunk))
+                if structured:
+                    chunks.append(chunk)
+            value = _structured("".join(chunks)) if structured else None
+            if value is not None:
+                events.put_nowait(("structured", value))
             events.put_nowait(("done", None))
         except ToolCallError as exc:
             events.put_nowait(("error", {"type": exc.error_type, "message": exc.message}))
@@ -234,6 +246,21 @@ def _foreign_origin(request: Request) -> Response | None:
     return PlainTextResponse(f"tghost inspect answers its own page only, and this request comes from another: "
                              f"Origin {origin!r}; open the inspector at http://{host}/ and call from there",
                              status_code=403)
+
+
+def _structured(observation: str) -> dict[str, Any] | None:
+    """The observation of a tool with an ``output-schema`` as the JSON object it is, or ``None``
+    if it is not one (the page then shows the text alone). ``NaN`` and ``Infinity`` are refused:
+    the page's JSON has no such values."""
+    try:
+        value = json.loads(observation, parse_constant=_no_constant)
+    except (ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
 
 
 def _ndjson(lines: AsyncIterator[dict[str, Any]]) -> Response:
