@@ -94,6 +94,39 @@ class Echo(tghost.ToolService):
 
 
 echo = Echo()
+FORGOTTEN = []
+
+
+class Forget(tghost.ToolService):
+    """A destructive tool: says how many calls reached it."""
+
+    id = "forget"
+    description = "Forget a key and its value."
+    arguments = [tghost.Argument(name="key", type="string", description="The key to forget")]
+
+    def invoke(self, user, config, arguments):
+        FORGOTTEN.append(arguments["key"])
+        return f"forgot {arguments['key']} (call {len(FORGOTTEN)})"
+
+
+class Stock(tghost.ToolService):
+    """A read-only tool with a structured result."""
+
+    id = "stock"
+    description = "How many of an item are in stock, and where."
+    arguments = [tghost.Argument(name="item", type="string", description="The item to look up")]
+
+    def invoke(self, user, config, arguments):
+        return json.dumps({"item": arguments["item"], "in_stock": True, "count": 12, "price": 3.5, "note": None,
+                           "warehouses": [{"city": "Lyon", "count": 7}, {"city": "Turin", "count": 5}],
+                           "supplier": {"id": 7, "name": "Acme", "tags": []}})
+
+
+STOCK_SCHEMA = {"type": "object", "required": ["item", "in_stock", "count"], "properties": {
+    "item": {"type": "string"}, "in_stock": {"type": "boolean"}, "count": {"type": "integer"},
+    "price": {"type": "number"}, "note": {"type": ["string", "null"]},
+    "warehouses": {"type": "array", "items": {"type": "object"}}, "supplier": {"type": "object"}}}
+forget, stock = Forget(), Stock()
 
 
 @tghost.hookimpl
@@ -102,11 +135,19 @@ def tghost_register_services(register):
     register(count_down)
     register(survey)
     register(echo)
+    register(forget)
+    register(stock)
 
 
 @tghost.hookimpl
 def tghost_register_tools(register):
     register(echo.tool("echo-args", "Echo the arguments back, as JSON."))
+    register(echo.tool("echo-structured", "Echo the arguments back, as a structured result.",
+                       **{"output-schema": {"type": "object"}}))
+    register(forget.tool("forget-key", title="Forget a key",
+                         annotations={"read-only": False, "destructive": True, "idempotent": True}))
+    register(stock.tool("check-stock", title="Check stock", annotations={"read-only": True, "open-world": False},
+                        **{"output-schema": STOCK_SCHEMA}))
 '''
 
 
@@ -251,6 +292,7 @@ def test_a_second_hosts_tools_appear_and_disappear_without_a_reload(
     sync_api.expect(page.locator("li.tool.added")).to_contain_text("tell-joke")  # marked as new
     sync_api.expect(page.locator("#counters")).to_contain_text("2 live hosts")
     pick(page, "tell-joke")
+    joke.scroll_into_view_if_needed()  # below the test plugin's tools: the picture shows it, marked
     screenshot(page, "inspector-two-hosts.png")
     second.process.send_signal(signal.SIGINT)
     assert second.finish() == 0
@@ -308,12 +350,143 @@ def test_an_argument_named_proto_shows_empty_and_is_sent_as_typed(page: Page, in
     sync_api.expect(page.get_by_label("__proto__")).to_have_value("typed here")
 
 
+def tool_item(page: Page, button: str) -> Any:
+    """The tool list's entry whose button reads ``button`` (the tool's title, else its name)."""
+    return page.get_by_role("listitem").filter(has=page.get_by_role("button", name=button, exact=True))
+
+
+def test_a_tool_shows_its_title_beside_its_name_and_its_hints_as_badges(page: Page, inspector: str) -> None:
+    page.goto(inspector)
+    forget, stock = tool_item(page, "Forget a key"), tool_item(page, "Check stock")
+    sync_api.expect(forget.locator(".tool-id")).to_have_text("forget-key")
+    # read-only false is MCP's default, so not shown; open-world false is not, so it is
+    sync_api.expect(forget.locator(".chip.hint")).to_have_text(["destructive", "idempotent"])
+    sync_api.expect(stock.locator(".chip.hint")).to_have_text(["read-only", "not open-world"])
+    sync_api.expect(tool_item(page, "calculate").locator(".tool-id, .chip.hint")).to_have_count(0)  # as before
+    pick(page, "Forget a key")
+    sync_api.expect(page.locator("#tool-id")).to_have_text("forget-key")
+    sync_api.expect(page.locator("#tool-hints .chip")).to_have_text(["destructive", "idempotent"])
+    pick(page, "calculate")
+    sync_api.expect(page.locator("#tool-id")).to_be_hidden()
+    sync_api.expect(page.locator("#tool-hints")).to_be_hidden()
+    page.get_by_label("Filter tools").fill("check stock")  # the filter reads titles too
+    sync_api.expect(page.locator("#tool-list .tool-name")).to_have_text(["Check stock"])
+
+
+def test_a_destructive_tools_call_asks_to_confirm_and_calls_only_once_confirmed(page: Page, inspector: str) -> None:
+    requests: list[Any] = []  # every request the page makes
+    page.on("request", lambda request: requests.append(request))  # Playwright takes no bound builtin
+    page.goto(inspector)
+    pick(page, "Forget a key")
+    key, call = page.get_by_label("key", exact=True), page.get_by_role("button", name="Call", exact=True)
+    confirm = page.get_by_role("group", name=re.compile("hinted destructive"))
+    key.fill("alpha")
+    call.click()
+    asked = re.compile(r'forget-key is hinted destructive: .* Call it with \{"key":"alpha"\}\?')
+    sync_api.expect(confirm).to_have_text(asked)
+    sync_api.expect(page.get_by_role("button", name="Cancel")).to_be_focused()  # Enter now calls nothing
+    sync_api.expect(call).to_be_disabled()
+    page.get_by_role("button", name="Cancel").click()
+    sync_api.expect(confirm).to_be_hidden()
+    call.click()
+    key.fill("beta")  # a changed form drops the question: what was asked is no longer what would be sent
+    sync_api.expect(confirm).to_be_hidden()
+    call.click()
+    sync_api.expect(confirm).to_contain_text('{"key":"beta"}')
+    page.get_by_role("button", name="Confirm call").click()
+    sync_api.expect(log_of(page).locator(".observation")).to_have_text("forgot beta (call 1)")  # the host's first call
+    calls = [request.post_data_json for request in requests if request.url.endswith("/api/call")]
+    assert [body["arguments"] for body in calls] == [{"key": "beta"}]
+    pick(page, "calculate")  # a tool not hinted destructive calls at once
+    page.get_by_label("expression").fill("6*7")
+    page.get_by_role("button", name="Call", exact=True).click()
+    sync_api.expect(log_of(page).locator(".observation")).to_have_text("42")
+    sync_api.expect(confirm).to_be_hidden()
+
+
+#: (path, value as shown, type) of each leaf of a result's tree, the path by the keys down to it.
+TREE_LEAVES = """tree => [...tree.querySelectorAll('.leaf')].map(leaf => {
+    const path = [];
+    for (let entry = leaf; entry; entry = entry.parentElement.closest('.entry'))
+        path.unshift(entry.querySelector(':scope > .key, :scope > details > summary > .key').textContent);
+    return [path.join('/'), leaf.querySelector('.value').textContent, leaf.querySelector(':scope > .type').textContent];
+})"""
+
+
+#: A JSON value's type by its Python type (int and float: "number").
+JSON_TYPES = {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}
+
+
+def leaves(value: Any, path: tuple[str, ...] = ()) -> Iterator[list[str]]:
+    """What :data:`TREE_LEAVES` should read off the tree of ``value``: its scalars, empty
+    objects and empty arrays, each with its JSON text (a string quoted) and JSON type."""
+    for key, item in value.items() if isinstance(value, dict) else enumerate(value):
+        if isinstance(item, dict | list) and item:
+            yield from leaves(item, (*path, str(key)))
+            continue
+        yield ["/".join((*path, str(key))), json.dumps(item), JSON_TYPES.get(type(item), "number")]
+
+
+def test_a_structured_result_is_a_tree_of_the_json_with_a_raw_json_view(page: Page, inspector: str) -> None:
+    page.goto(inspector)
+    pick(page, "Check stock")
+    sync_api.expect(page.locator("#tool-facts")).to_contain_text("structured: a JSON object (output-schema)")
+    page.get_by_label("item", exact=True).fill("bolts")
+    page.get_by_role("button", name="Call", exact=True).click()
+    tree = log_of(page).get_by_role("list", name="structured result, object · 7 keys")
+    sync_api.expect(tree).to_be_visible()
+    screenshot(page, "inspector-structured.png")
+    raw = log_of(page).locator(".observation")
+    sync_api.expect(raw).to_be_hidden()
+    expected = json.loads(raw.text_content() or "")
+    assert expected["item"] == "bolts"
+    assert sorted(tree.evaluate(TREE_LEAVES)) == sorted(leaves(expected))
+    sync_api.expect(tree.locator("summary")).to_have_text(
+        ["warehouses: array · 2 items", "0: object · 2 keys", "1: object · 2 keys", "supplier: object · 3 keys"])
+    tree.locator("summary").first.click()  # folds the warehouses
+    sync_api.expect(tree.get_by_text("Turin")).to_be_hidden()
+    page.get_by_label("raw JSON").check()
+    sync_api.expect(raw).to_be_visible()
+    sync_api.expect(tree).to_be_hidden()
+
+
+def test_a_structured_result_keeps_a_key_named_proto(page: Page, inspector: str) -> None:
+    page.goto(inspector)
+    pick(page, "echo-structured")
+    page.get_by_label("__proto__").fill("typed here")
+    page.get_by_label("note").fill("n")
+    page.get_by_role("button", name="Call", exact=True).click()
+    tree = log_of(page).get_by_role("list", name="structured result, object · 2 keys")
+    sync_api.expect(tree).to_be_visible()
+    assert sorted(tree.evaluate(TREE_LEAVES)) == [["__proto__", '"typed here"', "string"], ["note", '"n"', "string"]]
+
+
 def test_the_page_has_no_serious_or_critical_accessibility_violations(page: Page, inspector: str) -> None:
+    """axe on the call form of nested objects and arrays, then on the page with titles, hints, a
+    structured result's tree and a destructive call waiting to be confirmed: no serious or
+    critical violation, and the second finds no kind of violation the first did not."""
     axe = pytest.importorskip("axe_playwright_python.sync_playwright", reason="axe-playwright-python is not installed")
     page.goto(inspector)
     pick(page, "plan-trip")
     page.get_by_role("button", name="Add stops item").click()
-    results = axe.Axe().run(page)
-    serious = [v for v in results.response["violations"] if v["impact"] in ("serious", "critical")]
-    assert not serious, json.dumps([{"id": v["id"], "help": v["help"],
-                                     "nodes": [n["target"] for n in v["nodes"]][:5]} for v in serious], indent=1)
+    before = accessibility_violations(axe, page)
+    pick(page, "Check stock")
+    page.get_by_label("item", exact=True).fill("bolts")
+    page.get_by_role("button", name="Call", exact=True).click()
+    sync_api.expect(log_of(page).locator(".json-tree")).to_be_visible()
+    pick(page, "Forget a key")
+    page.get_by_label("key", exact=True).fill("alpha")
+    page.get_by_role("button", name="Call", exact=True).click()
+    sync_api.expect(page.get_by_role("button", name="Confirm call")).to_be_visible()
+    after = accessibility_violations(axe, page)
+    assert set(after) <= set(before), json.dumps({key: after[key] for key in set(after) - set(before)}, indent=1)
+
+
+def accessibility_violations(axe: Any, page: Page) -> dict[str, Any]:
+    """axe's violations on the page now (rule id -> its help and first nodes), asserting none is
+    serious or critical."""
+    found = {v["id"]: {"impact": v["impact"], "help": v["help"], "nodes": [n["target"] for n in v["nodes"]][:5]}
+             for v in axe.Axe().run(page).response["violations"]}
+    serious = {key: v for key, v in found.items() if v["impact"] in ("serious", "critical")}
+    assert not serious, json.dumps(serious, indent=1)
+    return found

@@ -1,7 +1,8 @@
-"""inspector: the live directory as one web page (``tghost inspect``): every live tool with its
-hosts, leases, conflicts and rejections as the directory sees them, updated as announcements
-arrive (server-sent events), and a call form per tool drawn from its ``input-schema`` whose calls
-go through the directory as an agent's do, streamed chunk by chunk.
+"""inspector: the live directory as one web page (``tghost inspect``): every live tool, by its
+title and with its hints, with its hosts, leases, conflicts and rejections as the directory
+sees them, updated as announcements arrive (server-sent events), and a call form per tool drawn
+from its ``input-schema`` whose calls go through the directory as an agent's do (a destructive
+tool's once confirmed), streamed chunk by chunk; a structured result is drawn as a tree.
 
 The page's script and style ship in this package (``static/``): nothing is fetched from
 elsewhere, and nothing is built.

@@ -1,5 +1,7 @@
-// inspector: draws the live directory from /api/events (server-sent events) and calls tools
-// through /api/call, streaming each chunk into the output log as it arrives.
+// inspector: draws the live directory from /api/events (server-sent events), each tool by its
+// title and with its hints, and calls tools through /api/call (a destructive one once
+// confirmed), streaming each chunk into the output log as it arrives; a structured result is
+// then drawn as a tree (json-tree.js).
 "use strict";
 
 (function () {
@@ -16,13 +18,34 @@
     selected: null,
     form: null,
     running: null,        // AbortController of the call in flight
+    pending: null,        // a destructive tool's call, waiting for "Confirm call"
     history: JSON.parse(sessionStorage.getItem("tghost-history") || "[]"),
   };
 
   const { el } = window.TghostDom;
 
-  const chip = (text, className = "") => el("span", { className: `chip ${className}`, text });
+  const chip = (text, className = "", title) => el("span", { className: `chip ${className}`, text, title });
   const now = () => Date.now() / 1000 + view.offset;
+  const titleOf = (tool) => tool.title || tool.name;
+  const hint = (tool, key) => (tool.annotations && Object.hasOwn(tool.annotations, key) ? tool.annotations[key] : undefined);
+
+  // A tool's behaviour hints as badges, in words (the colour only repeats them). Only hints the
+  // tool sets are shown; a false one only where it says more than leaving it out: MCP takes an
+  // unset destructive and open-world hint for true, so "not destructive" and "not open-world"
+  // are news, while an unset read-only or idempotent hint is already false.
+  const HINTS = [
+    ["read-only", "changes nothing", null],
+    ["destructive", "may delete or overwrite", "only adds: deletes and overwrites nothing"],
+    ["idempotent", "calling it again with the same arguments does nothing more", null],
+    ["open-world", "reaches beyond its host: the web, other systems", "stays within its host's own data"],
+  ];
+  function hintChips(tool) {
+    return HINTS.map(([key, yes, no]) => {
+      const set = hint(tool, key);
+      if (set === true) return chip(key, `hint hint-${key}`, yes);
+      return set === false && no ? chip(`not ${key}`, "hint", no) : null;
+    }).filter(Boolean);
+  }
 
   function remaining(leaseEnd) {
     const left = Math.round(leaseEnd - now());
@@ -87,7 +110,7 @@
   function drawTools() {
     const filter = $("filter").value.trim().toLowerCase();
     const shown = [...view.tools.values(), ...view.gone.values()]
-      .filter((t) => !filter || t.name.toLowerCase().includes(filter) || (t.description || "").toLowerCase().includes(filter))
+      .filter((t) => !filter || [t.name, t.title, t.description].some((text) => (text || "").toLowerCase().includes(filter)))
       .sort((a, b) => a.name.localeCompare(b.name));
     const list = $("tool-list");
     list.replaceChildren(...shown.map(toolItem));
@@ -101,12 +124,15 @@
       ...tool.group.map((g) => chip(g, "group")),
       ...(tool.available_in_states || []).map((s) => chip(`in ${s}`, "state")),
       tool.state ? chip(`→ ${tool.state}`, "state") : null,
+      ...hintChips(tool),
       tool.conflicts.length ? chip("conflict", "warn") : null,
       tool.admitted ? null : chip("not for you", "warn"));
     return el("li", { className: ["tool", markKind, view.selected === tool.name ? "selected" : ""].join(" ") },
-      el("button", { type: "button", className: "tool-name", "aria-describedby": descId,
-                     "aria-current": view.selected === tool.name ? "true" : undefined,
-                     onclick: () => select(tool.name), text: tool.name }),
+      el("div", { className: "tool-title" },
+        el("button", { type: "button", className: tool.title ? "tool-name titled" : "tool-name", "aria-describedby": descId,
+                       "aria-current": view.selected === tool.name ? "true" : undefined,
+                       onclick: () => select(tool.name), text: titleOf(tool) }),
+        tool.title ? el("code", { className: "tool-id", text: tool.name }) : null),
       el("p", { id: descId, className: "tool-desc", text: tool.description || "" }),
       chips,
       el("p", { className: "providers", text: `${tool.providers.length ? tool.providers.join(", ") : "no provider"}` +
@@ -148,11 +174,18 @@
   // -- one tool, its form and its calls -------------------------------------------------------
 
   function select(name) {
+    dismiss();
     view.selected = name;
     const tool = view.tools.get(name) || view.gone.get(name);
     $("pick").hidden = true;
     $("tool").hidden = false;
-    $("tool-name").textContent = tool.name;
+    $("tool-name").textContent = titleOf(tool);
+    $("tool-name").classList.toggle("titled", Boolean(tool.title));
+    $("tool-id").textContent = tool.name;
+    $("tool-id").hidden = !tool.title;
+    const hints = hintChips(tool);
+    $("tool-hints").replaceChildren(el("span", { className: "visually-hidden", text: "Hints:" }), ...hints);
+    $("tool-hints").hidden = !hints.length;
     $("tool-description").textContent = tool.description || "";
     const facts = $("tool-facts");
     const fact = (term, value) => value ? [el("dt", { text: term }), el("dd", { text: value })] : [];
@@ -161,6 +194,7 @@
       ...fact("groups", tool.group.join(", ")),
       ...fact("available in states", (tool.available_in_states || ["any"]).join(", ")),
       ...fact("moves to state", tool.state),
+      ...fact("result", tool["output-schema"] ? "structured: a JSON object (output-schema)" : null),
       ...fact("config", Object.keys(tool.config || {}).length ? JSON.stringify(tool.config) : null),
       ...fact("providers", tool.plugins.map((p) => `${p.host}${p.plugin ? ` (${p.plugin}${p.version ? " " + p.version : ""})` : ""}`).join(", ")),
       ...fact("access", tool.access),
@@ -195,7 +229,7 @@
     $("fields").hidden = raw;
   }
 
-  async function call(event) {
+  function call(event) {
     event.preventDefault();
     if (view.running) return;
     const log = $("log");
@@ -206,11 +240,44 @@
     }
     const groups = $("groups").value.split(",").map((g) => g.trim()).filter(Boolean);
     const body = { tool: view.selected, arguments: args, groups: groups.length ? groups : null, state: $("state").value.trim() || null };
+    if (hint(view.tools.get(view.selected) || view.gone.get(view.selected), "destructive") === true) ask(body);
+    else run(body);
+  }
+
+  // A destructive tool's call waits for a second click: "Confirm call" makes it; "Cancel", any
+  // change to the form or picking another tool drops it.
+  function ask(body) {
+    view.pending = body;
+    $("confirm-text").textContent = `${body.tool} is hinted destructive: it may delete or overwrite. ` +
+                                    `Call it with ${JSON.stringify(body.arguments)}?`;
+    $("confirm").hidden = false;
+    $("call").disabled = true;
+    $("confirm-cancel").focus();
+  }
+
+  function dismiss() {
+    if (!view.pending) return;
+    view.pending = null;
+    $("confirm").hidden = true;
+    $("call").disabled = false;
+  }
+
+  function confirmed() {
+    const body = view.pending;
+    dismiss();
+    if (!body || view.running) return;
+    run(body);
+    $("stop").focus();
+  }
+
+  async function run(body) {
+    const log = $("log");
+    const args = body.arguments;
     const out = el("pre", { className: "observation" });
-    log.replaceChildren(el("p", { className: "call-head", text: `${view.selected} ${JSON.stringify(args)}` }), out);
+    log.replaceChildren(el("p", { className: "call-head", text: `${body.tool} ${JSON.stringify(args)}` }), out);
     if (window.matchMedia("(max-width: 1100px)").matches) log.scrollIntoView({ block: "nearest" });  // stacked panels
     $("timing").textContent = "calling…";
-    const entry = { tool: view.selected, arguments: args, status: "…", at: new Date().toLocaleTimeString() };
+    const entry = { tool: body.tool, arguments: args, status: "…", at: new Date().toLocaleTimeString() };
     view.running = new AbortController();
     $("call").disabled = true;
     $("stop").disabled = false;
@@ -234,6 +301,8 @@
           buffer = buffer.slice(newline + 1);
           if (line.progress) {
             showProgress(log, line.progress);
+          } else if (line.structured) {
+            showStructured(out, line.structured);
           } else if ("chunk" in line) {
             chunks += 1;
             out.append(el("span", { className: "chunk", text: line.chunk }));
@@ -284,6 +353,14 @@
     box.querySelector("span").textContent = update.message ? `${amount} ${update.message}` : amount;
   }
 
+  // A structured result: its tree, and "raw JSON" to see the observation as it came instead.
+  function showStructured(out, value) {
+    const tree = window.JsonTree.build(value);
+    const raw = el("input", { type: "checkbox", onchange: () => { out.hidden = !raw.checked; tree.hidden = raw.checked; } });
+    out.hidden = true;
+    out.before(el("div", { className: "structured" }, el("label", { className: "check" }, raw, "raw JSON"), tree));
+  }
+
   function remember(entry) {
     view.history.unshift(entry);
     view.history.length = Math.min(view.history.length, HISTORY);
@@ -317,6 +394,10 @@
   $("filter").addEventListener("input", drawTools);
   $("raw-toggle").addEventListener("change", toggleRaw);
   $("call-form").addEventListener("submit", call);
+  $("call-form").addEventListener("input", dismiss);
+  $("call-form").addEventListener("change", dismiss);
+  $("confirm-call").addEventListener("click", confirmed);
+  $("confirm-cancel").addEventListener("click", () => { dismiss(); $("call").focus(); });
   $("stop").addEventListener("click", () => view.running && view.running.abort());
   setInterval(tick, 1000);
   drawHistory();
