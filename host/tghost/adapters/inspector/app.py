@@ -13,9 +13,11 @@ Routes:
   through the directory, exactly as an agent would, and streams newline-delimited JSON: a
   ``{"chunk": str, "ms": float}`` per observation chunk and a ``{"progress": {"done", "total",
   "message"}, "ms": float}`` per progress update (docs/protocol.md §2.12); for a tool with an
-  ``output-schema`` whose observation is a JSON object, ``{"structured": object}`` (that object,
-  for the page to draw as a tree); then ``{"done": {"first_chunk_ms", "total_ms"}}``
-  or ``{"error": {"type", "message"}, "total_ms"}``. Closing the request cancels the call.
+  ``output-schema``, ``{"structured": object}`` (the JSON object its observation holds, for the
+  page to draw as a tree; docs/protocol.md §2.14); then ``{"done": {"first_chunk_ms",
+  "total_ms"}}`` or ``{"error": {"type", "message"}, "total_ms"}`` (``bad-request`` for a tool
+  with an ``output-schema`` that answered no JSON object, as an agent's call gets). Closing the
+  request cancels the call.
 
 Every request, static files and unknown paths included, has its ``Host`` (and a POST its
 JSON content type) checked (:func:`tghost.adapters.web.transport_security`), and its ``Origin``,
@@ -54,6 +56,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tghost.adapters.inspector.views import hosts_view, snapshot
 from tghost.adapters.web import TransportSecurityMiddleware, is_own_origin, transport_security
+from tghost.agent.calls import structured
 from tghost.agent.client import ToolCallError
 from tghost.agent.directory import ToolDirectory
 from tghost.protocol.wire import Progress
@@ -197,22 +200,21 @@ class Inspector:
     async def _pump(self, events: asyncio.Queue[tuple[str, Any]], tool: str, arguments: dict[str, Any],
                     options: dict[str, Any]) -> None:
         """Make the call, putting each chunk and progress update on ``events``; then, for a tool
-        with an ``output-schema``, ``("structured", object)`` (:func:`_structured`); then its
-        end: ``("done", None)`` or ``("error", {"type", "message"})``."""
+        with an ``output-schema``, ``("structured", object)`` (:func:`tghost.agent.calls.structured`);
+        then its end: ``("done", None)`` or ``("error", {"type", "message"})``."""
         def progress(update: Progress) -> None:
             events.put_nowait(("progress", update))
 
         known = self.directory.tools.get(tool)
-        structured = known is not None and known.descriptor.output_schema is not None
+        typed = known is not None and known.descriptor.output_schema is not None
         chunks: list[str] = []
         try:
             async for chunk in self.directory.stream(tool, arguments, progress=progress, **options):
                 events.put_nowait(("chunk", chunk))
-                if structured:
+                if typed:
                     chunks.append(chunk)
-            value = _structured("".join(chunks)) if structured else None
-            if value is not None:
-                events.put_nowait(("structured", value))
+            if typed:
+                _put_structured(events, structured(tool, "".join(chunks)))
             events.put_nowait(("done", None))
         except ToolCallError as exc:
             events.put_nowait(("error", {"type": exc.error_type, "message": exc.message}))
@@ -248,19 +250,12 @@ def _foreign_origin(request: Request) -> Response | None:
                              status_code=403)
 
 
-def _structured(observation: str) -> dict[str, Any] | None:
-    """The observation of a tool with an ``output-schema`` as the JSON object it is, or ``None``
-    if it is not one (the page then shows the text alone). ``NaN`` and ``Infinity`` are refused:
-    the page's JSON has no such values."""
-    try:
-        value = json.loads(observation, parse_constant=_no_constant)
-    except (ValueError, RecursionError):
-        return None
-    return value if isinstance(value, dict) else None
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
+def _put_structured(events: asyncio.Queue[tuple[str, Any]], value: dict[str, Any]) -> None:
+    """Put ``("structured", value)`` on ``events``, unless ``value`` holds ``NaN`` or
+    ``Infinity``, which Python's JSON reads and the page's cannot: the page then shows the text."""
+    with contextlib.suppress(ValueError):
+        json.dumps(value, allow_nan=False)
+        events.put_nowait(("structured", value))
 
 
 def _ndjson(lines: AsyncIterator[dict[str, Any]]) -> Response:

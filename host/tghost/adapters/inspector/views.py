@@ -7,19 +7,16 @@ from __future__ import annotations
 from typing import Any
 
 from tghost.agent.directory import DirectoryTool, ToolDirectory
-from tghost.protocol.descriptors import ADDED_TOOL_KEYS
 
 __all__ = ["hosts_view", "snapshot", "tool_view"]
 
 
 def tool_view(tool: DirectoryTool, admitted: bool) -> dict[str, Any]:
     """One tool: its JSON (:meth:`tghost.agent.entries.DirectoryTool.to_json`, as ``tghost tools
-    --json`` gives it; the form is drawn from its ``input-schema``), with the tool's ``title``,
-    ``annotations`` (its hints, wire-spelled) and ``output-schema`` when set, plus ``plugins``
-    (each provider's host id and plugin name and version) and ``admitted`` (whether the
-    directory's identity may call it)."""
-    added = {key: value for key, value in tool.descriptor.to_json_dict().items() if key in ADDED_TOOL_KEYS}
-    return {**added, **tool.to_json(), "admitted": admitted,
+    --json`` gives it; the form is drawn from its ``input-schema``), plus ``plugins`` (each
+    provider's host id and plugin name and version) and ``admitted`` (whether the directory's
+    identity may call it)."""
+    return {**tool.to_json(), "admitted": admitted,
             "plugins": [{"host": p.host.get("id"), "plugin": (p.plugin or {}).get("name"),
                          "version": (p.plugin or {}).get("version")} for p in tool.providers]}
 
