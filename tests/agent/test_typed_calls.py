@@ -69,3 +69,12 @@ async def test_a_tool_in_json_carries_its_title_hints_and_output_schema(director
     assert (shape["title"], shape["annotations"], shape["output-schema"]) == (
         "Count notes", {"read-only": True, "idempotent": True}, OBJECT)
     assert not {"title", "output-schema"} & set(directory.tools["erase-notes"].to_json())
+
+
+@pytest.mark.parametrize("text", ['{"count": NaN}', '{"count": Infinity}', "[1, 2]", "not json", "[" * 100_000])
+def test_only_a_json_object_is_a_structured_observation(text: str) -> None:
+    from tghost.agent.calls import structured
+
+    with pytest.raises(tghost.ToolCallError) as refused:
+        structured("count-notes", text)
+    assert refused.value.error_type == "bad-request"

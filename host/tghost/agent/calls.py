@@ -398,13 +398,17 @@ def structured(name: str, text: str) -> dict[str, Any]:
         ToolCallError: ``bad-request``: the text is not a JSON object.
     """
     try:
-        value = json.loads(text)
-    except ValueError:
+        value = json.loads(text, parse_constant=_not_json)
+    except (ValueError, RecursionError):  # not JSON (NaN and Infinity are not), or nested past parsing
         value = None
     if not isinstance(value, dict):
         raise ToolCallError(wire.BAD_REQUEST, f"tool {name!r} has an output schema, but its host answered "
                                               f"something that is not a JSON object: {text[:200]!r}")
     return value
+
+
+def _not_json(constant: str) -> None:
+    raise ValueError(f"{constant} is not JSON")
 
 
 #: Names compared in full for a suggestion; past this many, only those of a like length and

@@ -214,7 +214,7 @@ class Inspector:
                 if typed:
                     chunks.append(chunk)
             if typed:
-                _put_structured(events, structured(tool, "".join(chunks)))
+                events.put_nowait(("structured", structured(tool, "".join(chunks))))
             events.put_nowait(("done", None))
         except ToolCallError as exc:
             events.put_nowait(("error", {"type": exc.error_type, "message": exc.message}))
@@ -248,14 +248,6 @@ def _foreign_origin(request: Request) -> Response | None:
     return PlainTextResponse(f"tghost inspect answers its own page only, and this request comes from another: "
                              f"Origin {origin!r}; open the inspector at http://{host}/ and call from there",
                              status_code=403)
-
-
-def _put_structured(events: asyncio.Queue[tuple[str, Any]], value: dict[str, Any]) -> None:
-    """Put ``("structured", value)`` on ``events``, unless ``value`` holds ``NaN`` or
-    ``Infinity``, which Python's JSON reads and the page's cannot: the page then shows the text."""
-    with contextlib.suppress(ValueError):
-        json.dumps(value, allow_nan=False)
-        events.put_nowait(("structured", value))
 
 
 def _ndjson(lines: AsyncIterator[dict[str, Any]]) -> Response:
