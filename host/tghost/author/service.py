@@ -6,6 +6,8 @@ This module only describes and invokes; serving is :mod:`tghost.serving`'s job.
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import functools
 import importlib
 import inspect
@@ -19,12 +21,15 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, get_type_hints, overload
 
 import docstring_parser
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+import typing_extensions
+from pydantic import BaseModel, ConfigDict, Field, PydanticUserError, TypeAdapter, ValidationError, create_model
+from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from tghost.author.arguments import Problem, closed_schema, coerce, jsonschema_problems, unknown
 from tghost.protocol import wire
 from tghost.protocol.callers import Caller
 from tghost.protocol.descriptors import (
+    ADDED_TOOL_KEYS,
     Argument,
     ConfigParam,
     DescriptorError,
@@ -149,12 +154,34 @@ def current_caller() -> Caller | None:
 def invoke(service: ToolService, call: Call) -> Any:
     """``service.invoke(user, config, arguments)`` with ``call`` current while it runs (for
     :func:`current_caller` and a ``@tool`` function's :class:`Context`; an ``async`` invoke's
-    coroutine is built, not awaited, here)."""
+    coroutine is built, not awaited, here). For a service with an :attr:`~ToolService.output_schema`,
+    the result checked against it, as its JSON text (an ``async`` invoke's: once awaited): what
+    every executor and the thread lane run, so the check is made once, where the plugin runs.
+
+    Raises:
+        ToolError: ``tool-service-error``: the result does not match the output schema (the
+            message names the field), or streams.
+    """
     token = _CALL.set(call)
     try:
-        return service.invoke(call.user, call.config, call.arguments)
+        result = service.invoke(call.user, call.config, call.arguments)
     finally:
         _CALL.reset(token)
+    return result if service.output_schema is None else _structured(service, result)
+
+
+def _structured(service: ToolService, result: Any) -> Any:
+    """:meth:`ToolService._observation` of ``result``, or a coroutine of it for an awaitable."""
+    if inspect.isawaitable(result):
+        return _awaited_structured(service, result)
+    if inspect.isgenerator(result) or inspect.isasyncgen(result):
+        raise ToolError(f"service {service.id!r}: invoke returned a stream, but the service has an output schema; "
+                        "return one value")
+    return service._observation(result)
+
+
+async def _awaited_structured(service: ToolService, awaitable: Any) -> str:
+    return service._observation(await awaitable)
 
 
 def _context(user: str, config: dict[str, Any]) -> Context:
@@ -187,6 +214,14 @@ class ToolService:
     ``isolation = "process"`` runs ``invoke`` in worker processes whatever the host's default
     (``tghost run --isolation``): a call that crashes, hangs or leaks costs one worker, never the
     host. ``"thread"`` keeps it in the host's threads; ``None`` (default) takes the host's choice.
+
+    ``title`` (a name for people) and the behaviour hints ``read_only``, ``destructive``,
+    ``idempotent`` and ``open_world`` (each ``True``, ``False`` or ``None``: unset, left out of
+    the descriptor, so MCP's defaults apply) are what the service's tools carry, unless
+    :meth:`tool` gives a tool its own. ``output_schema`` (a JSON Schema whose root ``"type"`` is
+    ``"object"``) makes the service's result typed: every one of its tools announces it as its
+    ``output-schema``, and the host checks what ``invoke`` returns (a dict, or a pydantic model)
+    against it and sends it as JSON text, or answers ``tool-service-error`` naming the field.
     """
 
     id: str
@@ -201,6 +236,12 @@ class ToolService:
     version: str | None = None
     persistent: bool = False
     isolation: str | None = None
+    title: str | None = None
+    read_only: bool | None = None
+    destructive: bool | None = None
+    idempotent: bool | None = None
+    open_world: bool | None = None
+    output_schema: dict[str, Any] | None = None
     #: Set by discovery: ``(name, value, config)`` of the entry point that registered this service.
     _tghost_entry_point: tuple[str, str, dict[str, Any]] | None = None
 
@@ -254,20 +295,42 @@ class ToolService:
     def __getstate__(self) -> dict[str, Any]:
         """Pickled without the compiled validator (it holds local functions); a worker process
         compiles its own on first use."""
-        return {k: v for k, v in self.__dict__.items() if k != "_arguments_validator"}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_arguments_validator", "_output_validator")}
 
     @functools.cached_property
     def _arguments_validator(self) -> Any:
-        import jsonschema  # here, not at import: only class services need it
+        return _validator(self.arguments_schema)
 
-        validator_class = jsonschema.validators.validator_for(self.arguments_schema)
-        validator_class.check_schema(self.arguments_schema)
-        return validator_class(self.arguments_schema)
+    @functools.cached_property
+    def _output_validator(self) -> Any:
+        return _validator(self.output_schema or {})
+
+    def _observation(self, result: Any) -> str:
+        """The JSON text of ``result`` (a pydantic model dumped as JSON data), checked against
+        :attr:`output_schema` with jsonschema.
+
+        Raises:
+            ToolError: ``tool-service-error``: the result is not JSON data, or does not match
+                the schema (the message names each field).
+        """
+        try:
+            value = to_jsonable_python(result)
+        except PydanticSerializationError as exc:
+            raise ToolError(f"service {self.id!r}: the tool's result is not JSON data: {exc}") from None
+        errors = sorted(self._output_validator.iter_errors(value), key=lambda e: list(map(str, e.absolute_path)))
+        if errors:
+            raise _mismatch(self.id, jsonschema_problems(errors))
+        return json.dumps(value)
+
+    @property
+    def _code(self) -> Callable[..., Any]:
+        """The function a call runs: whether it is async or a generator tells how to run it."""
+        return type(self).invoke
 
     @property
     def runs_in_thread(self) -> bool:
         """True when ``invoke`` is plain (blocking) code that the host runs in a worker thread."""
-        return not _is_async(type(self).invoke)
+        return not _is_async(self._code)
 
     @property
     def descriptor(self) -> ToolServiceDescriptor:
@@ -281,8 +344,7 @@ class ToolService:
         import jsonschema  # here, not at import: registration needs it, a plugin's import does not
 
         origin = f"service '{getattr(self, 'id', '?')}'"
-        if self.isolation not in (None, "thread", "process"):
-            raise DescriptorError(f"{origin}: field 'isolation': {self.isolation!r} is not 'thread' or 'process'")
+        self._check_declared(origin)
         try:
             _ = self._arguments_validator  # compiled here, so a bad schema fails at registration
             topic = self.topic or self.id
@@ -302,21 +364,56 @@ class ToolService:
         except AttributeError as exc:  # no ``id``
             raise DescriptorError(f"{origin}: field '{exc.name}': not set (a ToolService needs an id)") from None
         except jsonschema.SchemaError as exc:
-            field = "input_schema" if self.input_schema is not None else "arguments"
-            where = "/".join(map(str, exc.path)) or "(schema)"
-            raise DescriptorError(f"{origin}: field '{field}': not a valid JSON Schema at {where}: "
-                                  f"{exc.message}") from None
+            raise _schema_error(origin, "input_schema" if self.input_schema is not None else "arguments", exc) from None
+
+    def _check_declared(self, origin: str) -> None:
+        """Raises :class:`DescriptorError` (``origin``: the service) for an ``isolation`` that is not
+        one, a config param a directory of the first release would fill with a tool key
+        (:data:`~tghost.protocol.descriptors.ADDED_TOOL_KEYS`), or a bad ``output_schema``."""
+        if self.isolation not in (None, "thread", "process"):
+            raise DescriptorError(f"{origin}: field 'isolation': {self.isolation!r} is not 'thread' or 'process'")
+        for name in (_config_param(p)["name"] for p in self.config_params):
+            if name in ADDED_TOOL_KEYS:
+                keys = ", ".join(sorted(ADDED_TOOL_KEYS))
+                raise DescriptorError(f"{origin}: config param {name!r}: a tool key of the protocol ({keys}), which a "
+                                      "host drops from a request's config; give the param another name")
+        if self.output_schema is not None:
+            self._check_output_schema(origin)
+
+    def _check_output_schema(self, origin: str) -> None:
+        import jsonschema
+
+        where = f"{origin}: field 'output_schema'"
+        if not isinstance(self.output_schema, dict) or self.output_schema.get("type") != "object":
+            raise DescriptorError(f'{where}: an output schema describes a JSON object: its "type" must be "object"')
+        if inspect.isgeneratorfunction(self._code) or inspect.isasyncgenfunction(self._code):
+            raise DescriptorError(f"{where}: invoke streams (it is a generator), and a stream's chunks have no output "
+                                  "schema; return one value, or drop the output schema")
+        try:
+            _ = self._output_validator  # compiled here, so a bad schema fails at registration
+        except jsonschema.SchemaError as exc:
+            raise _schema_error(origin, "output_schema", exc) from None
 
     def tool(self, name: str, description: str | None = None, **fields: Any) -> ToolDescriptor:
         """A tool descriptor over this service, with this service's ``arguments`` (derived from
-        the schema when empty) and :attr:`arguments_schema` as its ``input-schema``.
+        the schema when empty), :attr:`arguments_schema` as its ``input-schema`` and
+        :attr:`output_schema` as its ``output-schema``.
 
-        ``fields`` holds seed 000/001 keys (``group``, ``state``, ``available_in_states``)
-        and the tool's config values, e.g. ``collection="customers"``.
+        ``fields`` holds seed 000/001 keys (``group``, ``state``, ``available_in_states``), the
+        tool's ``title`` and hints (``read_only``, ``destructive``, ``idempotent``,
+        ``open_world``: each, given, overrides the service's for this tool; ``None`` unsets it)
+        and its config values, e.g. ``collection="customers"``.
 
         Raises:
-            DescriptorError: a field is invalid; one line naming the service, the tool and the field.
+            DescriptorError: a field is invalid, a hint is not ``True``, ``False`` or ``None``, or
+                ``fields`` gives an output schema (the service's is every tool's); one line
+                naming the service, the tool and the field.
         """
+        origin = f"service '{self.id}': tool '{name}'"
+        if {"output_schema", "output-schema"} & fields.keys():
+            raise DescriptorError(f"{origin}: field 'output_schema': a tool's output schema is its service's (every "
+                                  "tool of the service returns what invoke returns); set output_schema on the service")
+        declared = {key: fields.pop(key, getattr(self, key)) for key in ("title", *HINTS)}
         schema = self.arguments_schema
         base: dict[str, Any] = {
             "name": name,
@@ -324,15 +421,33 @@ class ToolService:
             "service": self.id,
             "arguments": [a.model_dump() for a in self.arguments or arguments_from_schema(schema)],
             "input-schema": schema,
+            **_declared(declared, self.output_schema, origin),
         }
         try:
             return ToolDescriptor.model_validate(base | fields)
         except ValidationError as exc:
-            raise describe_validation_error(exc, f"service '{self.id}': tool '{name}'") from None
+            raise describe_validation_error(exc, origin) from None
 
     def default_tools(self) -> list[ToolDescriptor]:
         """Tools registered together with the service. None for a class-based service."""
         return []
+
+
+def served_tool(tool: ToolDescriptor, service: ToolService) -> ToolDescriptor:
+    """``tool`` (a dict's or a config file's) as a tool of ``service``, which this host serves:
+    with the service's output schema, which every tool of a service shares, since the host
+    checks the service's result against it (a tool without one gets it).
+
+    Raises:
+        DescriptorError: the tool gives an output schema that is not its service's.
+    """
+    if tool.output_schema == service.output_schema:
+        return tool
+    if "output_schema" not in tool.model_fields_set:
+        return tool.model_copy(update={"output_schema": service.output_schema})
+    having = "has another" if service.output_schema is not None else "has none (its result is not checked)"
+    raise DescriptorError(f"tool '{tool.name}': field 'output-schema': a tool's output schema is its service's, "
+                          f"and service '{service.id}' {having}; leave the key out")
 
 
 #: At most this many argument problems are named in one ``invalid-arguments`` reply.
@@ -346,6 +461,53 @@ def _persistent_queue(topic: str) -> str:
 
 def _is_async(fn: Callable[..., Any]) -> bool:
     return inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn)
+
+
+#: A tool's behaviour hints, by their Python names (``ToolAnnotations``' fields; wire keys
+#: ``read-only``, ``destructive``, ``idempotent``, ``open-world``).
+HINTS = ("read_only", "destructive", "idempotent", "open_world")
+
+
+def _declared(declared: dict[str, Any], output_schema: dict[str, Any] | None, origin: str) -> dict[str, Any]:
+    """A tool's ``title``, ``annotations`` and ``output-schema`` keys, each only when set (an
+    unset hint is left out, so MCP's default applies).
+
+    Raises:
+        DescriptorError: a hint is not ``True``, ``False`` or ``None`` (``origin``: the tool).
+    """
+    hints = {key: declared[key] for key in HINTS if declared[key] is not None}
+    for key, value in hints.items():
+        if not isinstance(value, bool):
+            raise DescriptorError(f"{origin}: field '{key}': {value!r} is not True, False or None")
+    keys = {"title": declared["title"], "annotations": hints or None, "output-schema": output_schema}
+    return {key: value for key, value in keys.items() if value is not None}
+
+
+def _validator(schema: dict[str, Any]) -> Any:
+    """A jsonschema validator of ``schema`` (its draft from ``$schema``, default the latest).
+
+    Raises:
+        jsonschema.SchemaError: ``schema`` is not a valid JSON Schema.
+    """
+    import jsonschema  # here, not at import: only class services and explicit output schemas need it
+
+    validator_class = jsonschema.validators.validator_for(schema)
+    validator_class.check_schema(schema)
+    return validator_class(schema)
+
+
+def _schema_error(origin: str, field: str, exc: Any) -> DescriptorError:
+    """A ``jsonschema.SchemaError`` of ``field``'s schema as one line naming where it is wrong."""
+    where = "/".join(map(str, exc.path)) or "(schema)"
+    return DescriptorError(f"{origin}: field '{field}': not a valid JSON Schema at {where}: {exc.message}")
+
+
+def _mismatch(service_id: str, problems: Iterable[Problem]) -> ToolError:
+    """The ``tool-service-error`` of a result that breaks its service's output schema, naming
+    each field (at most :data:`_MAX_ERRORS`)."""
+    named = [f"field '{'.'.join(map(str, path))}': {message}" if path else message
+             for path, message in list(problems)[:_MAX_ERRORS]]
+    return ToolError(f"service {service_id!r}: the tool's result does not match its output schema: {'; '.join(named)}")
 
 
 def _config_param(param: ConfigParam | str) -> dict[str, Any]:
@@ -370,6 +532,9 @@ class FunctionService(ToolService):
         persistent: bool = False,
         isolation: str | None = None,
         allow_unknown_arguments: bool = False,
+        title: str | None = None,
+        behaviour: dict[str, bool | None] | None = None,
+        output_schema: dict[str, Any] | None = None,
     ) -> None:
         doc = docstring_parser.parse(fn.__doc__ or "")
         signature = inspect.signature(fn)
@@ -384,6 +549,11 @@ class FunctionService(ToolService):
         self.persistent = persistent
         self.isolation = isolation
         self.allow_unknown_arguments = allow_unknown_arguments
+        self.title = title
+        for hint, value in (behaviour or {}).items():
+            setattr(self, hint, value)
+        self._result, derived = _typed_result(hints.get("return"), service) if output_schema is None else (None, None)
+        self.output_schema = output_schema if output_schema is not None else derived
         self._tool_name = tool_name
         self._tool_fields = tool_fields
         self._context_param = next((n for n in signature.parameters if hints.get(n) is Context), None)
@@ -398,14 +568,34 @@ class FunctionService(ToolService):
         self.arguments = arguments_from_schema(self.input_schema)
 
     @property
-    def runs_in_thread(self) -> bool:
-        return not _is_async(self.fn)
+    def _code(self) -> Callable[..., Any]:
+        return self.fn
 
     @functools.cached_property
     def _arguments_validator(self) -> Any:
         """None: the pydantic model checks the arguments, and the JSON Schema derived from it
         is valid by construction (compiling it for jsonschema cost 2 ms per plugin at start-up)."""
         return None
+
+    @functools.cached_property
+    def _output_validator(self) -> Any:
+        """None for a result typed by the return annotation (its adapter checks it), as for the
+        arguments; else the explicit ``output_schema``'s validator."""
+        return None if self._result is not None else super()._output_validator
+
+    def _observation(self, result: Any) -> str:
+        """The result as its return annotation's JSON text (``TypeAdapter.validate_python``, then
+        ``dump_json``), or as :meth:`ToolService._observation` for an explicit ``output_schema``.
+
+        Raises:
+            ToolError: ``tool-service-error``: the result does not match (the message names each field).
+        """
+        if self._result is None:
+            return super()._observation(result)
+        try:
+            return self._result.dump_json(self._result.validate_python(result)).decode()
+        except ValidationError as exc:
+            raise _mismatch(self.id, _pydantic_problems(exc)) from None
 
     def check_arguments(self, arguments: dict[str, Any]) -> dict[str, Any]:
         """Check ``arguments`` by the same policy as a class service (:mod:`tghost.author.arguments`:
@@ -453,6 +643,27 @@ def _pydantic_problems(exc: ValidationError) -> list[Problem]:
     """pydantic's errors as problems, a missing field worded as jsonschema's are (one policy)."""
     return [(e["loc"], "required, but not given" if e["type"] == "missing" else e["msg"])
             for e in exc.errors()[:_MAX_ERRORS]]
+
+
+def _typed_result(annotation: Any, service: str) -> tuple[TypeAdapter[Any] | None, dict[str, Any] | None]:
+    """The pydantic adapter of a return annotation that types a result (a pydantic model, a
+    ``TypedDict`` or a dataclass) and the JSON Schema of what it dumps (serialization mode);
+    ``(None, None)`` for any other annotation (the result is sent as it is, untyped).
+
+    Raises:
+        DescriptorError: pydantic cannot build its schema (``typing.TypedDict`` before Python 3.12,
+            a field of a type JSON cannot hold).
+    """
+    typed = typing_extensions.is_typeddict(annotation) or (
+        isinstance(annotation, type) and (issubclass(annotation, BaseModel) or dataclasses.is_dataclass(annotation)))
+    if not typed:
+        return None, None
+    try:
+        adapter = TypeAdapter(annotation)
+        return adapter, adapter.json_schema(mode="serialization")
+    except PydanticUserError as exc:
+        raise DescriptorError(f"service '{service}': field 'output_schema': the return annotation "
+                              f"{annotation.__name__} has no JSON Schema: {str(exc).splitlines()[0]}") from None
 
 
 def _module_attribute(module: str, qualname: str) -> Any:
@@ -527,6 +738,12 @@ def tool(
     persistent: bool = False,
     isolation: str | None = None,
     allow_unknown_arguments: bool = False,
+    title: str | None = None,
+    read_only: bool | None = None,
+    destructive: bool | None = None,
+    idempotent: bool | None = None,
+    open_world: bool | None = None,
+    output_schema: dict[str, Any] | None = None,
     **tool_fields: Any,
 ) -> FunctionService | Callable[[Callable[..., Any]], FunctionService]:
     """Turn a typed function into a tool service (and, usually, its tool).
@@ -540,13 +757,27 @@ def tool(
     annotated :class:`Context` receives the user and config. ``timeout`` (seconds),
     ``max_concurrency``, ``persistent``, ``isolation`` and ``allow_unknown_arguments`` (unknown
     arguments are then dropped, as the function has no parameter for them) are as on
-    :class:`ToolService`. ``tool_fields`` are
-    extra seed 001 tool keys such as ``group`` or ``state``.
+    :class:`ToolService`, and so are ``title`` and the hints ``read_only``, ``destructive``,
+    ``idempotent`` and ``open_world`` (``None``: unset, left out).
+
+    A return annotation that is a pydantic model, a ``TypedDict`` or a dataclass types the
+    result: its JSON Schema is the service's ``output_schema``, and what the function returns is
+    validated by it (pydantic) and sent as JSON text. ``output_schema`` (a JSON Schema object)
+    given explicitly wins: the result is then checked against it with jsonschema.
+
+    ``tool_fields`` are keys of the function's own tool: seed 001's ``group``, ``state`` and
+    ``available_in_states`` (``applicable-states``), and values of the parameters named in ``config``.
 
     Returns:
         a ``FunctionService`` (bare use), or a decorator that makes one; call a
         ``FunctionService`` like the original function.
+
+    Raises:
+        TypeError: a keyword in ``tool_fields`` is none of these (the message names the closest one).
+        DescriptorError: the return annotation has no JSON Schema (at decoration).
     """
+    _check_tool_fields(tool_fields, config)
+    behaviour = {"read_only": read_only, "destructive": destructive, "idempotent": idempotent, "open_world": open_world}
 
     def decorate(func: Callable[..., Any]) -> FunctionService:
         tool_name = name or func.__name__.replace("_", "-")
@@ -563,6 +794,26 @@ def tool(
             persistent=persistent,
             isolation=isolation,
             allow_unknown_arguments=allow_unknown_arguments,
+            title=title,
+            behaviour=behaviour,
+            output_schema=output_schema,
         )
 
     return decorate(fn) if fn is not None else decorate
+
+
+#: The seed 001 keys of a function's own tool that ``@tghost.tool`` takes besides its options.
+_TOOL_KEYS = ("group", "state", "available_in_states", "applicable-states")
+
+
+def _check_tool_fields(tool_fields: dict[str, Any], config: Sequence[str]) -> None:
+    """Raises ``TypeError`` for a keyword of ``@tghost.tool`` that is neither a seed 001 tool key
+    nor a config value of a parameter named in ``config``, naming the closest valid name."""
+    for key in tool_fields:
+        if key in _TOOL_KEYS or key in config:
+            continue
+        options = [p for p in inspect.signature(tool).parameters if p not in ("fn", "tool_fields")]
+        close = difflib.get_close_matches(key, [*options, *_TOOL_KEYS, *config], n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise TypeError(f"tghost.tool() got an unexpected keyword argument {key!r}{hint} (it takes its options, the "
+                        f"tool keys {', '.join(_TOOL_KEYS[:3])}, and values of the parameters named in config=)")

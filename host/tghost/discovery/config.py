@@ -16,9 +16,15 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from tghost.author.service import served_tool
 from tghost.discovery.catalog import Catalog, PluginReport
 from tghost.protocol.access import AccessError, AccessPolicy
-from tghost.protocol.descriptors import ToolDescriptor, ToolServiceDescriptor, describe_validation_error
+from tghost.protocol.descriptors import (
+    DescriptorError,
+    ToolDescriptor,
+    ToolServiceDescriptor,
+    describe_validation_error,
+)
 from tghost.system.paths import config_path, default_config_path
 
 __all__ = ["ConfigError", "config_path", "default_config_path", "load_config_tools", "read_config"]
@@ -79,17 +85,26 @@ def _tool_fields(catalog: Catalog, name: str, entry: dict[str, Any]) -> dict[str
     return fields
 
 
-def _check(catalog: Catalog, tool: ToolDescriptor) -> str | None:
+def _admitted(catalog: Catalog, tool: ToolDescriptor) -> ToolDescriptor:
+    """``tool`` as the host announces it: over a service served here, with its output schema
+    (:func:`tghost.author.service.served_tool`); over an external one, as it is.
+
+    Raises:
+        DescriptorError: its service is neither, it lacks a required config param of it, its name
+            is taken, or it gives an output schema that is not its served service's.
+    """
     descriptor = catalog.descriptors.get(tool.service) or catalog.external.get(tool.service)
     if descriptor is None:
-        return (f"service {tool.service!r} is not served here (served: {sorted(catalog.descriptors)}; "
-                f"external: {sorted(catalog.external)})")
+        raise DescriptorError(f"service {tool.service!r} is not served here (served: {sorted(catalog.descriptors)}; "
+                              f"external: {sorted(catalog.external)})")
     missing = [p for p in descriptor.required_config if p not in tool.config]
     if missing:
-        return f"lacks required config param(s) {missing} of service {tool.service!r}"
+        raise DescriptorError(f"lacks required config param(s) {missing} of service {tool.service!r}")
     if tool.name in catalog.tools:
-        return f"tool name {tool.name!r} is already provided by plugin {catalog.tool_origin[tool.name].name!r}"
-    return None
+        raise DescriptorError(f"tool name {tool.name!r} is already provided by plugin "
+                              f"{catalog.tool_origin[tool.name].name!r}")
+    service = catalog.services.get(tool.service)
+    return tool if service is None else served_tool(tool, service)
 
 
 def _tables(report: PluginReport, path: Path, key: str, tables: Any) -> Iterator[tuple[str, str, dict[str, Any]]]:
@@ -138,13 +153,16 @@ def load_config_tools(catalog: Catalog, path: Path, document: dict[str, Any] | N
         config-params = [{name = "style", required = true}]
 
     Each tool table holds seed 000/001 tool keys (``service``, ``description``, ``group``,
-    ``state``, ``available_in_states``, ``arguments``) and the tool's config values, over a
-    service served here or an external one::
+    ``state``, ``available_in_states``, ``arguments``), tghost's ``title``, ``annotations`` (a
+    table of ``read-only``, ``destructive``, ``idempotent``, ``open-world``) and ``output-schema``
+    (over a service served here, its service's, which it gets when left out), and the tool's
+    config values, over a service served here or an external one::
 
         [tools.query-orders]
         service = "custom-rag"
         description = "Query the order knowledge base"
         collection = "orders"
+        annotations = {read-only = true}
 
     Returns a report (name ``config:<path>``) listing the external services and tools added
     and one error per bad entry; an unreadable file is one error and adds nothing.
@@ -159,13 +177,12 @@ def load_config_tools(catalog: Catalog, path: Path, document: dict[str, Any] | N
     _load_external(catalog, report, path, document.get("external-services", {}))
     for name, origin, entry in _tables(report, path, "tools", document.get("tools", {})):
         try:
-            tool = ToolDescriptor.model_validate(_tool_fields(catalog, name, entry))
+            tool = _admitted(catalog, ToolDescriptor.model_validate(_tool_fields(catalog, name, entry)))
         except ValidationError as exc:
             report.fail(str(describe_validation_error(exc, origin)))
             continue
-        problem = _check(catalog, tool)
-        if problem:
-            report.fail(f"{origin}: {problem}; tool skipped")
+        except DescriptorError as exc:
+            report.fail(f"{origin}: {exc}; tool skipped")
             continue
         catalog.tools[name] = tool
         catalog.tool_origin[name] = report

@@ -22,7 +22,7 @@ import pluggy
 from pydantic import ValidationError
 
 from tghost.author import hookspecs
-from tghost.author.service import ToolService
+from tghost.author.service import ToolService, served_tool
 from tghost.discovery.catalog import Catalog, PluginReport
 from tghost.protocol.callers import Caller
 from tghost.protocol.descriptors import (
@@ -475,17 +475,31 @@ def _admit(catalog: Catalog, report: PluginReport, contribution: _Contribution) 
 
 
 def _check_tool_references(catalog: Catalog) -> None:
-    """Drop (and report) tools whose service is not served or whose required config is missing."""
+    """Drop (and report) the tools :func:`_served` refuses; the others get their service's output schema."""
     for name, tool in list(catalog.tools.items()):
+        try:
+            catalog.tools[name] = _served(catalog, tool)
+            continue
+        except DescriptorError as exc:
+            problem = str(exc)
         report = catalog.tool_origin[name]
-        descriptor = catalog.descriptors.get(tool.service)
-        if descriptor is None:
-            problem = f"tool {name!r} references service {tool.service!r}, which no loaded plugin serves"
-        else:
-            missing = [p for p in descriptor.required_config if p not in tool.config]
-            if not missing:
-                continue
-            problem = f"tool {name!r} lacks required config param(s) {missing} of service {tool.service!r}"
         report.fail(problem + "; tool skipped")
         del catalog.tools[name], catalog.tool_origin[name]
         report.tools.remove(name)
+
+
+def _served(catalog: Catalog, tool: ToolDescriptor) -> ToolDescriptor:
+    """``tool`` as a tool of its service, which ``catalog`` serves (:func:`tghost.author.service.served_tool`).
+
+    Raises:
+        DescriptorError: its service is not served, it lacks a required config param of it, or
+            it gives an output schema that is not the service's.
+    """
+    descriptor = catalog.descriptors.get(tool.service)
+    if descriptor is None:
+        raise DescriptorError(f"tool {tool.name!r} references service {tool.service!r}, which no loaded plugin serves")
+    missing = [p for p in descriptor.required_config if p not in tool.config]
+    if missing:
+        raise DescriptorError(f"tool {tool.name!r} lacks required config param(s) {missing} of service "
+                              f"{tool.service!r}")
+    return served_tool(tool, catalog.services[tool.service])
