@@ -160,7 +160,8 @@ class ServiceEndpoint:
         )
         proving = self.terms.gate is not None or self.signer is not None
         prover = Prover(self.descriptor.request_queue, self.terms.gate, self.signer) if proving else None
-        self._port = Port(self._producer, self._mailbox, self._listeners, self.descriptor.id, prover)
+        self._port = Port(self._producer, self._mailbox, self._listeners, self.descriptor.id, prover,
+                          structured=self.service.output_schema is not None)
         await self.executor.start()
         if isinstance(self.executor, ThreadExecutor) and self.service.runs_in_thread and not self.persistent:
             self._lane = ThreadLane(self.terms, self._port, self.executor, loop)
@@ -372,9 +373,9 @@ class ServiceEndpoint:
             return
         port: Port = self._port  # type: ignore[assignment]
         if not self.persistent:
-            port.send(request, payload)
+            port.send(request, payload, status is None)
             return
-        receipt = asyncio.ensure_future(port.receipt(request, payload))
+        receipt = asyncio.ensure_future(port.receipt(request, payload, status is None))
         try:
             await asyncio.shield(receipt)
         except asyncio.CancelledError:  # a timeout or shutdown while the reply was on its way

@@ -165,7 +165,7 @@ class ThreadLane:
                 del self._by_id[request.request_id]
             emptied = self._emptied is not None and not self.in_flight
         try:
-            self._port.send(request, payload)
+            self._port.send(request, payload, status is None)
             self._port.settle(request.record, request.message, request.started)
         except Exception:
             log.exception("service %s: could not reply to request %s", self._terms.service_id, request.request_id)

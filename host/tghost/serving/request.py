@@ -310,29 +310,33 @@ class Port:
 
     ``producer`` is the service's response producer; ``consumer`` (its request consumer) is set
     once subscribed; ``mailbox`` carries receipts into the event loop; ``prover`` proves the
-    answers to the callers that can check them.
+    answers to the callers that can check them. ``structured``: the service has an output
+    schema, so a result's reply says its observation is JSON (docs/protocol.md §2.14).
     """
 
     def __init__(self, producer: pulsar.asyncio.Producer, mailbox: hop.Mailbox,
-                 listeners: Sequence[CallListener], service_id: str, prover: Prover | None = None) -> None:
+                 listeners: Sequence[CallListener], service_id: str, prover: Prover | None = None,
+                 structured: bool = False) -> None:
         self.producer = producer
         self.prover = prover
         self.consumer: pulsar.asyncio.Consumer | None = None
+        self.structured = structured
         self._mailbox = mailbox
         self._listeners = tuple(listeners)
         self._service_id = service_id
 
-    def send(self, request: Request, payload: bytes) -> None:
-        """Send a reply without waiting for the broker (:func:`tghost.pulsar.hop.send`)."""
-        hop.send(self.producer, payload, self._properties(request, payload))
+    def send(self, request: Request, payload: bytes, result: bool = False) -> None:
+        """Send a reply without waiting for the broker (:func:`tghost.pulsar.hop.send`); ``result``:
+        it is the last reply of a call answered without error."""
+        hop.send(self.producer, payload, self._properties(request, payload, result))
 
-    async def receipt(self, request: Request, payload: bytes) -> None:
-        """Send a reply and wait (on the loop) until the broker has it.
+    async def receipt(self, request: Request, payload: bytes, result: bool = False) -> None:
+        """Send a reply (``result``: as :meth:`send`) and wait (on the loop) until the broker has it.
 
         Raises:
             pulsar.asyncio.PulsarException: the broker did not take it.
         """
-        await hop.receipt(self._mailbox, self.producer, payload, self._properties(request, payload))
+        await hop.receipt(self._mailbox, self.producer, payload, self._properties(request, payload, result))
 
     def send_chunk(self, request: Request, payload: bytes) -> futures.Future[bool]:
         """Send one chunk of a stream; the future is done once the broker has it (True) or did
@@ -341,16 +345,20 @@ class Port:
         hop.send(self.producer, payload, self._properties(request, payload), functools.partial(_receipt_of, sent))
         return sent
 
-    def _properties(self, request: Request, payload: bytes) -> dict[str, str]:
-        """An answer's properties: its request's ``id`` and, for a caller that can check it, this
-        host's proof (docs/protocol.md §2.13)."""
+    def _properties(self, request: Request, payload: bytes, result: bool = False) -> dict[str, str]:
+        """An answer's properties: its request's ``id``, for a caller that can check it this host's
+        proof (docs/protocol.md §2.13), and on a structured service's ``result``
+        ``tghost-content-type: application/json`` (§2.14)."""
         proof = request.proof
         if proof is _UNKNOWN:
             message = request.message
             proof = request.proof = self.prover.proof(message.properties(), message.data()) if self.prover else None
-        if not isinstance(proof, AnswerProof):
-            return {"id": request.request_id}
-        return {"id": request.request_id, **proof.properties(payload, request.request_id, next(request.seq))}
+        properties = {"id": request.request_id}
+        if result and self.structured:
+            properties[wire.CONTENT_TYPE] = wire.JSON_CONTENT
+        if isinstance(proof, AnswerProof):
+            properties.update(proof.properties(payload, request.request_id, next(request.seq)))
+        return properties
 
     def settle(self, record: CallRecord, message: Any, started: float, acknowledge: bool = True) -> None:
         """A request is answered: acknowledge it (unless it goes back to the broker), time it from
