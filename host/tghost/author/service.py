@@ -397,7 +397,7 @@ class ToolService:
     def tool(self, name: str, description: str | None = None, **fields: Any) -> ToolDescriptor:
         """A tool descriptor over this service, with this service's ``arguments`` (derived from
         the schema when empty), :attr:`arguments_schema` as its ``input-schema`` and
-        :attr:`output_schema` as its ``output-schema``.
+        :attr:`output_schema` as its ``output-schema`` (:func:`served_tool`).
 
         ``fields`` holds seed 000/001 keys (``group``, ``state``, ``available_in_states``), the
         tool's ``title`` and hints (``read_only``, ``destructive``, ``idempotent``,
@@ -406,14 +406,13 @@ class ToolService:
 
         Raises:
             DescriptorError: a field is invalid, a hint is not ``True``, ``False`` or ``None``, or
-                ``fields`` gives an output schema (the service's is every tool's); one line
-                naming the service, the tool and the field.
+                ``fields`` gives an output schema that is not the service's; one line naming
+                the tool and the field.
         """
         origin = f"service '{self.id}': tool '{name}'"
-        if {"output_schema", "output-schema"} & fields.keys():
-            raise DescriptorError(f"{origin}: field 'output_schema': a tool's output schema is its service's (every "
-                                  "tool of the service returns what invoke returns); set output_schema on the service")
         declared = {key: fields.pop(key, getattr(self, key)) for key in ("title", *HINTS)}
+        if "output_schema" in fields:  # by its Python name: the wire key, so it is the one checked
+            fields["output-schema"] = fields.pop("output_schema")
         schema = self.arguments_schema
         base: dict[str, Any] = {
             "name": name,
@@ -424,7 +423,7 @@ class ToolService:
             **_declared(declared, self.output_schema, origin),
         }
         try:
-            return ToolDescriptor.model_validate(base | fields)
+            return served_tool(ToolDescriptor.model_validate(base | fields), self)
         except ValidationError as exc:
             raise describe_validation_error(exc, origin) from None
 
@@ -434,20 +433,21 @@ class ToolService:
 
 
 def served_tool(tool: ToolDescriptor, service: ToolService) -> ToolDescriptor:
-    """``tool`` (a dict's or a config file's) as a tool of ``service``, which this host serves:
-    with the service's output schema, which every tool of a service shares, since the host
-    checks the service's result against it (a tool without one gets it).
+    """``tool`` (a dict's or a config file's) as a tool of ``service``, which this host serves.
+    A service's output schema is every one of its tools' (the host checks the service's result
+    against it, whichever tool was called): a tool that gives none gets it. Over a service
+    without one, a tool's own output schema is announced as given, unchecked: the service must
+    answer that tool with the JSON text of a matching object.
 
     Raises:
         DescriptorError: the tool gives an output schema that is not its service's.
     """
-    if tool.output_schema == service.output_schema:
+    if service.output_schema is None or tool.output_schema == service.output_schema:
         return tool
     if "output_schema" not in tool.model_fields_set:
         return tool.model_copy(update={"output_schema": service.output_schema})
-    having = "has another" if service.output_schema is not None else "has none (its result is not checked)"
-    raise DescriptorError(f"tool '{tool.name}': field 'output-schema': a tool's output schema is its service's, "
-                          f"and service '{service.id}' {having}; leave the key out")
+    raise DescriptorError(f"tool '{tool.name}': field 'output-schema': a tool's output schema is its service's, and "
+                          f"service '{service.id}' has another; leave the key out")
 
 
 #: At most this many argument problems are named in one ``invalid-arguments`` reply.
