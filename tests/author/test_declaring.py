@@ -121,6 +121,12 @@ def test_a_tool_dict_and_a_config_file_tool_take_the_wire_keys(tmp_path: Path) -
     assert frost["output-schema"] == Almanac.output_schema  # its service's, left out of the table
 
 
+def test_a_tool_dict_without_a_title_or_hints_takes_its_services() -> None:
+    catalog = catalog_of([Almanac()], [{"name": "rain", "description": "Rainfall", "service": "almanac"}])
+    rain = catalog.tools["rain"].to_json_dict()
+    assert rain["title"] == "Almanac" and rain["annotations"] == {"read-only": True, "idempotent": True}
+
+
 # Unknown keywords of the decorator
 
 def test_an_unknown_keyword_is_a_type_error_naming_it_and_the_closest_option() -> None:

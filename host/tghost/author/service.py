@@ -397,7 +397,7 @@ class ToolService:
     def tool(self, name: str, description: str | None = None, **fields: Any) -> ToolDescriptor:
         """A tool descriptor over this service, with this service's ``arguments`` (derived from
         the schema when empty), :attr:`arguments_schema` as its ``input-schema`` and
-        :attr:`output_schema` as its ``output-schema`` (:func:`served_tool`).
+        :attr:`output_schema` as its ``output-schema``.
 
         ``fields`` holds seed 000/001 keys (``group``, ``state``, ``available_in_states``), the
         tool's ``title`` and hints (``read_only``, ``destructive``, ``idempotent``,
@@ -423,9 +423,11 @@ class ToolService:
             **_declared(declared, self.output_schema, origin),
         }
         try:
-            return served_tool(ToolDescriptor.model_validate(base | fields), self)
+            tool = ToolDescriptor.model_validate(base | fields)
         except ValidationError as exc:
             raise describe_validation_error(exc, origin) from None
+        _check_output_schema_of(tool, self)
+        return tool
 
     def default_tools(self) -> list[ToolDescriptor]:
         """Tools registered together with the service. None for a class-based service."""
@@ -433,21 +435,30 @@ class ToolService:
 
 
 def served_tool(tool: ToolDescriptor, service: ToolService) -> ToolDescriptor:
-    """``tool`` (a dict's or a config file's) as a tool of ``service``, which this host serves.
+    """``tool`` (a dict's or a config file's) as a tool of ``service``, which this host serves:
+    with the service's ``title``, hints (``annotations``) and output schema where it gives none.
     A service's output schema is every one of its tools' (the host checks the service's result
-    against it, whichever tool was called): a tool that gives none gets it. Over a service
-    without one, a tool's own output schema is announced as given, unchecked: the service must
-    answer that tool with the JSON text of a matching object.
+    against it, whichever tool was called). Over a service without one, a tool's own output
+    schema is announced as given, unchecked: the service must answer that tool with the JSON
+    text of a matching object.
 
     Raises:
-        DescriptorError: the tool gives an output schema that is not its service's.
+        DescriptorError: the tool gives an output schema that is not its service's, or the
+            service's hints are not booleans.
     """
-    if service.output_schema is None or tool.output_schema == service.output_schema:
-        return tool
-    if "output_schema" not in tool.model_fields_set:
-        return tool.model_copy(update={"output_schema": service.output_schema})
-    raise DescriptorError(f"tool '{tool.name}': field 'output-schema': a tool's output schema is its service's, and "
-                          f"service '{service.id}' has another; leave the key out")
+    _check_output_schema_of(tool, service)
+    given = tool.to_json_dict()
+    declared = {key: getattr(service, key) for key in ("title", *HINTS)}
+    missing = {k: v for k, v in _declared(declared, service.output_schema, f"service '{service.id}'").items()
+               if k not in given}
+    return ToolDescriptor.model_validate(given | missing) if missing else tool
+
+
+def _check_output_schema_of(tool: ToolDescriptor, service: ToolService) -> None:
+    """Raises :class:`DescriptorError`: ``tool`` gives an output schema, and ``service`` has another."""
+    if service.output_schema is not None and tool.output_schema not in (None, service.output_schema):
+        raise DescriptorError(f"tool '{tool.name}': field 'output-schema': a tool's output schema is its service's, "
+                              f"and service '{service.id}' has another; leave the key out")
 
 
 #: At most this many argument problems are named in one ``invalid-arguments`` reply.
