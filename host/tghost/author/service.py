@@ -41,8 +41,8 @@ from tghost.protocol.descriptors import (
     schema_of_arguments,
 )
 
-__all__ = ["Call", "Context", "InvalidArguments", "ToolError", "ToolService", "arguments_from_schema",
-           "current_caller", "invoke", "tool"]
+__all__ = ["HINTS", "Call", "Context", "InvalidArguments", "ToolError", "ToolService", "arguments_from_schema",
+           "current_caller", "invoke", "served_tool", "tool"]
 
 
 class ToolError(Exception):
@@ -155,8 +155,9 @@ def invoke(service: ToolService, call: Call) -> Any:
     """``service.invoke(user, config, arguments)`` with ``call`` current while it runs (for
     :func:`current_caller` and a ``@tool`` function's :class:`Context`; an ``async`` invoke's
     coroutine is built, not awaited, here). For a service with an :attr:`~ToolService.output_schema`,
-    the result checked against it, as its JSON text (an ``async`` invoke's: once awaited): what
-    every executor and the thread lane run, so the check is made once, where the plugin runs.
+    returns the result's JSON text once it is checked against it (for an ``async`` invoke, a
+    coroutine that awaits it first). Every executor and the thread lane run this, so the check is
+    written once and made where the plugin runs (in a worker process, there).
 
     Raises:
         ToolError: ``tool-service-error``: the result does not match the output schema (the
@@ -316,7 +317,7 @@ class ToolService:
         try:
             value = to_jsonable_python(result)
         except PydanticSerializationError as exc:
-            raise ToolError(f"service {self.id!r}: the tool's result is not JSON data: {exc}") from None
+            raise _not_json(self.id, exc) from None
         errors = sorted(self._output_validator.iter_errors(value), key=lambda e: list(map(str, e.absolute_path)))
         if errors:
             raise _mismatch(self.id, jsonschema_problems(errors))
@@ -338,8 +339,10 @@ class ToolService:
 
         Raises:
             DescriptorError: a field is invalid, ``input_schema`` (or a type in ``arguments``) is
-                not a valid JSON Schema, or ``isolation`` is not ``"thread"``, ``"process"`` or
-                ``None``; one line naming the service and the field.
+                not a valid JSON Schema, ``isolation`` is not ``"thread"``, ``"process"`` or
+                ``None``, a config param is named after a tool key (``title``, ``annotations``,
+                ``output-schema``), or ``output_schema`` is not a JSON Schema object or belongs
+                to an ``invoke`` that streams; one line naming the service and the field.
         """
         import jsonschema  # here, not at import: registration needs it, a plugin's import does not
 
@@ -521,6 +524,11 @@ def _mismatch(service_id: str, problems: Iterable[Problem]) -> ToolError:
     return ToolError(f"service {service_id!r}: the tool's result does not match its output schema: {'; '.join(named)}")
 
 
+def _not_json(service_id: str, exc: Exception) -> ToolError:
+    """The ``tool-service-error`` of a result that JSON cannot hold (pydantic's reason why)."""
+    return ToolError(f"service {service_id!r}: the tool's result is not JSON data: {exc}")
+
+
 def _config_param(param: ConfigParam | str) -> dict[str, Any]:
     return {"name": param, "required": False} if isinstance(param, str) else param.model_dump()
 
@@ -607,6 +615,8 @@ class FunctionService(ToolService):
             return self._result.dump_json(self._result.validate_python(result)).decode()
         except ValidationError as exc:
             raise _mismatch(self.id, _pydantic_problems(exc)) from None
+        except PydanticSerializationError as exc:
+            raise _not_json(self.id, exc) from None
 
     def check_arguments(self, arguments: dict[str, Any]) -> dict[str, Any]:
         """Check ``arguments`` by the same policy as a class service (:mod:`tghost.author.arguments`:
