@@ -272,6 +272,8 @@ def test_a_class_services_result_is_checked_against_its_schema_a_model_dumped() 
         invoke(almanac, call(city="Atlantis"))
     with pytest.raises(tghost.ToolError, match=r"'almanac': the tool's result is not JSON data: .*unknown type"):
         almanac._observation({"figure": object()})
+    with pytest.raises(tghost.ToolError, match="not JSON data: Out of range float values"):
+        almanac._observation({"figure": float("nan")})
 
 
 def test_an_explicit_schema_on_a_function_is_checked_with_json_schema() -> None:

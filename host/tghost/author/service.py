@@ -321,7 +321,10 @@ class ToolService:
         errors = sorted(self._output_validator.iter_errors(value), key=lambda e: list(map(str, e.absolute_path)))
         if errors:
             raise _mismatch(self.id, jsonschema_problems(errors))
-        return json.dumps(value)
+        try:
+            return json.dumps(value, allow_nan=False)
+        except ValueError as exc:  # NaN or an infinity: no JSON number
+            raise _not_json(self.id, exc) from None
 
     @property
     def _code(self) -> Callable[..., Any]:
@@ -525,7 +528,7 @@ def _mismatch(service_id: str, problems: Iterable[Problem]) -> ToolError:
 
 
 def _not_json(service_id: str, exc: Exception) -> ToolError:
-    """The ``tool-service-error`` of a result that JSON cannot hold (pydantic's reason why)."""
+    """The ``tool-service-error`` of a result that JSON cannot hold (``exc`` says why)."""
     return ToolError(f"service {service_id!r}: the tool's result is not JSON data: {exc}")
 
 
