@@ -1,4 +1,4 @@
-"""Drain: calls lost when a host is sent SIGTERM under load (issue 10's measurement).
+"""Drain: calls lost when a host is sent SIGTERM under load.
 
 (a) two ``tghost run`` hosts serve one service; the first gets SIGTERM while it holds a long
     call; (b) one host gets SIGTERM while it holds a long call. In both, callers keep sending

@@ -1,4 +1,4 @@
-"""Flood (issue 43): forged hosts in open mode against what a directory holds (docs/protocol.md
+"""Flood: forged hosts in open mode against what a directory holds (docs/protocol.md
 §4.7, its caps), measured where a user meets it: ``tghost tools --json`` on the embedded broker.
 
 Each case publishes, on a fresh announcement topic, ``GENUINE`` real hosts of

@@ -1,4 +1,4 @@
-"""Process isolation (issue 11): what worker processes cost and what they give, on `tghost run`.
+"""Process isolation: what worker processes cost and what they give, on `tghost run`.
 
 (1) IPC cost: a plain ``def`` echo served with ``--isolation thread`` and ``--isolation process``,
     called serially: p50/p99 and the extra p50 of process mode (goal: at most 0.3 ms); and the same

@@ -1,4 +1,4 @@
-"""The yardstick for ``tghost tools`` and ``tghost call`` start-up (issue 25): a raw Python script
+"""The yardstick for ``tghost tools`` and ``tghost call`` start-up: a raw Python script
 that imports pulsar-client, reads the current announcement epochs (docs/protocol.md §4.1) to
 their end and prints the live tool names. No tghost, no validation, no signatures.
 

@@ -20,7 +20,7 @@ The raw sync caller is a ``pulsar.Client`` (no tghost): ``producer.send`` (it wa
 broker's receipt), then the reply, routed by its ``id`` property by a message listener, is
 awaited on a ``concurrent.futures.Future``; concurrency N is N threads.
 
-Start-up (issue 25): whole processes against their yardsticks, A and B in turn, with fresh
+Start-up: whole processes against their yardsticks, A and B in turn, with fresh
 bytecode (a private ``PYTHONPYCACHEPREFIX``, warmed by one run of each): ``tghost --help`` against
 ``python -c "import click, pulsar"``; ``tghost tools`` and ``tghost call echo`` against
 bench/raw_tools.py, which reads the same announcements with pulsar-client alone.

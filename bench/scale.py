@@ -1,4 +1,4 @@
-"""Scale (issue 26): a fleet of hosts with 100 tools each announcing on the epoch topics
+"""Scale: a fleet of hosts with 100 tools each announcing on the epoch topics
 (docs/protocol.md §4), and what the fleet costs the broker and a directory. docs/internals/scale.md
 extrapolates from these figures.
 

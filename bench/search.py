@@ -1,4 +1,4 @@
-"""Search (issue 23): how well and how fast the directory ranks tools for a request.
+"""Search: how well and how fast the directory ranks tools for a request.
 
 - **Quality.** The realistic tools of :mod:`bench.search_set` (as plugin authors describe them)
   among generated distractors; each plain-language request, none naming its tool, is searched

@@ -1,5 +1,5 @@
 """The search benchmark's data: realistic tools as plugin authors describe them, generated
-distractors, and plain-language requests that never name their tool (issue 23).
+distractors, and plain-language requests that never name their tool.
 
 ``TOOLS``: (name, description, {argument: description}). ``REQUESTS``: (request, the tool it
 wants). ``distractors(n)``: ``n`` more tools from other domains, named and described the way

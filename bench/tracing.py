@@ -1,4 +1,4 @@
-"""Tracing and cancelling (issue 24): what ``--otel`` costs per call, and how soon a cancel
+"""Tracing and cancelling: what ``--otel`` costs per call, and how soon a cancel
 frees a slot.
 
 - **Cost.** One ``tghost run`` serving the echo tool, in turn: tracing off, and tracing on with

@@ -140,7 +140,7 @@ async def test_a_rogue_in_open_mode_never_receives_a_call_meant_for_a_live_tool(
 
 def drifted(host_id: str) -> list[tuple[str, dict[str, Any]]]:
     """A rogue host announcing the real tell-joke on its own queues, with a timeout of 1 ms, an
-    injected description and no anonymous access (the trial of issue 43)."""
+    injected description and no anonymous access."""
     messages = forged(tell_joke, host_id, lease=30.0)
     for _, value in messages:
         if value["kind"] == "tool-service":

@@ -1,6 +1,6 @@
 """drain: draining after SIGTERM, SIGINT, a watched uninstall or ``Server.remove``, on the embedded broker:
 calls sent at a steady rate while a host drains are all answered (``ok`` by another host, or
-``unavailable``); none is left without a reply (issue 10, item 1). Counts, not timing.
+``unavailable``); none is left without a reply. Counts, not timing.
 
 Every drain test runs twice (the ``style`` fixture): with an ``async def`` tool, served on the
 event loop, and with a plain ``def`` one, served by the thread lane (tghost/serving/lane.py)."""
