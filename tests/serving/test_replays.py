@@ -178,7 +178,9 @@ async def test_a_mark_goes_on_the_epoch_of_its_signing_time_whatever_the_hosts_c
         assert sorted(await outcomes(raw, "edge", 1.0)) == sorted(["stamped edge", wire.UNAUTHORIZED])
     base = replays_topic(descriptor.request_queue)
     marked = read_marks(fleet[0].pulsar.url, epoch_topic(base, epoch_of(signed_at, REPLAY_EPOCH_SECONDS)))
-    assert [c["id"] for c in marked].count("edge") == 2  # both hosts' marks, on the signing time's topic
+    # each host that took a copy marked it there (the broker may hand both copies to one host,
+    # whose own record then refuses the second without a mark of its own)
+    assert [c["id"] for c in marked].count("edge") in (1, 2)
     assert "edge" not in [c["id"] for c in read_marks(fleet[0].pulsar.url, epoch_topic(base, here))]
 
 
