@@ -4,7 +4,7 @@ This module is tghost's public face (docs/internals/architecture.md "The public 
 ``tghost.testing`` (plugin tests) and ``tghost.protocol`` (the wire) it is all a user imports.
 
 - A plugin author's world: the ``hookimpl`` marker, the ``tool`` decorator, the ``ToolService``
-  base class, ``Context`` and ``current_caller``, the errors ``ToolError`` and
+  base class, ``ToolSet`` (services and tools a plugin changes while the host runs), ``Context`` and ``current_caller``, the errors ``ToolError`` and
   ``InvalidArguments``, and the seed 000 descriptor models; ``discover``, ``Catalog`` and
   ``PluginSelection`` load the installed plugins as ``tghost run`` does, and ``ServeSettings``
   and ``CallRecord`` are what ``tghost.testing.LocalHost`` takes and tells its listeners.
@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from tghost.agent.search import Found, SearchError
     from tghost.author.hookspecs import hookimpl
     from tghost.author.service import Context, InvalidArguments, ToolError, ToolService, current_caller, tool
+    from tghost.author.toolset import ToolSet
     from tghost.discovery.catalog import Catalog
     from tghost.discovery.config import ConfigError
     from tghost.discovery.discover import PluginLoadError, PluginSelection, discover
@@ -79,6 +80,7 @@ _LAZY = {
     "hookimpl": "tghost.author.hookspecs",
     **dict.fromkeys(("Context", "InvalidArguments", "ToolError", "ToolService", "current_caller", "tool"),
                     "tghost.author.service"),
+    "ToolSet": "tghost.author.toolset",
     "ConfigError": "tghost.discovery.config",
     "Catalog": "tghost.discovery.catalog",
     **dict.fromkeys(("PluginLoadError", "PluginSelection", "discover"), "tghost.discovery.discover"),
@@ -136,6 +138,7 @@ __all__ = [
     "ToolService",
     "ToolServiceClient",
     "ToolServiceDescriptor",
+    "ToolSet",
     "TrustedKeys",
     "UnknownTool",
     "__version__",

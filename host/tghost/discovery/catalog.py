@@ -1,6 +1,7 @@
 """catalog: what discovery hands the stages after it: a :class:`Catalog` of the services and
-tools this host serves (with their plugins' hooks and the ``[access]`` policy), and a
-:class:`PluginReport` per plugin, what it contributed or why it did not.
+tools this host serves (with their plugins' hooks and the ``[access]`` policy), a
+:class:`PluginReport` per plugin, what it contributed or why it did not, and a
+:class:`ToolSetReport` per toolset a plugin registered, what of it is served now.
 
 Plain data, filled by :mod:`tghost.discovery.discover` and :mod:`tghost.discovery.config`; read by
 the announcer, the server, ``tghost plugins`` and live plugin install. Never loads a plugin.
@@ -16,13 +17,49 @@ from typing import Any
 
 from tghost.author import hookspecs
 from tghost.author.service import ToolService
+from tghost.author.toolset import ToolSet
 from tghost.protocol.access import AccessPolicy
 from tghost.protocol.descriptors import ToolDescriptor, ToolServiceDescriptor
 
-__all__ = ["Catalog", "PluginReport"]
+__all__ = ["Catalog", "PluginReport", "ToolSetReport"]
 
 #: A plugin's failures are discovery's log lines, whoever records them (the logger users filter on).
 log = logging.getLogger("tghost.discovery.discover")
+
+
+@dataclass
+class ToolSetReport:
+    """One :class:`tghost.ToolSet` of a plugin: the services and tools of it the host serves,
+    from the content of ``version`` (0: none applied yet), and what of that content it refused
+    (one line each)."""
+
+    toolset: ToolSet
+    version: int = 0
+    services: list[str] = field(default_factory=list)
+    tools: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def record(self, plugin: PluginReport, part: Catalog, version: int, errors: list[str]) -> None:
+        """The host serves ``part`` for this toolset now, from the content of ``version``, and
+        refused ``errors`` of it: note it here and in ``plugin``'s lists, and log each refusal
+        that is new since the content before (a plugin may offer the same one again and again)."""
+        for error in errors:
+            if error not in self.errors:
+                log.error("plugin %r: toolset %r: %s", plugin.name, self.toolset.name, error)
+        plugin.services = [sid for sid in plugin.services if sid not in self.services] + list(part.descriptors)
+        plugin.tools = [name for name in plugin.tools if name not in self.tools] + list(part.tools)
+        self.services, self.tools, self.version, self.errors = list(part.descriptors), list(part.tools), version, errors
+
+    def problems(self, plugin: str) -> list[str]:
+        """The toolset's :attr:`~tghost.ToolSet.problem` and refusals, each naming it and ``plugin``."""
+        who = f"toolset {self.toolset.name!r} of plugin {plugin!r}"
+        problem = self.toolset.problem
+        return [f"{who}: {line}" for line in ([problem] if problem else []) + self.errors]
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"name", "services", "tools", "problem", "errors"}``."""
+        return {"name": self.toolset.name, "services": self.services, "tools": self.tools,
+                "problem": self.toolset.problem, "errors": self.errors}
 
 
 @dataclass
@@ -46,6 +83,8 @@ class PluginReport:
     ``kind`` a ``tghost_register_plugins`` hook gave (``amplifier``)."""
     added_by: str | None = None
     """The plugin whose ``tghost_register_plugins`` hook added this one, or ``None``."""
+    toolsets: list[ToolSetReport] = field(default_factory=list)
+    """The toolsets it registered; their services and tools are in :attr:`services` and :attr:`tools` too."""
 
     @property
     def failed(self) -> bool:
@@ -79,7 +118,8 @@ class PluginReport:
         """The report as a JSON-able dict (``tghost plugins --json``)."""
         return {"name": self.name, "value": self.value, "distribution": self.distribution,
                 "version": self.version, "kind": self.kind, "added_by": self.added_by, "status": self.status,
-                "blocked": self.blocked, "services": self.services, "tools": self.tools, "errors": self.errors,
+                "blocked": self.blocked, "services": self.services, "tools": self.tools,
+                "toolsets": [toolset.to_json() for toolset in self.toolsets], "errors": self.errors,
                 "tracebacks": self.tracebacks}
 
 
@@ -104,6 +144,28 @@ class Catalog:
     """``(plugin name, function)`` of every ``tghost_shutdown`` implementation not yet run."""
     access: AccessPolicy | None = None
     """Who may call what (the config file's ``[access]`` table); ``None``: every caller, every tool."""
+
+    def merge(self, part: Catalog) -> None:
+        """Add the services and tools of ``part`` (a sub-catalog, with their origins)."""
+        self.services.update(part.services)
+        self.descriptors.update(part.descriptors)
+        self.service_origin.update(part.service_origin)
+        self.tools.update(part.tools)
+        self.tool_origin.update(part.tool_origin)
+
+    def drop(self, part: Catalog) -> None:
+        """Remove the services and tools of ``part`` (a sub-catalog); those already gone are skipped."""
+        for sid in part.descriptors:
+            for entries in (self.services, self.descriptors, self.service_origin):
+                entries.pop(sid, None)
+        for name in part.tools:
+            self.tools.pop(name, None)
+            self.tool_origin.pop(name, None)
+
+    def toolset_problems(self) -> list[str]:
+        """What every plugin's toolsets say is wrong and what of them was refused (``/health``)."""
+        return [problem for plugin in list(self.plugins) for toolset in list(plugin.toolsets)
+                for problem in toolset.problems(plugin.name)]
 
     def shutdown(self, plugins: Iterable[str] | None = None) -> None:
         """Run the ``tghost_shutdown`` hooks of ``plugins`` (names; default: every plugin), each

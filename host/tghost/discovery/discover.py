@@ -4,7 +4,8 @@
 Each plugin is loaded, registered and called in its own ``try``; a failure is reported
 and the rest go on (unless ``TGHOST_STRICT_PLUGINS=1``). ``TGHOST_LOAD_PLUGINS`` and
 ``TGHOST_DISABLE_PLUGINS`` (:class:`PluginSelection`) choose which entry points are imported
-at all. Never touches Pulsar.
+at all. A toolset's content is checked item by item (:func:`toolset_part`), at registration and
+at each change while the host runs. Never touches Pulsar.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from pydantic import ValidationError
 
 from tghost.author import hookspecs
 from tghost.author.service import ToolService, served_tool
-from tghost.discovery.catalog import Catalog, PluginReport
+from tghost.author.toolset import Content, ToolSet
+from tghost.discovery.catalog import Catalog, PluginReport, ToolSetReport
 from tghost.protocol.callers import Caller
 from tghost.protocol.descriptors import (
     DescriptorError,
@@ -39,8 +41,11 @@ __all__ = [
     "authorizer",
     "catalog_of",
     "catalog_of_plugin",
+    "describe_service",
+    "describe_tool",
     "discover",
     "load_in_probe",
+    "toolset_part",
 ]
 
 ENTRY_POINT_GROUP = "tghost.plugins"
@@ -111,6 +116,7 @@ class PluginSelection:
 class _Contribution:
     services: list[tuple[ToolService, ToolServiceDescriptor]] = field(default_factory=list)
     tools: list[ToolDescriptor] = field(default_factory=list)
+    toolsets: list[ToolSet] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     """Descriptor errors ``register()`` found, one line each, even if the plugin caught the raise."""
 
@@ -179,6 +185,7 @@ def _assemble(pm: pluggy.PluginManager, reports: dict[str, PluginReport], others
     for name, contribution in contributions.items():
         _admit(catalog, reports[name], contribution)
     _check_tool_references(catalog)
+    _admit_toolsets(catalog)
     catalog.authorize = authorizer((impl.plugin_name, impl.function)
                                    for impl in pm.hook.tghost_authorize.get_hookimpls())
     catalog.shutdown_hooks = [(impl.plugin_name, impl.function) for impl in pm.hook.tghost_shutdown.get_hookimpls()]
@@ -227,6 +234,7 @@ def catalog_of(
     catalog = Catalog(plugins=[report], authorize=authorizer([(name, authorize)] if authorize else []))
     _admit(catalog, report, contribution)
     _check_tool_references(catalog)
+    _admit_toolsets(catalog)
     if any(r.errors for r in catalog.plugins):
         raise ValueError("; ".join(catalog.plugins[0].errors))
     return catalog
@@ -409,18 +417,47 @@ def _call_hooks(
                 continue
             contributions[impl.plugin_name].services += pending.services
             contributions[impl.plugin_name].tools += pending.tools
+            contributions[impl.plugin_name].toolsets += pending.toolsets
     return contributions
+
+
+def describe_service(service: Any, version: str | None) -> tuple[ToolServiceDescriptor, list[ToolDescriptor]]:
+    """A registered service's descriptor (its version, if it sets none, the plugin
+    distribution's ``version``) and its default tools.
+
+    Raises:
+        DescriptorError: ``service`` is no ``ToolService``, or its descriptor is invalid.
+    """
+    if not isinstance(service, ToolService):
+        raise DescriptorError(f"register() takes a ToolService, @tghost.tool function or ToolSet, got {service!r}")
+    descriptor = service.descriptor
+    if descriptor.version is None and version:
+        descriptor = descriptor.model_copy(update={"version": version})
+    return descriptor, service.default_tools()
+
+
+def describe_tool(tool: Any) -> ToolDescriptor:
+    """A registered tool (a ``ToolDescriptor``, or a dict of its JSON keys) as a descriptor.
+
+    Raises:
+        DescriptorError: the dict is no valid descriptor (one line per field).
+    """
+    if isinstance(tool, ToolDescriptor):
+        return tool
+    origin = f"tool '{tool.get('name', '?') if isinstance(tool, dict) else '?'}'"
+    try:
+        return ToolDescriptor.model_validate(tool)
+    except ValidationError as exc:
+        raise describe_validation_error(exc, origin) from None
 
 
 def _service_registrar(report: PluginReport, into: _Contribution) -> Callable[[Any], None]:
     def register(service: Any) -> None:
-        if not isinstance(service, ToolService):
-            _refuse(into, f"register() takes a ToolService or @tghost.tool function, got {service!r}")
+        if isinstance(service, ToolSet):
+            into.toolsets.append(service)
+            return
         try:
-            descriptor = service.descriptor
-            if descriptor.version is None and report.version:
-                descriptor = descriptor.model_copy(update={"version": report.version})
-            defaults = service.default_tools()
+            descriptor, defaults = describe_service(service, report.version)
         except DescriptorError as exc:
             _refuse(into, str(exc))
         into.services.append((service, descriptor))
@@ -431,14 +468,10 @@ def _service_registrar(report: PluginReport, into: _Contribution) -> Callable[[A
 
 def _tool_registrar(report: PluginReport, into: _Contribution) -> Callable[[Any], None]:
     def register(tool: Any) -> None:
-        if isinstance(tool, ToolDescriptor):
-            into.tools.append(tool)
-            return
-        origin = f"tool '{tool.get('name', '?') if isinstance(tool, dict) else '?'}'"
         try:
-            into.tools.append(ToolDescriptor.model_validate(tool))
-        except ValidationError as exc:
-            _refuse(into, str(describe_validation_error(exc, origin)))
+            into.tools.append(describe_tool(tool))
+        except DescriptorError as exc:
+            _refuse(into, str(exc))
 
     return register
 
@@ -453,6 +486,7 @@ def _admit(catalog: Catalog, report: PluginReport, contribution: _Contribution) 
     """Add a plugin's services and tools unless one collides with an earlier plugin's."""
     claims = [("service id", d.id, catalog.service_origin) for _, d in contribution.services]
     claims += [("tool name", t.name, catalog.tool_origin) for t in contribution.tools]
+    claims += [("toolset name", toolset.name, {}) for toolset in contribution.toolsets]
     seen: set[tuple[str, str]] = set()
     for kind, name, taken in claims:
         if name in taken:
@@ -472,6 +506,7 @@ def _admit(catalog: Catalog, report: PluginReport, contribution: _Contribution) 
         catalog.tools[tool.name] = tool
         catalog.tool_origin[tool.name] = report
         report.tools.append(tool.name)
+    report.toolsets += [ToolSetReport(toolset) for toolset in contribution.toolsets]
 
 
 def _check_tool_references(catalog: Catalog) -> None:
@@ -503,3 +538,86 @@ def _served(catalog: Catalog, tool: ToolDescriptor) -> ToolDescriptor:
         raise DescriptorError(f"tool {tool.name!r} lacks required config param(s) {missing} of service "
                               f"{tool.service!r}")
     return served_tool(tool, catalog.services[tool.service])
+
+
+def _admit_toolsets(catalog: Catalog) -> None:
+    """Add what each toolset holds now (once every plugin's registered services and tools are
+    in: a toolset never takes a name one of them has), item by item, in plugin name order."""
+    for report in catalog.plugins:
+        for entry in report.toolsets:
+            content = entry.toolset._snapshot()
+            part, errors = toolset_part(catalog, report, entry, content)
+            catalog.merge(part)
+            entry.record(report, part, content[0], errors)
+
+
+def toolset_part(
+    catalog: Catalog, report: PluginReport, entry: ToolSetReport, content: Content
+) -> tuple[Catalog, list[str]]:
+    """What toolset ``entry`` of plugin ``report`` serves with ``content`` (a
+    :meth:`tghost.ToolSet.replace`'s) beside the rest of ``catalog``, as a sub-catalog, and what
+    of it is refused, one line each. Each item is checked as a registered one is; a bad one, one
+    whose name another plugin or toolset serves or the content gives twice, a service that asks
+    for worker processes, and a tool over no service served here (or without its required config
+    params) is skipped alone. Never changes ``catalog``."""
+    _, services, tools = content
+    part = Catalog(plugins=[report])
+    errors: list[str] = []
+    offered: list[Any] = []
+    for service in services:
+        try:
+            descriptor, defaults = describe_service(service, report.version)
+        except DescriptorError as exc:
+            errors.append(f"{exc}; service skipped")
+            continue
+        problem = _taken(catalog, part, entry, "service id", descriptor.id) or _in_process(service, descriptor.id)
+        if problem is not None:
+            errors.append(f"{problem}; service skipped")
+            continue
+        part.services[descriptor.id], part.descriptors[descriptor.id] = service, descriptor
+        part.service_origin[descriptor.id] = report
+        offered += defaults
+    served = _beside(catalog, part, entry)
+    for tool in [*offered, *tools]:
+        try:
+            described = describe_tool(tool)
+            problem = _taken(catalog, part, entry, "tool name", described.name)
+            described = _served(served, described) if problem is None else described
+        except DescriptorError as exc:
+            problem = str(exc)
+        if problem is not None:
+            errors.append(f"{problem}; tool skipped")
+            continue
+        part.tools[described.name], part.tool_origin[described.name] = described, report
+    return part, errors
+
+
+def _beside(catalog: Catalog, part: Catalog, entry: ToolSetReport) -> Catalog:
+    """The services a toolset's tool may be over: those of its new content (``part``), and the
+    others ``catalog`` serves but its old content's."""
+    kept = [sid for sid in catalog.descriptors if sid not in entry.services]
+    return Catalog(services={**{sid: catalog.services[sid] for sid in kept}, **part.services},
+                   descriptors={**{sid: catalog.descriptors[sid] for sid in kept}, **part.descriptors})
+
+
+def _taken(catalog: Catalog, part: Catalog, entry: ToolSetReport, kind: str, name: str) -> str | None:
+    """Why ``name`` (a service id or tool name) is not the toolset's to take, or ``None``."""
+    here, origins, mine = ((part.descriptors, catalog.service_origin, entry.services) if kind == "service id"
+                           else (part.tools, catalog.tool_origin, entry.tools))
+    if name in here:
+        return f"{kind} {name!r} is given twice"
+    if name not in origins or name in mine:
+        return None
+    owner = origins[name]
+    other = next((t.toolset.name for t in owner.toolsets if name in (t.services if kind == "service id" else t.tools)),
+                 None)
+    by = f"toolset {other!r} of plugin {owner.name!r}" if other is not None else f"plugin {owner.name!r}"
+    return f"{kind} {name!r} is already served by {by}"
+
+
+def _in_process(service: ToolService, sid: str) -> str | None:
+    if service.isolation == "process":
+        return (f"service {sid!r} asks for worker processes (isolation 'process'), but a toolset's "
+                "services run in the host process: a worker process imports the plugin anew and cannot follow a "
+                "live toolset")
+    return None

@@ -1,6 +1,6 @@
 """host: one tghost host, to run or embed. :class:`HostConfig` says what to serve and how;
-:class:`Host` puts it together (plugins, server, announcer, contest watch, metrics, audit log,
-plugin watch) and stops it in one order: withdraw, drain, the plugins' ``tghost_shutdown``
+:class:`Host` puts it together (plugins, server, announcer, toolsets, contest watch, metrics,
+audit log, plugin watch) and stops it in one order: withdraw, drain, the plugins' ``tghost_shutdown``
 hooks once, close. ``tghost run`` and :class:`tghost.testing.LocalHost` are both a ``Host``.
 Never parses a command line.
 """
@@ -25,6 +25,7 @@ from tghost.announcing.announcer import Announcer, HostIdentity
 from tghost.discovery.catalog import Catalog
 from tghost.discovery.config import ConfigError, load_access, load_config_tools, read_config
 from tghost.discovery.discover import PluginSelection, catalog_of, catalog_of_plugin, discover
+from tghost.operate.toolsets import ToolSets, toolset_services
 from tghost.protocol.epochs import DEFAULT_TOPIC, EPOCH_SECONDS, check_lease
 from tghost.protocol.sessions import HostSessionKey
 from tghost.protocol.trust import Signer
@@ -166,6 +167,7 @@ class Host:
         self._client: pulsar.asyncio.Client | None = None
         self._contest: ContestWatch | None = None
         self._watcher: PluginWatcher | None = None
+        self._toolsets: ToolSets | None = None
         self._resources = contextlib.AsyncExitStack()
         self._stopping = asyncio.Event()
         self._started = False
@@ -298,12 +300,16 @@ class Host:
                                        health_url=self.monitor.http.health_url() if self.monitor else None)
         server = self._server = Server(catalog.services, catalog.descriptors, config.serve, self._listeners,
                                        authorize=catalog.authorize,
-                                       gate=Gate.of(catalog.access, catalog.tools, session), signer=config.signer)
+                                       gate=Gate.of(catalog.access, catalog.tools, session), signer=config.signer,
+                                       in_process=toolset_services(catalog.plugins))
         self._client = await config.pulsar.connect()
         await server.start(self._client)
         self._serving = True
         _log_catalog(catalog, config.pulsar.url, "; Ctrl-C to stop" if self._signals else "")
         await self._announce()
+        toolsets = self._toolsets = ToolSets(catalog, server, self.announcer)
+        if not self._stopping.is_set():  # a stop cut the first announcement short
+            toolsets.start()
         if self.monitor is not None and self.announcer is not None:
             from tghost.operate.contest import ContestWatch
 
@@ -315,7 +321,7 @@ class Host:
 
             self._watcher = PluginWatcher(catalog, server, self.announcer, WatchSettings(
                 config.watch_interval, self._selection, self._document or {},
-                config.serve.isolation == PROCESS)).start()
+                config.serve.isolation == PROCESS), toolsets).start()
 
     async def _open_operations(self) -> None:
         """Bind the metrics port and open the audit log, as the config asks."""
@@ -372,11 +378,15 @@ class Host:
             try:
                 if self._watcher is not None:
                     await self._watcher.stop()
+                if self._toolsets is not None:
+                    await self._toolsets.stop()
                 if self.announcer is not None:
                     await self.announcer.withdraw()
                 if self._serving and self._server is not None:
                     received = _received(self._server)  # what came until now was served as ever
                     cancelled = await self._drain(self._server, grace)
+                if self._toolsets is not None:
+                    await self._toolsets.retired()
             finally:
                 if self._catalog is not None and self._owns_plugins:  # nothing runs the plugins' code now
                     await asyncio.to_thread(self._catalog.shutdown)

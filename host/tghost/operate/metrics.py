@@ -290,14 +290,15 @@ class HostMonitor:
                       contest: ContestWatch | None = None) -> None:
         """Read the live host from now on. Pulsar connectivity is the announcer's producer's (else
         the first service's response producer's): producers the host already has. The
-        announcer's :attr:`~tghost.announcing.announcer.Announcer.problem` and the tools another
-        host contests (``contest``) are among ``/health``'s problems."""
+        announcer's :attr:`~tghost.announcing.announcer.Announcer.problem`, the tools another
+        host contests (``contest``) and what the toolsets say or had refused
+        (:meth:`~tghost.discovery.catalog.Catalog.toolset_problems`) are among ``/health``'s problems."""
         self.metrics.collect_catalog(catalog)
         self.metrics.collect_server(server)
         if announcer is not None:
             self.metrics.collect_announcer(announcer)
-            self.health.reports = lambda: ([announcer.problem] if announcer.problem else []) + (
-                contest.problems() if contest is not None else [])
+        self.health.reports = lambda: ([announcer.problem] if announcer is not None and announcer.problem else []) + (
+            contest.problems() if contest is not None else []) + catalog.toolset_problems()
         self.health.services = lambda: [endpoint.descriptor.id for endpoint in server.endpoints]
         self.health.workers = lambda: {e.descriptor.id: e.executor.stats() for e in list(server.endpoints)}
         source = announcer if announcer is not None else next(iter(server.endpoints), None)

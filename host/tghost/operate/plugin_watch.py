@@ -29,6 +29,7 @@ from typing import Any
 from tghost.announcing.announcer import Announcer
 from tghost.discovery.catalog import Catalog, PluginReport
 from tghost.discovery.discover import ENTRY_POINT_GROUP, PluginSelection, discover
+from tghost.operate.toolsets import ToolSets, toolset_services
 from tghost.serving.server import Server
 
 __all__ = ["PluginWatcher", "WatchSettings"]
@@ -94,21 +95,6 @@ def plugin_part(catalog: Catalog, report: PluginReport) -> Catalog:
     return part
 
 
-def _merge(catalog: Catalog, part: Catalog) -> None:
-    catalog.services.update(part.services)
-    catalog.descriptors.update(part.descriptors)
-    catalog.service_origin.update(part.service_origin)
-    catalog.tools.update(part.tools)
-    catalog.tool_origin.update(part.tool_origin)
-
-
-def _drop(catalog: Catalog, part: Catalog) -> None:
-    for sid in part.descriptors:
-        del catalog.services[sid], catalog.descriptors[sid], catalog.service_origin[sid]
-    for name in part.tools:
-        del catalog.tools[name], catalog.tool_origin[name]
-
-
 def _collision(catalog: Catalog, part: Catalog) -> str | None:
     """Why ``part`` cannot be served next to ``catalog``: a service id or tool name taken, or ``None``."""
     for kind, names, origins in (("service id", part.descriptors, catalog.service_origin),
@@ -138,15 +124,19 @@ class PluginWatcher:
     - An entry point whose distribution version changed is logged once as "restart needed".
 
     ``catalog`` is the host's own, shared with the announcer; its ``plugins`` list gains the new
-    reports, so ``/metrics`` counts them. Start with :meth:`start`, end with :meth:`stop`.
+    reports, so ``/metrics`` counts them. ``toolsets`` follows the toolsets of the host's plugins
+    (default: one of the watcher's own, for the plugins it installs); the watcher follows those of
+    a plugin it installs, and changes the catalog under its lock. Start with :meth:`start`, end
+    with :meth:`stop`.
     """
 
     def __init__(self, catalog: Catalog, server: Server, announcer: Announcer | None,
-                 settings: WatchSettings) -> None:
+                 settings: WatchSettings, toolsets: ToolSets | None = None) -> None:
         self.catalog = catalog
         self.server = server
         self.announcer = announcer
         self.settings = settings
+        self.toolsets = toolsets or ToolSets(catalog, server, announcer)
         #: entry point name -> version of what the host has seen (served, failed or blocked).
         self.known: dict[str, str | None] = {}
         self._reported: dict[str, str | None] = {}
@@ -213,7 +203,8 @@ class PluginWatcher:
             self.catalog.shutdown_hooks += found.shutdown_hooks
             for report in found.plugins:
                 if report.installed:  # not the names the host's --load-plugins gives for others
-                    await self._serve(report, plugin_part(found, report))
+                    async with self.toolsets.changing:
+                        await self._serve(report, plugin_part(found, report))
 
     def _not_loadable(self, ep: EntryPoint) -> str | None:
         blocked = self.settings.selection.blocked_reason(ep.name)
@@ -232,13 +223,14 @@ class PluginWatcher:
         if report.failed:
             return  # discover or _skip logged why
         try:
-            await self.server.add(part.services, part.descriptors)
+            await self.server.add(part.services, part.descriptors, in_process=toolset_services([report]))
         except Exception as exc:
             _skip(report, f"installed, but its services could not be served: {type(exc).__name__}: {exc}", exc)
             return
-        _merge(self.catalog, part)
+        self.catalog.merge(part)
         if self.announcer is not None:
             await self.announcer.publish(part, "available")
+        self.toolsets.bind(report)
         log.info("plugin %s (%s %s) installed: serving %s; tools: %s", report.name, report.distribution,
                  report.version, ", ".join(part.descriptors) or "-", ", ".join(part.tools) or "-")
 
@@ -251,14 +243,18 @@ class PluginWatcher:
         await asyncio.to_thread(self.catalog.shutdown, [r.name for r in leaving])
 
     async def _withdraw(self, report: PluginReport) -> None:
-        """Withdraw and stop serving what one uninstalled plugin (or a plugin it added) served."""
+        """Withdraw and stop serving what one uninstalled plugin (or a plugin it added) served;
+        the catalog changes under the lock, the drain after it."""
         name = report.name
-        self.catalog.plugins.remove(report)
-        part = plugin_part(self.catalog, report)
-        if self.announcer is not None and (part.descriptors or part.tools):
-            await self.announcer.publish(part, "withdrawn")
-        _drop(self.catalog, part)
-        cancelled = await self.server.remove(part.descriptors)
+        async with self.toolsets.changing:
+            self.toolsets.unbind(report)
+            self.catalog.plugins.remove(report)
+            part = plugin_part(self.catalog, report)
+            if self.announcer is not None and (part.descriptors or part.tools):
+                await self.announcer.publish(part, "withdrawn")
+            self.catalog.drop(part)
+            leaving = self.server.detach(part.descriptors)
+        cancelled = await self.server.retire(leaving)
         log.info("plugin %s uninstalled: withdrew %s and stopped serving %s%s", name,
                  ", ".join(part.tools) or "no tools", ", ".join(part.descriptors) or "nothing",
                  f" ({cancelled} call(s) cancelled at the end of the grace)" if cancelled else "")

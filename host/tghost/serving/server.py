@@ -8,7 +8,8 @@ Each service is a :class:`tghost.serving.endpoint.ServiceEndpoint`; the stall de
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Sequence
+import dataclasses
+from collections.abc import Collection, Iterable, Sequence
 
 import pulsar.asyncio
 
@@ -18,6 +19,7 @@ from tghost.protocol.descriptors import ToolServiceDescriptor
 from tghost.protocol.trust import Signer
 from tghost.serving.access import Gate
 from tghost.serving.endpoint import ServiceEndpoint
+from tghost.serving.executors.base import THREAD
 from tghost.serving.executors.thread import ThreadExecutor
 from tghost.serving.request import CallListener
 from tghost.serving.settings import ServeSettings
@@ -40,8 +42,11 @@ class Server:
         authorize: Authorize | None = None,
         gate: Gate | None = None,
         signer: Signer | None = None,
+        in_process: Collection[str] = (),
     ) -> None:
-        """Serve ``services`` (by service id) under their ``descriptors``.
+        """Serve ``services`` (by service id) under their ``descriptors``; those of ``in_process``
+        (the services of a toolset, live objects a worker process cannot load) in the host's
+        worker threads whatever ``settings.isolation`` says, unless they set their own.
 
         ``listeners`` are told of every request once it is acknowledged (see :class:`CallRecord`).
         ``authorize`` is asked about every decoded request before ``invoke`` (see
@@ -54,15 +59,16 @@ class Server:
         self.settings = settings or ServeSettings()
         self._listeners = tuple(listeners)
         self._authorize = authorize
-        self.endpoints = self._endpoints(services, descriptors)
+        self.endpoints = self._endpoints(services, descriptors, in_process)
         self.stall_detector: StallDetector | None = None
         self._client: pulsar.asyncio.Client | None = None
         self._grace_over = asyncio.Event()
 
-    def _endpoints(self, services: dict[str, ToolService],
-                   descriptors: dict[str, ToolServiceDescriptor]) -> list[ServiceEndpoint]:
-        return [ServiceEndpoint(services[sid], descriptors[sid], self.settings, self._listeners, self._authorize,
-                                self.gate, self.signer) for sid in descriptors]
+    def _endpoints(self, services: dict[str, ToolService], descriptors: dict[str, ToolServiceDescriptor],
+                   in_process: Collection[str]) -> list[ServiceEndpoint]:
+        threads = dataclasses.replace(self.settings, isolation=THREAD)
+        return [ServiceEndpoint(services[sid], descriptors[sid], threads if sid in in_process else self.settings,
+                                self._listeners, self._authorize, self.gate, self.signer) for sid in descriptors]
 
     async def start(self, client: pulsar.asyncio.Client) -> None:
         """Start the stall detector (unless ``stall_threshold`` is 0) and every service endpoint.
@@ -83,9 +89,11 @@ class Server:
                 self.stall_detector.stop()
             raise
 
-    async def add(self, services: dict[str, ToolService], descriptors: dict[str, ToolServiceDescriptor]) -> None:
+    async def add(self, services: dict[str, ToolService], descriptors: dict[str, ToolServiceDescriptor],
+                  in_process: Collection[str] = ()) -> None:
         """Start serving more services (by service id) on the client given to :meth:`start`, with
-        the same settings, listeners and ``authorize``; a live plugin install (:mod:`tghost.operate.plugin_watch`).
+        the same settings, listeners and ``authorize`` (``in_process`` as on construction); a live
+        plugin install (:mod:`tghost.operate.plugin_watch`) or a toolset's change (:mod:`tghost.operate.toolsets`).
 
         Raises:
             RuntimeError: the server was not started.
@@ -98,7 +106,7 @@ class Server:
         taken = sorted(set(descriptors) & {endpoint.descriptor.id for endpoint in self.endpoints})
         if taken:
             raise ValueError(f"service id(s) {taken} already served")
-        endpoints = self._endpoints(services, descriptors)
+        endpoints = self._endpoints(services, descriptors, in_process)
         await self._start_all(endpoints)
         self.endpoints += endpoints
 
@@ -118,10 +126,21 @@ class Server:
 
         Returns the number of calls cancelled because the grace period ran out.
         """
+        return await self.retire(self.detach(service_ids), grace)
+
+    def detach(self, service_ids: Iterable[str]) -> list[ServiceEndpoint]:
+        """Take the endpoints of ``service_ids`` out of the server at once, still receiving, and
+        return them for :meth:`retire`: the ids are free to be added again meanwhile (a toolset
+        that replaces a service by a new one of the same id). Unknown ids are ignored."""
         ids = set(service_ids)
         leaving = [endpoint for endpoint in self.endpoints if endpoint.descriptor.id in ids]
         self.endpoints = [endpoint for endpoint in self.endpoints if endpoint.descriptor.id not in ids]
-        return await self._shut(leaving, self.settings.grace if grace is None else grace)
+        return leaving
+
+    async def retire(self, endpoints: list[ServiceEndpoint], grace: float | None = None) -> int:
+        """Stop serving ``endpoints`` (from :meth:`detach`) as :meth:`remove` says; returns the
+        number of calls cancelled because the grace period (or :meth:`end_grace`) ran out."""
+        return await self._shut(endpoints, self.settings.grace if grace is None else grace)
 
     def end_grace(self) -> None:
         """End every grace period now, and any later one at once (a second Ctrl-C or SIGTERM):

@@ -1,0 +1,182 @@
+"""toolsets: a plugin's :class:`tghost.ToolSet` changes what a running host serves, on the embedded
+broker. A change is served and announced at once (a directory sees it long before a heartbeat),
+an emptied toolset is withdrawn (calls to its tools are refused, calls in flight finish or are
+answered ``unavailable`` by the drain rule), a bad or taken item is reported and skipped alone,
+and the toolset's problem is in ``/health``; ``tghost run --watch-plugins`` follows a toolset that
+a plugin changes from its own thread, and ``tghost plugins`` lists it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import tghost
+from tests.conftest import READY, HostProcess, PluginDir, live_tools, tghost_cli
+from tests.operate.test_plugin_watch import call, eventually
+from tghost.broker import EmbeddedBroker
+from tghost.testing import LocalHost
+
+
+@tghost.tool
+async def first(text: str) -> str:
+    """Say the text, first."""
+    return f"first: {text}"
+
+
+@tghost.tool
+async def second(text: str) -> str:
+    """Say the text, second."""
+    return f"second: {text}"
+
+
+@tghost.tool
+def blocking(text: str) -> str:
+    """A plain function: it runs in a worker thread."""
+    return text
+
+
+#: What the slow tool waits for, by the key a call gives.
+RELEASE: dict[str, asyncio.Event] = {}
+
+
+@tghost.tool
+async def slow(key: str) -> str:
+    """Answer once the test releases the key."""
+    await RELEASE[key].wait()
+    return f"released {key}"
+
+
+def directory(url: str, topic: str) -> tghost.ToolDirectory:
+    return tghost.ToolDirectory(tghost.PulsarSettings(url), topic)
+
+
+async def test_a_change_is_served_and_announced_at_once_and_an_emptied_toolset_is_withdrawn(
+    pulsar_broker: EmbeddedBroker,
+) -> None:
+    topic = f"persistent://tg/config/toolset-{uuid.uuid4().hex[:8]}"
+    toolset = tghost.ToolSet("live")
+    toolset.replace([first])  # before the host starts: what it starts with
+    async with LocalHost(pulsar_broker.url, [toolset], announce_as="toolset-host", topic=topic, lease=600) as host, \
+            directory(pulsar_broker.url, topic) as tools:
+        await tools.wait_for("first")
+        toolset.replace([first, second])
+        await toolset.wait_applied()
+        await tools.wait_for("second")  # a heartbeat comes every 200 s: this was announced at once
+        assert await tools.invoke("second", {"text": "hi"}) == "second: hi"
+        assert host.catalog.plugins[0].toolsets[0].to_json() == {
+            "name": "live", "services": ["first", "second"], "tools": ["first", "second"], "problem": None,
+            "errors": []}
+
+        toolset.replace([])
+        await toolset.wait_applied()
+        await tools.wait_for("first", present=False)
+        await tools.wait_for("second", present=False)
+        with pytest.raises(tghost.ToolCallError) as refused:
+            await tools.invoke("first", {"text": "hi"})
+        assert refused.value.error_type in ("no-provider", "unknown-tool")
+        assert host.server.endpoints == [] and host.catalog.tools == {}
+
+
+async def test_a_call_in_flight_on_a_removed_service_finishes_within_the_grace_or_is_answered_unavailable(
+    pulsar_broker: EmbeddedBroker,
+) -> None:
+    RELEASE.update(finish=asyncio.Event(), never=asyncio.Event())
+    toolset = tghost.ToolSet("slow")
+    toolset.replace([slow])
+    async with LocalHost(pulsar_broker.url, [toolset], tghost.ServeSettings(grace=1.0)) as host:
+        for key in ("finish", "never"):
+            if key == "never":
+                toolset.replace([slow])
+                await toolset.wait_applied()
+            (endpoint,) = host.server.endpoints
+            calling = asyncio.create_task(host.call("slow", {"key": key}))
+            while not endpoint.in_flight:
+                await asyncio.sleep(0.05)
+            toolset.replace([])
+            await toolset.wait_applied()
+            assert host.server.endpoints == []
+            if key == "finish":
+                RELEASE["finish"].set()
+                assert await calling == "released finish"
+            else:
+                with pytest.raises(tghost.ToolCallError) as cut:
+                    await calling
+                assert cut.value.error_type == "unavailable"
+
+
+async def test_a_bad_or_taken_item_is_reported_and_skipped_alone_and_the_problem_is_in_health(
+    pulsar_broker: EmbeddedBroker,
+) -> None:
+    toolset = tghost.ToolSet("mixed")
+    config = tghost.HostConfig(pulsar=tghost.PulsarSettings(pulsar_broker.url), announce=False, metrics_port=0)
+    async with tghost.Host(config, [first, toolset]) as host:
+        toolset.replace([second, "not a service"], [
+            {"name": "first", "description": "Takes another plugin's tool name", "service": "second"},
+            {"name": "no-description", "service": "second"},
+            second.tool("second-again", "Say it again")])
+        await toolset.wait_applied()
+        assert set(host.catalog.tools) == {"first", "second", "second-again"}
+        assert host.catalog.tool_origin["second-again"].name == "local"
+        (report,) = host.catalog.plugins
+        assert report.services == ["first", "second"] and report.status == "loaded"
+        errors = report.toolsets[0].errors
+        assert len(errors) == 3
+        assert errors[0].startswith("register() takes a ToolService, @tghost.tool function or ToolSet, got "
+                                    "'not a service'; service skipped")
+        assert errors[1] == "tool name 'first' is already served by plugin 'local'; tool skipped"
+        assert "tool 'no-description': field 'description'" in errors[2] and errors[2].endswith("; tool skipped")
+
+        toolset.problem = "backend down, restarting in 4 s"
+        assert host.monitor is not None
+        health = host.monitor.health.snapshot()
+        assert health["status"] == "degraded"
+        assert health["problems"] == [f"toolset 'mixed' of plugin 'local': {line}"
+                                      for line in ["backend down, restarting in 4 s", *errors]]
+
+        toolset.problem = None
+        toolset.replace([second])
+        await toolset.wait_applied()
+        assert host.monitor.health.snapshot()["problems"] == []
+
+
+async def test_two_toolsets_never_take_each_others_names_and_a_change_may_come_from_any_thread(
+    pulsar_broker: EmbeddedBroker,
+) -> None:
+    one, other = tghost.ToolSet("one"), tghost.ToolSet("other")
+    async with LocalHost(pulsar_broker.url, [one, other]) as host:
+        await asyncio.to_thread(one.replace, [first])
+        await one.wait_applied()
+        thread = threading.Thread(target=other.replace, args=([first, second],))
+        thread.start()
+        await asyncio.to_thread(thread.join)
+        await other.wait_applied()
+        assert [entry.services for entry in host.catalog.plugins[0].toolsets] == [["first"], ["second"]]
+        assert host.catalog.plugins[0].toolsets[1].errors == [  # and its default tool with it
+            "service id 'first' is already served by toolset 'one' of plugin 'local'; service skipped"]
+        assert await host.call("first", {"text": "a"}) == "first: a"
+        assert await host.call("second", {"text": "b"}) == "second: b"
+
+
+async def test_a_toolsets_services_run_in_the_host_process_whatever_the_hosts_isolation(
+    pulsar_broker: EmbeddedBroker,
+) -> None:
+    toolset = tghost.ToolSet("threads")
+    toolset.replace([blocking])
+    isolated = tghost.tool(name="isolated", isolation="process")(lambda text: text)
+    async with LocalHost(pulsar_broker.url, [toolset], tghost.ServeSettings(isolation="process")) as host:
+        assert [e.executor.stats().isolation for e in host.server.endpoints] == ["thread"]
+        assert await host.call("blocking", {"text": "in process"}) == "in process"
+        toolset.replace([blocking, isolated])
+        await toolset.wait_applied()
+        assert [e.descriptor.id for e in host.server.endpoints] == ["blocking"]
+        assert host.catalog.plugins[0].toolsets[0].errors == [
+            "service 'isolated' asks for worker processes (isolation 'process'), but a toolset's services run in "
+            "the host process: a worker process imports the plugin anew and cannot follow a live toolset; "
+            "service skipped"]
