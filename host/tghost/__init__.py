@@ -4,10 +4,11 @@ This module is tghost's public face (docs/internals/architecture.md "The public 
 ``tghost.testing`` (plugin tests) and ``tghost.protocol`` (the wire) it is all a user imports.
 
 - A plugin author's world: the ``hookimpl`` marker, the ``tool`` decorator, the ``ToolService``
-  base class, ``ToolSet`` (services and tools a plugin changes while the host runs), ``Context`` and ``current_caller``, the errors ``ToolError`` and
-  ``InvalidArguments``, and the seed 000 descriptor models; ``discover``, ``Catalog`` and
-  ``PluginSelection`` load the installed plugins as ``tghost run`` does, and ``ServeSettings``
-  and ``CallRecord`` are what ``tghost.testing.LocalHost`` takes and tells its listeners.
+  base class, ``ToolSet`` (services and tools a plugin changes while the host runs), ``Context``
+  and ``current_caller``, the errors ``ToolError`` and ``InvalidArguments``, and the seed 000
+  descriptor models; ``discover``, ``Catalog`` and ``PluginSelection`` load the installed
+  plugins as ``tghost run`` does, and ``ServeSettings`` and ``CallRecord`` are what
+  ``tghost.testing.LocalHost`` takes and tells its listeners.
 - A host's: ``Host``, configured by ``HostConfig`` (``HostError``, ``ConfigError`` and
   ``PluginLoadError`` when it cannot start),
   which ``tghost run`` builds and a program embeds (docs/guides/embedding.md).

@@ -101,7 +101,7 @@ def test_an_invalid_descriptor_names_the_plugin_and_field(plugin_dir: PluginDir)
     # A plugin that catches the error is reported all the same.
     ('try:\n        register({"name": "bad name", "description": "B", "service": "kb"})\n'
      '    except ValueError:\n        pass', "plugin 'badname': tool 'bad name': field 'name'"),
-    ("register(42)", "plugin 'badname': register() takes a ToolService or @tghost.tool function, got 42"),
+    ("register(42)", "plugin 'badname': register() takes a ToolService, @tghost.tool function or ToolSet, got 42"),
 ])
 def test_a_descriptor_error_is_one_line_naming_plugin_tool_and_field_however_registered(
     plugin_dir: PluginDir, caplog: pytest.LogCaptureFixture, register: str, named: str,

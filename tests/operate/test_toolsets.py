@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
+import signal
 import threading
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -180,3 +181,88 @@ async def test_a_toolsets_services_run_in_the_host_process_whatever_the_hosts_is
             "service 'isolated' asks for worker processes (isolation 'process'), but a toolset's services run in "
             "the host process: a worker process imports the plugin anew and cannot follow a live toolset; "
             "service skipped"]
+
+
+#: A plugin whose toolset serves the services named in the file $TOOLSET_FILE, changed by its
+#: own thread, with a problem while the file names none.
+GREEK = """
+import os
+import pathlib
+import threading
+
+import tghost
+
+@tghost.tool
+def alpha(text: str) -> str:
+    '''Say alpha.'''
+    return "alpha " + text
+
+@tghost.tool
+def beta(text: str) -> str:
+    '''Say beta.'''
+    return "beta " + text
+
+toolset = tghost.ToolSet("greek")
+stop = threading.Event()
+
+def follow(path, seen=None):
+    while True:
+        names = path.read_text().split()
+        if names != seen:
+            toolset.replace([service for service in (alpha, beta) if service.descriptor.id in names])
+            toolset.problem = None if names else "nothing to serve"
+            seen = names
+        if stop.wait(0.2):
+            return
+
+@tghost.hookimpl
+def tghost_register_services(register):
+    path = pathlib.Path(os.environ["TOOLSET_FILE"])
+    toolset.replace([service for service in (alpha, beta) if service.descriptor.id in path.read_text().split()])
+    register(toolset)
+    threading.Thread(target=follow, args=(path,), daemon=True).start()
+
+@tghost.hookimpl
+def tghost_shutdown():
+    stop.set()
+"""
+
+
+def test_tghost_run_follows_a_toolset_changed_by_its_plugins_thread_and_tghost_plugins_lists_it(
+    pulsar_broker: EmbeddedBroker, plugin_dir: PluginDir, tmp_path: Path,
+    host_process: Callable[..., HostProcess],
+) -> None:
+    names = tmp_path / "names"
+    names.write_text("alpha")
+    env = {**plugin_dir.user_env(pulsar_broker.url, tmp_path / "config", "toolset"), "TOOLSET_FILE": str(names)}
+    host = host_process("--watch-plugins", "--watch-interval", "0.5", "--lease", "600", env=env)
+    host.wait_for(READY)
+    plugin_dir.add("greek", GREEK)  # installed while the host runs
+    host.wait_for(r"plugin greek \(tghost-test-greek 1.0\) installed: serving alpha")
+    eventually(lambda: "alpha" in live_tools(env), "alpha announced")
+
+    names.write_text("alpha beta")
+    host.wait_for(r"plugin greek: toolset greek: serving alpha, beta; tools: alpha, beta")
+    assert set(live_tools(env)) == {"alpha", "beta"}  # a 600 s lease: announced at once, not by a heartbeat
+    assert call("beta", "b", env) == "beta b"
+
+    listed = tghost_cli("plugins", env=env)
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    assert "  toolset:     greek: alpha, beta\n" in listed.stdout
+    listed = tghost_cli("plugins", "--json", env=env)
+    (report,) = [r for r in json.loads(listed.stdout) if r["name"] == "greek"]
+    assert report["toolsets"] == [{"name": "greek", "services": ["alpha", "beta"], "tools": ["alpha", "beta"],
+                                   "problem": None, "errors": []}]
+
+    names.write_text("")
+    host.wait_for(r"plugin greek: toolset greek: serving -; tools: -")
+    eventually(lambda: not live_tools(env), "the toolset's tools withdrawn")
+    listed = tghost_cli("plugins", env=env)
+    assert "  toolset:     greek: no tools\n  problem:     greek: nothing to serve\n" in listed.stdout
+
+    shutil.rmtree(plugin_dir.root / "tghost_test_greek-1.0.dist-info")
+    host.wait_for(r"plugin greek uninstalled")
+    names.write_text("alpha")  # its thread has stopped, and the host follows the toolset no more
+    host.process.send_signal(signal.SIGINT)
+    assert host.finish() == 0
+    assert "toolset greek: serving alpha" not in host.log.split("plugin greek uninstalled")[1]

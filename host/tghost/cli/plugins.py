@@ -15,7 +15,7 @@ import click
 from tghost.cli.app import cli
 from tghost.cli.options import config_option, selection_options
 from tghost.cli.status import default_status_url, describe_workers, read_health
-from tghost.discovery.catalog import PluginReport
+from tghost.discovery.catalog import PluginReport, ToolSetReport
 from tghost.discovery.config import ConfigError, read_config
 from tghost.discovery.discover import PluginSelection, discover
 
@@ -33,15 +33,17 @@ def plugins(as_json: bool, url: str | None, config_path: Path | None, selection:
     """List every installed plugin: what it serves, what failed and why, and what was blocked
     (by --load-plugins/--disable-plugins or their env vars) and by which setting. Plugins that
     other plugins add (e.g. each Amplifier tool module, with tghost-amplifier) are listed with
-    their kind and the plugin that added them; --config gives them their settings.
+    their kind and the plugin that added them; --config gives them their settings. A plugin's
+    toolsets (tool sets it changes while a host runs) are listed with the tools they hold as
+    loaded here, what they say is wrong, and what of them was refused.
 
     Each plugin is imported in a probe process first, so one that crashes or hangs on import
     is listed as failed (with the signal or exit code) and the rest are still listed. Given a
     running host (--url), each service's workers are shown too: isolation, stuck threads, and
     worker processes restarted by reason (timeout, crash, memory, recycled).
 
-    Exits 1 when any plugin reported an error, a setting names an entry point not installed, or
-    the config file cannot be read.
+    Exits 1 when any plugin (or toolset) reported an error, a setting names an entry point not
+    installed, or the config file cannot be read.
     """
     logging.basicConfig(level=logging.CRITICAL)
     try:
@@ -60,7 +62,8 @@ def plugins(as_json: bool, url: str | None, config_path: Path | None, selection:
         _print_plugins(catalog.plugins, workers)
     if config_error is not None:
         click.echo(click.style(f"Error: {config_error} (plugins were loaded without it)", fg="red"), err=True)
-    if config_error is not None or any(report.errors for report in catalog.plugins):
+    if config_error is not None or any(report.errors or any(t.errors for t in report.toolsets)
+                                       for report in catalog.plugins):
         sys.exit(1)
 
 
@@ -98,3 +101,14 @@ def _print_plugins(reports: list[PluginReport], workers: dict[str, Any]) -> None
                     click.echo(f"  workers:     {sid}: {describe_workers(workers[sid])}")
         for error in report.errors:
             click.echo(click.style(f"  error: {error}", fg="red"))
+        for toolset in report.toolsets:
+            _print_toolset(toolset)
+
+
+def _print_toolset(toolset: ToolSetReport) -> None:
+    name = toolset.toolset.name
+    click.echo(f"  toolset:     {name}: {', '.join(toolset.tools) or 'no tools'}")
+    if toolset.toolset.problem:
+        click.echo(click.style(f"  problem:     {name}: {toolset.toolset.problem}", fg="yellow"))
+    for error in toolset.errors:
+        click.echo(click.style(f"  error: toolset {name}: {error}", fg="red"))
