@@ -138,6 +138,7 @@ RUN_BY = {
     ("docs/reference/plugin-hooks.md", "# tghost_access.py"): "test_docs",
     ("docs/reference/plugin-hooks.md", "# tghost_greeter.py"): "test_docs",
     ("docs/reference/plugin-hooks.md", "# tghost_lifecycle.py"): "test_docs",
+    ("docs/reference/plugin-hooks.md", "# tghost_bridge.py"): "test_docs",
     ("docs/reference/plugin-api.md", "# tghost_units.py"): "test_plugin_api",
     ("docs/reference/plugin-api.md", "# tghost_units.py, continued"): "test_plugin_api",
     ("docs/reference/plugin-api.md", "# tests/test_units.py"): "test_plugin_api",
@@ -281,6 +282,26 @@ async def test_the_hooks_page_examples_register_serve_and_shut_down(pulsar_broke
     lifecycle = module_of(block("docs/reference/plugin-hooks.md", "# tghost_lifecycle.py"), "tghost_lifecycle")
     catalog_of_plugin(lifecycle).shutdown()
     assert lifecycle.stop.is_set()
+
+
+async def test_the_hooks_page_toolset_serves_what_the_remote_server_lists_and_nothing_while_it_is_down(
+    pulsar_broker: Any,
+) -> None:
+    from tghost.testing import LocalHost
+
+    bridge = module_of(block("docs/reference/plugin-hooks.md", "# tghost_bridge.py"), "tghost_bridge")
+    schema = {"type": "object", "properties": {"text": {"type": "string"}}}
+    async with LocalHost(pulsar_broker.url, plugin=bridge) as host:
+        assert await host.call("echo", {"text": "hi"}) == '{"tool": "echo", "arguments": {"text": "hi"}}'
+        bridge.tools_listed([{"name": "echo", "description": "Echo", "input_schema": schema},
+                             {"name": "shout", "description": "Shout", "input_schema": schema}])
+        await bridge.remote.wait_applied()
+        assert await host.call("shout", {"text": "hi"}) == '{"tool": "shout", "arguments": {"text": "hi"}}'
+        bridge.server_down(4)
+        await bridge.remote.wait_applied()
+        assert host.catalog.tools == {}
+        assert host.catalog.toolset_problems() == [
+            "toolset 'remote' of plugin 'tghost_bridge': server down, restarting in 4 s"]
 
 
 # docs/reference/plugin-hooks.md stays in step with the hookspecs.

@@ -1,7 +1,7 @@
 """docs/reference/plugin-api.md stays in step with the code, and its plugin runs as written.
 
 Each section's table lists exactly what introspection finds: the public attributes of
-``ToolService``, the options of ``@tghost.tool``, ``Context``'s fields, ``Argument``'s and
+``ToolService`` and ``ToolSet``, the options of ``@tghost.tool``, ``Context``'s fields, ``Argument``'s and
 ``ConfigParam``'s, a tool descriptor's JSON keys and ``LocalHost``'s parameters and methods.
 A new option must be documented, and a removed one must leave the page. The error types are on
 docs/reference/errors.md (tests/test_errors_page.py).
@@ -56,6 +56,10 @@ def test_context_argument_and_config_param_fields_are_documented() -> None:
 
 def test_every_tool_descriptor_key_is_documented() -> None:
     assert documented("Tools as dicts") == {f.alias or name for name, f in ToolDescriptor.model_fields.items()}
+
+
+def test_every_toolset_attribute_is_documented_and_nothing_else() -> None:
+    assert documented("ToolSet") == public(tghost.ToolSet)
 
 
 def test_the_errors_take_what_the_page_says() -> None:
