@@ -23,6 +23,7 @@ import pytest
 from tghost.agent.client import ToolServiceClient
 from tghost.announcing.announcer import Announcer, HostIdentity
 from tghost.author.service import ToolService
+from tghost.author.toolset import ToolSet
 from tghost.broker import EmbeddedBroker
 from tghost.conformance import Conformance, Finding, RawWire, check_conformance
 from tghost.discovery.catalog import Catalog
@@ -65,10 +66,10 @@ class LocalHost(Host):
     ``async with LocalHost(url, [my_service]) as host: await host.call("my-tool", {...})``.
     What it serves, as a plugin would register it:
 
-    - ``services``: :class:`tghost.ToolService` instances and ``@tghost.tool`` functions (a
-      function's own tool comes with it), with ``tools``: tool descriptors or dicts over them
-      (e.g. ``service.tool("query-customers", collection="customers")``); or a discovered
-      ``Catalog``;
+    - ``services``: :class:`tghost.ToolService` instances, ``@tghost.tool`` functions (a
+      function's own tool comes with it) and :class:`tghost.ToolSet` objects, with ``tools``: tool
+      descriptors or dicts over them (e.g. ``service.tool("query-customers", collection="customers")``);
+      or a discovered ``Catalog``;
     - or ``plugin``: a plugin module (or object) whose hooks register them, loaded as the host
       loads an entry point's module, so the test covers ``tghost_register_tools`` and
       ``tghost_shutdown`` too (a ``Catalog`` passed in is the test's to shut down).
@@ -91,7 +92,7 @@ class LocalHost(Host):
     def __init__(
         self,
         url: str,
-        services: Iterable[ToolService] | Catalog = (),
+        services: Iterable[ToolService | ToolSet] | Catalog = (),
         settings: ServeSettings | None = None,
         *,
         tools: Iterable[Any] = (),

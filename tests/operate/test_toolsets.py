@@ -118,7 +118,7 @@ async def test_a_bad_or_taken_item_is_reported_and_skipped_alone_and_the_problem
     toolset = tghost.ToolSet("mixed")
     config = tghost.HostConfig(pulsar=tghost.PulsarSettings(pulsar_broker.url), announce=False, metrics_port=0)
     async with tghost.Host(config, [first, toolset]) as host:
-        toolset.replace([second, "not a service"], [
+        toolset.replace([second, "not a service"], [  # type: ignore[list-item]
             {"name": "first", "description": "Takes another plugin's tool name", "service": "second"},
             {"name": "no-description", "service": "second"},
             second.tool("second-again", "Say it again")])
@@ -165,6 +165,37 @@ async def test_two_toolsets_never_take_each_others_names_and_a_change_may_come_f
         assert await host.call("second", {"text": "b"}) == "second: b"
 
 
+class Greeting(tghost.ToolService):
+    """Answers with the greeting it was made with."""
+
+    id = "greeting"
+    description = "Greet."
+
+    def __init__(self, word: str) -> None:
+        self.word = word
+
+    async def invoke(self, user: str, config: dict[str, object], arguments: dict[str, object]) -> str:
+        return self.word
+
+
+async def test_a_service_given_again_keeps_its_endpoint_and_a_new_object_of_the_same_id_takes_over(
+    pulsar_broker: EmbeddedBroker,
+) -> None:
+    hello = Greeting("hello")
+    toolset = tghost.ToolSet("greetings")
+    toolset.replace([hello], [hello.tool("greet")])
+    async with LocalHost(pulsar_broker.url, [toolset]) as host:
+        (endpoint,) = host.server.endpoints
+        toolset.replace([hello], [hello.tool("greet")])
+        await toolset.wait_applied()
+        assert host.server.endpoints == [endpoint]
+        howdy = Greeting("howdy")
+        toolset.replace([howdy], [howdy.tool("greet")])
+        await toolset.wait_applied()
+        assert host.server.endpoints[0] is not endpoint and host.server.endpoints[0].service is howdy
+        assert await host.call("greet") == "howdy"
+
+
 async def test_a_toolsets_services_run_in_the_host_process_whatever_the_hosts_isolation(
     pulsar_broker: EmbeddedBroker,
 ) -> None:
@@ -205,22 +236,24 @@ def beta(text: str) -> str:
 toolset = tghost.ToolSet("greek")
 stop = threading.Event()
 
-def follow(path, seen=None):
-    while True:
+def serve(names):
+    toolset.replace([service for service in (alpha, beta) if service.descriptor.id in names])
+    toolset.problem = None if names else "nothing to serve"
+
+def follow(path, seen):
+    while not stop.wait(0.2):
         names = path.read_text().split()
         if names != seen:
-            toolset.replace([service for service in (alpha, beta) if service.descriptor.id in names])
-            toolset.problem = None if names else "nothing to serve"
+            serve(names)
             seen = names
-        if stop.wait(0.2):
-            return
 
 @tghost.hookimpl
 def tghost_register_services(register):
     path = pathlib.Path(os.environ["TOOLSET_FILE"])
-    toolset.replace([service for service in (alpha, beta) if service.descriptor.id in path.read_text().split()])
+    names = path.read_text().split()
+    serve(names)
     register(toolset)
-    threading.Thread(target=follow, args=(path,), daemon=True).start()
+    threading.Thread(target=follow, args=(path, names), daemon=True).start()
 
 @tghost.hookimpl
 def tghost_shutdown():

@@ -116,7 +116,8 @@ class ToolSets:
             except Exception as exc:
                 log.exception("plugin %r: toolset %r: could not apply its change; its next replace() tries again",
                               report.name, entry.toolset.name)
-                entry.errors = [*entry.errors, f"could not apply its latest change ({type(exc).__name__}: {exc})"]
+                failure = f"could not apply its latest change ({type(exc).__name__}: {exc})"
+                entry.errors = [*(error for error in entry.errors if not error.startswith("could not apply")), failure]
 
     async def _apply(self, report: PluginReport, entry: ToolSetReport) -> None:
         """Serve the toolset's latest content in place of what it serves now, and announce the
