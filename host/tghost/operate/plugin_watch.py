@@ -111,6 +111,7 @@ def _skip(report: PluginReport, problem: str, exc: BaseException | None = None) 
     report.fail(problem, exc)
     report.services.clear()
     report.tools.clear()
+    report.toolsets.clear()
 
 
 class PluginWatcher:
