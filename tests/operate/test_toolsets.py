@@ -11,6 +11,7 @@ import asyncio
 import json
 import shutil
 import signal
+import sys
 import threading
 import uuid
 from collections.abc import Callable
@@ -20,7 +21,7 @@ import pytest
 
 import tghost
 from tests.conftest import READY, HostProcess, PluginDir, live_tools, tghost_cli
-from tests.operate.test_plugin_watch import call, eventually
+from tests.operate.test_plugin_watch import FIRST, call, eventually
 from tghost.broker import EmbeddedBroker
 from tghost.testing import LocalHost
 
@@ -163,6 +164,49 @@ async def test_two_toolsets_never_take_each_others_names_and_a_change_may_come_f
             "service id 'first' is already served by toolset 'one' of plugin 'local'; service skipped"]
         assert await host.call("first", {"text": "a"}) == "first: a"
         assert await host.call("second", {"text": "b"}) == "second: b"
+
+
+#: A plugin whose toolset will offer a service of another plugin's id (tests.operate.test_plugin_watch.FIRST's).
+TAKER = """
+import tghost
+
+@tghost.tool(name="first-echo")
+async def taker(text: str) -> str:
+    '''Would take another plugin's service.'''
+    return "taken"
+
+@tghost.tool
+async def own(text: str) -> str:
+    '''Its own tool.'''
+    return "own " + text
+
+toolset = tghost.ToolSet("taker")
+
+@tghost.hookimpl
+def tghost_register_services(register):
+    register(toolset)
+"""
+
+
+async def test_a_name_another_plugin_serves_is_refused_and_the_rest_is_served(
+    pulsar_broker: EmbeddedBroker, plugin_dir: PluginDir,
+) -> None:
+    plugin_dir.add("first", FIRST)
+    plugin_dir.add("taker", TAKER)
+    catalog = tghost.discover(plugin_dir.entry_points(), strict=False, selection=tghost.PluginSelection())
+    taker = sys.modules["tghost_test_taker"]
+    try:
+        async with LocalHost(pulsar_broker.url, catalog) as host:
+            taker.toolset.replace([taker.taker, taker.own])
+            await taker.toolset.wait_applied()
+            reports = {report.name: report for report in catalog.plugins}
+            assert reports["taker"].toolsets[0].errors == [
+                "service id 'first-echo' is already served by plugin 'first'; service skipped"]
+            assert reports["taker"].services == ["own"] and reports["first"].services == ["first-echo"]
+            assert await host.call("first-echo", {"text": "still first's"}) == "still first's"
+            assert await host.call("own", {"text": "served"}) == "own served"
+    finally:
+        catalog.shutdown()
 
 
 class Greeting(tghost.ToolService):
