@@ -5,10 +5,10 @@ This module is tghost's public face (docs/internals/architecture.md "The public 
 
 - A plugin author's world: the ``hookimpl`` marker, the ``tool`` decorator, the ``ToolService``
   base class, ``ToolSet`` (services and tools a plugin changes while the host runs), ``Context``
-  and ``current_caller``, the errors ``ToolError`` and ``InvalidArguments``, and the seed 000
-  descriptor models; ``discover``, ``Catalog`` and ``PluginSelection`` load the installed
-  plugins as ``tghost run`` does, and ``ServeSettings`` and ``CallRecord`` are what
-  ``tghost.testing.LocalHost`` takes and tells its listeners.
+  (``current_context`` and ``current_caller`` in a class service), the errors ``ToolError`` and
+  ``InvalidArguments``, and the seed 000 descriptor models; ``discover``, ``Catalog`` and
+  ``PluginSelection`` load the installed plugins as ``tghost run`` does, and ``ServeSettings``
+  and ``CallRecord`` are what ``tghost.testing.LocalHost`` takes and tells its listeners.
 - A host's: ``Host``, configured by ``HostConfig`` (``HostError``, ``ConfigError`` and
   ``PluginLoadError`` when it cannot start),
   which ``tghost run`` builds and a program embeds (docs/guides/embedding.md).
@@ -37,7 +37,15 @@ if TYPE_CHECKING:
     from tghost.agent.hosts import LiveHost
     from tghost.agent.search import Found, SearchError
     from tghost.author.hookspecs import hookimpl
-    from tghost.author.service import Context, InvalidArguments, ToolError, ToolService, current_caller, tool
+    from tghost.author.service import (
+        Context,
+        InvalidArguments,
+        ToolError,
+        ToolService,
+        current_caller,
+        current_context,
+        tool,
+    )
     from tghost.author.toolset import ToolSet
     from tghost.discovery.catalog import Catalog
     from tghost.discovery.config import ConfigError
@@ -79,8 +87,8 @@ _LAZY = {
     "LiveHost": "tghost.agent.hosts",
     **dict.fromkeys(("Found", "SearchError"), "tghost.agent.search"),
     "hookimpl": "tghost.author.hookspecs",
-    **dict.fromkeys(("Context", "InvalidArguments", "ToolError", "ToolService", "current_caller", "tool"),
-                    "tghost.author.service"),
+    **dict.fromkeys(("Context", "InvalidArguments", "ToolError", "ToolService", "current_caller", "current_context",
+                     "tool"), "tghost.author.service"),
     "ToolSet": "tghost.author.toolset",
     "ConfigError": "tghost.discovery.config",
     "Catalog": "tghost.discovery.catalog",
@@ -144,6 +152,7 @@ __all__ = [
     "UnknownTool",
     "__version__",
     "current_caller",
+    "current_context",
     "discover",
     "hookimpl",
     "input_schema",

@@ -15,7 +15,7 @@ import json
 import math
 import re
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, get_type_hints, overload
@@ -42,7 +42,7 @@ from tghost.protocol.descriptors import (
 )
 
 __all__ = ["HINTS", "Call", "Context", "InvalidArguments", "ToolError", "ToolService", "arguments_from_schema",
-           "current_caller", "invoke", "served_tool", "tool"]
+           "current_caller", "current_context", "invoke", "served_tool", "tool"]
 
 
 class ToolError(Exception):
@@ -151,10 +151,19 @@ def current_caller() -> Caller | None:
     return None if call is None else call.caller
 
 
+def current_context() -> Context | None:
+    """The :class:`Context` of the call whose ``invoke`` is running (``None``: not in a call): for
+    a :class:`ToolService` subclass, whose ``invoke`` has no ``Context`` parameter. Its
+    ``progress`` and ``cancelled`` are the call's, as a ``@tool`` function's are."""
+    call = _CALL.get()
+    return None if call is None else _context(call.user, call.config)
+
+
 def invoke(service: ToolService, call: Call) -> Any:
     """``service.invoke(user, config, arguments)`` with ``call`` current while it runs (for
-    :func:`current_caller` and a ``@tool`` function's :class:`Context`; an ``async`` invoke's
-    coroutine is built, not awaited, here). For a service with an :attr:`~ToolService.output_schema`,
+    :func:`current_caller`, :func:`current_context` and a ``@tool`` function's :class:`Context`;
+    an ``async`` invoke's coroutine is built here and returned wrapped, so the call is current
+    while it is awaited too). For a service with an :attr:`~ToolService.output_schema`,
     returns the result's JSON text once it is checked against it (for an ``async`` invoke, a
     coroutine that awaits it first). Every executor and the thread lane run this, so the check is
     written once and made where the plugin runs (in a worker process, there).
@@ -168,7 +177,18 @@ def invoke(service: ToolService, call: Call) -> Any:
         result = service.invoke(call.user, call.config, call.arguments)
     finally:
         _CALL.reset(token)
+    if inspect.iscoroutine(result):
+        result = _with_call(call, result)
     return result if service.output_schema is None else _structured(service, result)
+
+
+async def _with_call(call: Call, coroutine: Coroutine[Any, Any, Any]) -> Any:
+    """Await ``coroutine`` with ``call`` current (in the awaiting task's context)."""
+    token = _CALL.set(call)
+    try:
+        return await coroutine
+    finally:
+        _CALL.reset(token)
 
 
 def _structured(service: ToolService, result: Any) -> Any:
