@@ -135,6 +135,7 @@ def http_app(token: str | None) -> object:
 
 if __name__ == "__main__":
     print("notes: starting", file=sys.stderr, flush=True)
+    note("started")
     if len(sys.argv) > 2 and sys.argv[1] == "--http":
         import uvicorn
 

@@ -79,13 +79,13 @@ class McpService(tghost.ToolService):
     """
 
     config_params = (tghost.ConfigParam(name=TOOL, required=True),)
-    input_schema = {"type": "object"}  # each tool's own schema is checked in invoke (ArgumentCheck)
     allow_unknown_arguments = True
     isolation = "thread"
 
     def __init__(self, plugin: McpServerPlugin) -> None:
         settings = plugin.settings
         self.id = plugin.name
+        self.input_schema = {"type": "object"}  # each tool's own schema is checked in invoke (ArgumentCheck)
         self.description = f"The tools of the MCP server {plugin.name} ({settings.origin})."
         self.timeout = settings.timeout
         self.max_concurrency = settings.max_concurrency

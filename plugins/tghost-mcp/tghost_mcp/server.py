@@ -20,7 +20,7 @@ import contextlib
 import logging
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import IO, Any, Protocol
 
@@ -30,6 +30,7 @@ from anyio.abc import ObjectReceiveStream, ObjectSendStream
 from mcp import ClientSession, StdioServerParameters, types
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.dispatcher import ProgressFnT
 from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 
@@ -138,7 +139,8 @@ class MountedServer:
             return await session.call_tool(tool, arguments, progress_callback=_progress_to(context))
         except MCPError as exc:
             if exc.code != types.CONNECTION_CLOSED:
-                raise tghost.ToolError(f"MCP server {self.name!r} refused the call of {tool!r}: {exc.message}") from None
+                raise tghost.ToolError(f"MCP server {self.name!r} refused the call of {tool!r}: "
+                                       f"{exc.message}") from None
             self._doubt.set()
             raise tghost.ToolError(f"MCP server {self.name!r} went down during the call ({exc.message}); retry once "
                                    "it is back", UNAVAILABLE) from None
@@ -204,7 +206,8 @@ class MountedServer:
                 raise Unfit(f"cannot start: its cwd {str(settings.cwd)!r} is no directory ([{TABLE}.{self.name}] cwd)")
             if self._stderr is not None:
                 self._stderr.close()
-            self._stderr = tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace")
+            # kept open past the session: a failure's log line quotes its last lines
+            self._stderr = tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace")  # noqa: SIM115
             parameters = StdioServerParameters(command=settings.command, args=settings.args, env=settings.env or None,
                                                cwd=settings.cwd)
             return stdio_client(parameters, errlog=self._stderr)
@@ -347,7 +350,7 @@ async def _all_tools(session: ClientSession) -> list[types.Tool]:
             return tools
 
 
-def _progress_to(context: tghost.Context | None) -> Callable[[float, float | None, str | None], Awaitable[None]] | None:
+def _progress_to(context: tghost.Context | None) -> ProgressFnT | None:
     """The call's progress callback: each MCP progress notification as a tghost progress update
     (one tghost cannot carry, such as a negative count, is dropped)."""
     if context is None:
