@@ -133,6 +133,9 @@ RUN_BY = {
     ("docs/guides/search.md", '{"mcpServers": {"tghost-search": '): "test_mcp",
     ("docs/guides/mcp.md", '{"mcpServers": {"tghost-read-only": '): "test_mcp",
     ("docs/integrations/trustgraph.md", "[external-services.tgpeer] "): "test_external_services",
+    ("docs/integrations/mcp-servers.md", "[mcp-servers.memory]"): "test_mcp_servers",
+    ("docs/integrations/mcp-servers.md", "# time.toml"): "test_mcp_servers",
+    ("docs/integrations/mcp-servers.md", "$ tghost run --config time.toml &"): "test_mcp_servers",
     ("docs/reference/plugin-hooks.md", "# tghost_textkit.py"): "test_docs",
     ("docs/reference/plugin-hooks.md", "# tghost_search.py"): "test_docs",
     ("docs/reference/plugin-hooks.md", "# tghost_access.py"): "test_docs",
@@ -174,6 +177,9 @@ NOT_RUN = {
     ("docs/integrations/amplifier.md", "tools:"):
         "an Amplifier session's mount plan; plugins/tghost-amplifier/tests/test_session.py mounts tool-tghost "
         "with the same config keys",
+    ("docs/integrations/mcp-servers.md", "pip install tghost-mcp mcp-server-time"):
+        "installs from an index; tox's venv holds both (tox.ini), and tests/adapters/test_mcp_servers.py runs "
+        "the page's time server",
     ("docs/internals/performance.md", "python3 -m pip install tox && python3 -m tox -e bench"):
         "the benchmarks (minutes, and timing goes into bench/, never into tests)",
     ("docs/internals/scale.md", ".venv/bin/python bench/run.py scale"):

@@ -81,3 +81,4 @@ async def eventually(check: Callable[[], Any], what: str, timeout: float = 30.0)
         assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
         await asyncio.sleep(0.05)
     return found
+

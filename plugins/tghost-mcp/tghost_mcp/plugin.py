@@ -10,6 +10,7 @@ A bad table, or a server that does not start, fails that plugin alone; ``--disab
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -27,6 +28,8 @@ log = logging.getLogger(__name__)
 
 #: The ``kind`` of the plugins added here, as ``tghost plugins`` shows it.
 KIND = "mcp"
+#: The distribution the plugins added here come from.
+DISTRIBUTION = "tghost-mcp"
 #: Which mounted server serves each tool name, across this host's servers.
 CLAIMS = Claims()
 
@@ -34,13 +37,22 @@ CLAIMS = Claims()
 @tghost.hookimpl
 def tghost_register_plugins(register: Any, config: dict[str, Any]) -> None:
     """Add each ``[mcp-servers.<name>]`` server of ``config`` as a plugin named ``<name>``, of kind
-    ``mcp``; its value is the server's command line or URL.
+    ``mcp``, from this distribution; its value is the server's command line or URL.
 
     Raises:
         ValueError: ``mcp-servers`` is not a table of tables.
     """
+    version = _version()
     for name, table in server_tables(config).items():
-        register(name, _loader(name, table), kind=KIND, value=_origin(name, table))
+        register(name, _loader(name, table), kind=KIND, value=_origin(name, table), distribution=DISTRIBUTION,
+                 version=version)
+
+
+def _version() -> str | None:
+    try:
+        return importlib.metadata.version(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def _origin(name: str, table: Any) -> str:
