@@ -4,18 +4,20 @@ embedded broker: docs/integrations/mcp-servers.md's tables and worked example (t
 (written with the SDK's MCPServer): its tools in ``tghost tools`` with their schemas, calls that
 write state and read it back, an MCP client of ``tghost mcp`` seeing the original hints,
 TrustGraph's own ``ToolServiceClient`` calling a mounted tool on the seed 000 wire, ``tghost
-plugins`` showing each server, and a server killed under the host started again, after which
-calls work again."""
+plugins`` showing each server, a server killed under the host started again, after which calls
+work again, and a streamable-HTTP server that stops answering shown in ``/health``."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import subprocess
 import sys
+import time
 import tomllib
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +26,11 @@ from tghost_mcp.settings import ServerSettings, server_tables
 
 from tests.adapters.test_mcp import mcp_client
 from tests.conftest import HostProcess, tghost_cli
+from tests.operate.test_metrics import get
 from tests.test_docs import ROOT, block, commands
 from tghost.broker import EmbeddedBroker
 from tghost.protocol import request_queue, response_queue
+from tghost.system.net import free_port
 
 PAGE = "docs/integrations/mcp-servers.md"
 NOTES = ROOT / "plugins" / "tghost-mcp" / "tests" / "notes_server.py"
@@ -191,3 +195,71 @@ def test_a_server_killed_under_the_host_is_started_again_and_calls_work_again(
     assert host.finish() == 0
     with pytest.raises(ProcessLookupError):
         os.kill(server, 0)  # the host stopped the server it started
+
+
+class HttpNotes:
+    """The notes server on streamable HTTP on a port of its own, wanting ``Bearer <token>``."""
+
+    def __init__(self, port: int, token: str) -> None:
+        self.port, self.token = port, token
+        self.url = f"http://127.0.0.1:{port}/mcp"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.process = subprocess.Popen([sys.executable, str(NOTES), "--http", str(self.port), self.token],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+@pytest.fixture
+def http_notes() -> Iterator[HttpNotes]:
+    server = HttpNotes(free_port(), uuid.uuid4().hex)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def health(port: int) -> dict[str, Any]:
+    """``GET /health``'s JSON (its status is 503 when degraded, with the same body)."""
+    return json.loads(get(f"http://127.0.0.1:{port}/health")[1])  # type: ignore[no-any-return]
+
+
+def problems_until(port: int, wanted: Callable[[list[str]], bool], timeout: float = 60) -> list[str]:
+    """/health's problems once ``wanted(problems)`` (polled)."""
+    deadline = time.monotonic() + timeout
+    while not wanted(problems := health(port)["problems"]):
+        assert time.monotonic() < deadline, problems
+        time.sleep(0.2)
+    return problems
+
+
+def test_an_http_server_that_stops_answering_is_a_problem_in_health_until_it_answers_again(
+    pulsar_broker: EmbeddedBroker, tmp_path: Path, host_process: Callable[..., HostProcess], http_notes: HttpNotes,
+) -> None:
+    (tmp_path / "token").write_text(http_notes.token)
+    config = f'[mcp-servers.web]\nurl = "{http_notes.url}"\ntoken-file = "{tmp_path / "token"}"\nstart-timeout = 60\n'
+    env, metrics = user_env(pulsar_broker, tmp_path, config), free_port()
+    host = host_process("--metrics-port", str(metrics), env=env)
+    host.wait_for("announced")
+    assert call(env, "remember", "key=k", "text=v") == "remembered k"
+    assert health(metrics)["problems"] == []
+
+    http_notes.stop()
+    tghost_cli("call", "recall", "key=k", "--timeout", "5", env=env)  # fails: its lost connection pings at once
+    (problem,) = problems_until(metrics, bool)
+    assert f"MCP server 'web' does not answer at {http_notes.url}" in problem and "reconnecting in" in problem
+    assert "recall" in {row["name"] for row in json.loads(tghost_cli("tools", "--json", env=env).stdout)}
+    refused = tghost_cli("call", "recall", "key=k", env=env)
+    assert refused.returncode == 1 and "unavailable" in refused.stderr, refused.stderr
+
+    http_notes.start()
+    problems_until(metrics, lambda problems: not problems)
+    assert call(env, "recall", "key=k") == "nothing remembered under k"  # the server's new process
+    host.process.send_signal(signal.SIGINT)
+    assert host.finish() == 0

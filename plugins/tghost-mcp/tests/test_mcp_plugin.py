@@ -182,11 +182,22 @@ async def test_the_services_timeout_cancels_the_call_on_the_mcp_server(
         await eventually(lambda: "cancelled" in notes_log.read_text(), "notifications/cancelled reached the server")
 
 
-async def test_a_tool_the_server_adds_is_announced_at_once(pulsar_broker: EmbeddedBroker, topic: str) -> None:
+async def test_a_tool_the_server_adds_is_announced_at_once_unless_its_name_cannot_be_served(
+    pulsar_broker: EmbeddedBroker, topic: str, caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, "tghost_mcp")
     async with served(pulsar_broker, topic, {"notes": notes_table()}) as directory:
         assert await directory.invoke("grow", {"name": "echo"}) == "added echo"
         await directory.wait_for("echo", timeout=10)
         assert await directory.invoke("echo", {"text": "hi"}) == "hi"
+        for name in ("日本", "say-hello"):  # no letter or digit; the name "say hello" maps to
+            assert await directory.invoke("grow", {"name": name}) == f"added {name}"
+        await eventually(lambda: len(caplog.messages) == 2, "the two tools refused")
+        assert caplog.messages == [
+            "MCP server 'notes': tool '日本' is not served: it has no letter or digit to make a tool name of",
+            "MCP server 'notes': tool 'say-hello' is not served: its name maps to 'say-hello', which tool "
+            "'say hello' of this server has"]
+        assert directory.tools["say-hello"].descriptor.config == {"tool": "say hello"}
 
 
 async def test_a_killed_server_is_withdrawn_while_down_and_restarted_and_calls_work_again(

@@ -98,7 +98,7 @@ class McpService(tghost.ToolService):
         settings = plugin.settings
         self.id = plugin.name
         self.input_schema = {"type": "object"}  # each tool's own schema is checked in invoke (ArgumentCheck)
-        self.description = f"The tools of the MCP server {plugin.name} ({settings.origin})."
+        self.description = f"The tools of the MCP server {plugin.name}."  # not its command line: args may hold secrets
         self.timeout = settings.timeout
         self.max_concurrency = settings.max_concurrency
         self.plugin = plugin
@@ -178,7 +178,7 @@ class McpServerPlugin:
             if name is None:
                 self._skip(tool.name, "it has no letter or digit to make a tool name of")
             elif name in named:
-                self._skip(tool.name, f"its name maps to {name!r}, as tool {named[name].name!r}'s of this server does")
+                self._skip(tool.name, f"its name maps to {name!r}, which tool {named[name].name!r} of this server has")
             else:
                 named[name] = tool
         others = CLAIMS.claim(self.name, list(named))
