@@ -169,29 +169,26 @@ class McpServerPlugin:
             self.toolset.replace([])
 
     def _offer(self, tools: list[Any]) -> list[Offered]:
-        """The tools as served: each under its tghost name (:func:`tghost_mcp.names.tool_name`),
-        those without one, those whose name another tool here or another server has, and
-        those that cannot be described skipped, each with one log line."""
-        named: dict[str, Any] = {}
+        """The tools as served: each under its tghost name (:func:`tghost_mcp.names.tool_name`).
+        A tool without one, or whose name another tool of this server has, or that cannot be
+        described, or whose name another server serves, is skipped with one log line."""
+        offered: dict[str, Offered] = {}
         for tool in tools:
             name = tool_name(self.settings.prefix, tool.name)
             if name is None:
                 self._skip(tool.name, "it has no letter or digit to make a tool name of")
-            elif name in named:
-                self._skip(tool.name, f"its name maps to {name!r}, which tool {named[name].name!r} of this server has")
+            elif name in offered:
+                self._skip(tool.name, f"its name maps to {name!r}, which tool {offered[name].tool.name!r} of this "
+                                      "server has")
             else:
-                named[name] = tool
-        others = CLAIMS.claim(self.name, list(named))
-        for name, owner in others.items():
-            self._skip(named.pop(name).name, f"MCP server {owner!r} serves a tool named {name!r}; give one of "
-                                             f"them a prefix ([{TABLE}.{self.name}] prefix)")
-        offered = []
-        for name, tool in named.items():
-            try:
-                offered.append(offer(self.name, name, tool, self.settings.group))
-            except tghost.DescriptorError as exc:
-                self._skip(tool.name, str(exc))
-        return offered
+                try:
+                    offered[name] = offer(self.name, name, tool, self.settings.group)
+                except tghost.DescriptorError as exc:
+                    self._skip(tool.name, str(exc))
+        for name, owner in CLAIMS.claim(self.name, list(offered)).items():
+            self._skip(offered.pop(name).tool.name, f"MCP server {owner!r} serves a tool named {name!r}; give one "
+                                                    f"of them a prefix ([{TABLE}.{self.name}] prefix)")
+        return list(offered.values())
 
     def _skip(self, tool: str, why: str) -> None:
         if tool not in self._refused:

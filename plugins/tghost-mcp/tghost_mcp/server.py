@@ -108,8 +108,9 @@ class MountedServer:
         await first
 
     def stop(self) -> None:
-        """Stop the server (a stdio one's process gets ``STOP_TIMEOUT`` seconds, then is killed)
-        and its loop. Safe to call twice."""
+        """End the session and stop the server's loop, waiting at most ``STOP_TIMEOUT`` seconds: the
+        SDK closes a stdio server's input, terminates it after 2 s and kills it after 2 more.
+        Safe to call twice."""
         if self._runtime is None:
             return
         if self._task is not None:
