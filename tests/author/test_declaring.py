@@ -250,12 +250,12 @@ def test_a_tool_of_a_service_with_an_output_schema_cannot_have_another() -> None
 # Typed results: the check, made by invoke for every executor
 
 def test_a_typed_result_is_validated_and_sent_as_its_json_text() -> None:
-    assert invoke(forecast, call(city="Lisbon", high=24)) == '{"city":"Lisbon","high":24}'
+    assert invoke(forecast, call(city="Lisbon", high=24)) == '{"city": "Lisbon", "high": 24}'
     assert forecast("Porto") == Weather(city="Porto", high=20)  # called directly, it is the function
 
 
 def test_an_async_typed_result_is_checked_once_awaited() -> None:
-    assert asyncio.run(invoke(forecast_later, call(city="Lisbon"))) == '{"city":"Lisbon","high":21}'
+    assert asyncio.run(invoke(forecast_later, call(city="Lisbon"))) == '{"city": "Lisbon", "high": 21}'
     with pytest.raises(tghost.ToolError) as error:
         asyncio.run(invoke(forecast_later, call(city="Lisbon", broken=True)))
     assert error.value.error_type == wire.TOOL_SERVICE_ERROR
@@ -298,3 +298,19 @@ def test_a_class_service_with_an_output_schema_pickles_after_its_check_compiled(
     almanac = Almanac()
     _ = almanac.descriptor
     assert invoke(pickle.loads(pickle.dumps(almanac)), call()) == '{"figure": 690}'
+
+
+class Reading(BaseModel):
+    value: float
+
+
+@tghost.tool
+def sensor(broken: bool) -> Reading:
+    """Read the sensor."""
+    return Reading(value=float("nan") if broken else 1.5)
+
+
+def test_a_typed_functions_nan_is_refused_as_a_class_services_is() -> None:
+    assert invoke(sensor, call(broken=False)) == '{"value": 1.5}'
+    with pytest.raises(tghost.ToolError, match="not JSON data"):
+        invoke(sensor, call(broken=True))

@@ -341,10 +341,7 @@ class ToolService:
         errors = sorted(self._output_validator.iter_errors(value), key=lambda e: list(map(str, e.absolute_path)))
         if errors:
             raise _mismatch(self.id, jsonschema_problems(errors))
-        try:
-            return json.dumps(value, allow_nan=False)
-        except ValueError as exc:  # NaN or an infinity: no JSON number
-            raise _not_json(self.id, exc) from None
+        return _json_text(self.id, value)
 
     @property
     def _code(self) -> Callable[..., Any]:
@@ -547,6 +544,18 @@ def _mismatch(service_id: str, problems: Iterable[Problem]) -> ToolError:
     return ToolError(f"service {service_id!r}: the tool's result does not match its output schema: {'; '.join(named)}")
 
 
+def _json_text(service_id: str, value: Any) -> str:
+    """``value`` (JSON data) as JSON text: the one way both styles send a typed result.
+
+    Raises:
+        ToolError: ``tool-service-error``: it holds NaN or an infinity, which JSON has no number for.
+    """
+    try:
+        return json.dumps(value, allow_nan=False)
+    except ValueError as exc:
+        raise _not_json(service_id, exc) from None
+
+
 def _not_json(service_id: str, exc: Exception) -> ToolError:
     """The ``tool-service-error`` of a result that JSON cannot hold (``exc`` says why)."""
     return ToolError(f"service {service_id!r}: the tool's result is not JSON data: {exc}")
@@ -627,7 +636,8 @@ class FunctionService(ToolService):
 
     def _observation(self, result: Any) -> str:
         """The result as its return annotation's JSON text (``TypeAdapter.validate_python``, then
-        ``dump_json``), or as :meth:`ToolService._observation` for an explicit ``output_schema``.
+        dumped as JSON data, :func:`_json_text`), or as :meth:`ToolService._observation` for an
+        explicit ``output_schema``.
 
         Raises:
             ToolError: ``tool-service-error``: the result does not match (the message names each field).
@@ -635,11 +645,12 @@ class FunctionService(ToolService):
         if self._result is None:
             return super()._observation(result)
         try:
-            return self._result.dump_json(self._result.validate_python(result)).decode()
+            value = self._result.dump_python(self._result.validate_python(result), mode="json")
         except ValidationError as exc:
             raise _mismatch(self.id, _pydantic_problems(exc)) from None
         except PydanticSerializationError as exc:
             raise _not_json(self.id, exc) from None
+        return _json_text(self.id, value)
 
     def check_arguments(self, arguments: dict[str, Any]) -> dict[str, Any]:
         """Check ``arguments`` by the same policy as a class service (:mod:`tghost.author.arguments`:
