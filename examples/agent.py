@@ -11,6 +11,7 @@ only after a successful call. Start a host first, then the agent:
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 from dataclasses import dataclass
@@ -68,7 +69,8 @@ async def run(directory: tghost.ToolDirectory) -> str:
         except tghost.ToolCallError as exc:
             observation, succeeded = f"failed ({exc})", False
         after = tghost.next_state(tool, state, succeeded)
-        print(f"  called {tool.name}({step.arguments}) -> {observation.splitlines()[0] if observation else ''!r}")
+        text = observation if isinstance(observation, str) else json.dumps(observation)  # a typed tool: an object
+        print(f"  called {tool.name}({step.arguments}) -> {text.splitlines()[0] if text else ''!r}")
         print(f"  state {state!r} -> {after!r}")
         state = after
     return state

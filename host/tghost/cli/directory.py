@@ -273,7 +273,8 @@ def _host_names(ctx: click.Context, param: click.Parameter, values: tuple[str, .
                    "call_tool(name, arguments), which calls one; for clients with a limit on tools.")
 @click.option("--read-only", is_flag=True,
               help="Serve only the tools hinted read-only (their annotations say read-only: true); the others are "
-                   "left out of tools/list and search_tools, and a call of one is refused.")
+                   "left out of tools/list and search_tools, and a call of one is refused. Hints are what the "
+                   "announcing host says: with --trusted-key, only signed hosts are believed.")
 @click.option("--include", "include", multiple=True, metavar="NAME_GLOB",
               help="Serve only the tools whose name matches a shell pattern (*, ?, [seq]; case-sensitive), e.g. "
                    "'notes-*'. Repeatable: a tool that matches any is served.")
