@@ -118,13 +118,17 @@ class Gate:
         self._refused = LogSummary(log, "refused %(count)d request(s) under this host's [access] policy: "
                                         "%(reason)s (e.g. %(example)s)")
 
-    def share(self, topic: str, record: SharedReplays | None) -> None:
+    def share(self, topic: str, record: SharedReplays) -> None:
         """Check replays of requests on ``topic`` in ``record``, the replay record the service's
-        hosts share (docs/protocol.md §2.8), instead of this host's memory; ``None``: stop."""
-        if record is None:
-            self._shared.pop(topic, None)
-        else:
-            self._shared[topic] = record
+        hosts share (docs/protocol.md §2.8), instead of this host's memory (in place of the
+        record shared before: a new endpoint of the same service takes over)."""
+        self._shared[topic] = record
+
+    def unshare(self, topic: str, record: SharedReplays) -> None:
+        """Stop checking ``topic``'s replays in ``record``; nothing changes when the gate holds
+        another record for it now (the endpoint that took the service over shares its own)."""
+        if self._shared.get(topic) is record:
+            del self._shared[topic]
 
     @property
     def open_sessions(self) -> int:

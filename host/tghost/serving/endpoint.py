@@ -190,7 +190,7 @@ class ServiceEndpoint:
 
     async def _unshare_replays(self) -> None:
         if self._replays is not None:
-            self.terms.gate.share(self.descriptor.request_queue, None)  # type: ignore[union-attr]
+            self.terms.gate.unshare(self.descriptor.request_queue, self._replays)  # type: ignore[union-attr]
             await self._replays.close()
             self._replays = None
 
