@@ -111,7 +111,9 @@ async def test_a_dynamic_tool_service_declared_in_the_config_is_called_by_tool_n
     assert json.loads(tghost_cli("tools", "--json", env=env).stdout) == []  # withdrawn with the host
 
 
-def test_an_external_service_needs_its_queues_and_never_replaces_a_served_one(tmp_path: Path) -> None:
+def test_an_external_service_needs_its_queues_and_no_param_named_as_a_tool_key_and_never_replaces_a_served_one(
+    tmp_path: Path,
+) -> None:
     config = tmp_path / "tools.toml"
     config.write_text("""
 [external-services.no-queues]
@@ -120,6 +122,11 @@ description = "Lacks its queues"
 [external-services.kb]
 request-queue = "non-persistent://tg/request/kb"
 response-queue = "non-persistent://tg/response/kb"
+
+[external-services.titled]
+request-queue = "non-persistent://tg/request/titled"
+response-queue = "non-persistent://tg/response/titled"
+config-params = [{name = "title"}]
 
 [tools.orphan]
 service = "no-queues"
@@ -131,6 +138,9 @@ description = "Over a service that was skipped"
     assert f"{config}: [external-services.no-queues]: field 'request-queue': Field required" in errors
     assert f"{config}: [external-services.kb]: service id 'kb' is already served by plugin 'local'" in errors
     assert f"{config}: [tools.orphan]: service 'no-queues' is not served here" in errors
+    assert (f"{config}: [external-services.titled]: config param 'title': a tool key of the protocol "
+            "(annotations, output-schema, title), which a host drops from a request's config; give the param "
+            "another name; service skipped") in errors
     assert catalog.external == {} and set(catalog.tools) == {"kb"}
 
 

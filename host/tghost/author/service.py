@@ -42,7 +42,7 @@ from tghost.protocol.descriptors import (
 )
 
 __all__ = ["HINTS", "Call", "Context", "InvalidArguments", "ToolError", "ToolService", "arguments_from_schema",
-           "current_caller", "current_context", "invoke", "served_tool", "tool"]
+           "check_param_name", "current_caller", "current_context", "invoke", "served_tool", "tool"]
 
 
 class ToolError(Exception):
@@ -396,10 +396,7 @@ class ToolService:
         if self.isolation not in (None, "thread", "process"):
             raise DescriptorError(f"{origin}: field 'isolation': {self.isolation!r} is not 'thread' or 'process'")
         for name in (_config_param(p)["name"] for p in self.config_params):
-            if name in ADDED_TOOL_KEYS:
-                keys = ", ".join(sorted(ADDED_TOOL_KEYS))
-                raise DescriptorError(f"{origin}: config param {name!r}: a tool key of the protocol ({keys}), which a "
-                                      "host drops from a request's config; give the param another name")
+            check_param_name(origin, name)
         if self.output_schema is not None:
             self._check_output_schema(origin)
 
@@ -455,6 +452,16 @@ class ToolService:
     def default_tools(self) -> list[ToolDescriptor]:
         """Tools registered together with the service. None for a class-based service."""
         return []
+
+
+def check_param_name(origin: str, name: str) -> None:
+    """Raises :class:`DescriptorError` (``origin``: the service) for a config param ``name``
+    that a directory of the first release would fill with a tool key
+    (:data:`~tghost.protocol.descriptors.ADDED_TOOL_KEYS`)."""
+    if name in ADDED_TOOL_KEYS:
+        keys = ", ".join(sorted(ADDED_TOOL_KEYS))
+        raise DescriptorError(f"{origin}: config param {name!r}: a tool key of the protocol ({keys}), which a "
+                              "host drops from a request's config; give the param another name")
 
 
 def served_tool(tool: ToolDescriptor, service: ToolService) -> ToolDescriptor:

@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from tghost.author.service import served_tool
+from tghost.author.service import check_param_name, served_tool
 from tghost.discovery.catalog import Catalog, PluginReport
 from tghost.protocol.access import AccessError, AccessPolicy
 from tghost.protocol.descriptors import (
@@ -127,8 +127,13 @@ def _load_external(catalog: Catalog, report: PluginReport, path: Path, tables: A
     for sid, origin, entry in _tables(report, path, "external-services", tables):
         try:
             descriptor = ToolServiceDescriptor.model_validate({**entry, "id": sid})
+            for param in descriptor.config_params:
+                check_param_name(origin, param.name)
         except ValidationError as exc:
             report.fail(str(describe_validation_error(exc, origin)))
+            continue
+        except DescriptorError as exc:
+            report.fail(f"{exc}; service skipped")
             continue
         if sid in catalog.service_origin:
             report.fail(f"{origin}: service id {sid!r} is already served by plugin "
