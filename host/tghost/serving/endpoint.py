@@ -118,6 +118,7 @@ class ServiceEndpoint:
         self._lane: ThreadLane | None = None
         self._clock = Deadlines(self.terms.timeout)
         self._stopping = False
+        self._handed_off = False
         self._client: pulsar.asyncio.Client | None = None
         self._waiting: set[asyncio.Task[None]] = set()  # requests waiting for a slot
         self._peers: handoff.PeerLookout | None = None
@@ -254,7 +255,7 @@ class ServiceEndpoint:
                 self._unanswerable.add("no 'id' property", f"message {message.message_id()} on "
                                        f"{self.descriptor.request_queue}")
                 self._unanswerable.flush()
-            elif self._stopping:
+            elif self._stopping and not self._handed_off:
                 if self._peers is not None:
                     self._peers.mine(request.record.request_id)
                 await self._refuse(request, wire.UNAVAILABLE, self.terms.refusal(wire.UNAVAILABLE))
@@ -389,6 +390,13 @@ class ServiceEndpoint:
                         "unacknowledged, so the broker delivers it again", self.descriptor.id, request.request_id, exc)
             request.record.status = RETURNED
 
+    def hand_off(self) -> None:
+        """Another endpoint of this host serves the service from now on (a toolset's new object
+        of the same id, started already): :meth:`stop_receiving` then closes the request consumer
+        at once, with no lookout, and serves the requests that still reach it meanwhile instead
+        of answering them ``unavailable``."""
+        self._handed_off = True
+
     async def stop_receiving(self) -> None:
         """Stop taking new requests; in-flight ones go on (see :meth:`drain`).
 
@@ -399,19 +407,27 @@ class ServiceEndpoint:
         host that is the only one stays subscribed until :meth:`close` and answers them
         ``unavailable`` (the broker would drop them otherwise). A persistent topic's requests
         stay with the broker, for another host or this service's next start: its consumer
-        prefetches nothing and stops asking.
+        prefetches nothing and stops asking. After :meth:`hand_off`, see there.
         """
         self._stopping = True
-        if self._lane is not None:
-            self._lane.stop()
-        for task in list(self._waiting):
-            task.cancel(NOT_STARTED)
+        if not self._handed_off:
+            self._refuse_waiting()
         if self._loop_task is not None:
             self._loop_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._loop_task
+        elif self._handed_off and self._unsubscribing is None:
+            self._unsubscribing = asyncio.create_task(self._unsubscribe())
+            await self._unsubscribing  # what it receives until then is in flight, for the drain
         elif self._consumer is not None and self._client is not None:
             await self._look_for_peers(self._client)
+
+    def _refuse_waiting(self) -> None:
+        """Answer ``unavailable`` every request waiting for a slot, now and from now on."""
+        if self._lane is not None:
+            self._lane.stop()
+        for task in list(self._waiting):
+            task.cancel(NOT_STARTED)
 
     async def _look_for_peers(self, client: pulsar.asyncio.Client) -> None:
         """Without a lookout (no broker now, or it does not answer in time) the consumer stays

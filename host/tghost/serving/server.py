@@ -90,25 +90,33 @@ class Server:
             raise
 
     async def add(self, services: dict[str, ToolService], descriptors: dict[str, ToolServiceDescriptor],
-                  in_process: Collection[str] = ()) -> None:
+                  in_process: Collection[str] = (), replace: Collection[str] = ()) -> list[ServiceEndpoint]:
         """Start serving more services (by service id) on the client given to :meth:`start`, with
         the same settings, listeners and ``authorize`` (``in_process`` as on construction); a live
         plugin install (:mod:`tghost.operate.plugin_watch`) or a toolset's change (:mod:`tghost.operate.toolsets`).
 
+        The ids of ``replace`` may be served already (a toolset's new object of the same id):
+        their endpoints are taken out (as :meth:`detach` does) only once the new ones receive,
+        so a call is never without an endpoint, and returned for :meth:`retire` (``[]`` if none).
+
         Raises:
             RuntimeError: the server was not started.
-            ValueError: a service id is already served (nothing is started then).
+            ValueError: a service id not in ``replace`` is already served (nothing is started then).
             pulsar.asyncio.PulsarException: a subscription or producer could not be created; the
-                endpoints that did start are closed again.
+                endpoints that did start are closed again, and those it would replace serve on.
         """
         if self._client is None:
             raise RuntimeError("Server.add() before Server.start()")
-        taken = sorted(set(descriptors) & {endpoint.descriptor.id for endpoint in self.endpoints})
+        taken = sorted((set(descriptors) - set(replace)) & {endpoint.descriptor.id for endpoint in self.endpoints})
         if taken:
             raise ValueError(f"service id(s) {taken} already served")
         endpoints = self._endpoints(services, descriptors, in_process)
         await self._start_all(endpoints)
+        replaced = self.detach(set(replace) & set(descriptors))
+        for endpoint in replaced:
+            endpoint.hand_off()
         self.endpoints += endpoints
+        return replaced
 
     async def _start_all(self, endpoints: list[ServiceEndpoint]) -> None:
         """Start ``endpoints`` on the client; if one fails, close those that started and raise its error."""
