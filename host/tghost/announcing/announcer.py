@@ -396,7 +396,7 @@ class Announcer:
 
         Raises:
             RuntimeError: before :meth:`start`.
-            pulsar.asyncio.PulsarException: a send failed.
+            pulsar.asyncio.PulsarException: a send failed (the heartbeat then restates everything).
         """
         if self._producer is None:
             raise RuntimeError("Announcer.publish() before Announcer.start()")
@@ -407,7 +407,11 @@ class Announcer:
         else:
             for key in keys:
                 self._since.pop(key, None)
-        await self._emit(self._messages(status, keys))
+        try:
+            await self._emit(self._messages(status, keys))
+        except pulsar.asyncio.PulsarException:
+            self._restate_due = True  # the heartbeat announces everything again once connected
+            raise
         log.info("%s %d service(s), %d tool(s) on %s", "announced" if status == "available" else "withdrew",
                  len(part.descriptors), len(part.tools), self.topic)
 

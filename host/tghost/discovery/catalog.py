@@ -110,6 +110,21 @@ class PluginReport:
         named = message if message.startswith(f"plugin {self.name!r}: ") else f"plugin {self.name!r}: {message}"
         log.error("%s", named, exc_info=exc)
 
+    def lose_tool(self, name: str, service: str) -> None:
+        """Tool ``name`` of this plugin was withdrawn with its service ``service``, which another
+        plugin or toolset stopped serving: no longer list it, and say so (logged) in the errors
+        of the toolset that gave it, or else of the plugin."""
+        entry = next((entry for entry in self.toolsets if name in entry.tools), None)
+        how = "the toolset's next replace() serves it again" if entry is not None else "a restart serves it again"
+        message = f"tool {name!r} withdrawn: its service {service!r} is no longer served; {how} once it is back"
+        self.tools = [tool for tool in self.tools if tool != name]
+        if entry is None:
+            self.fail(message)
+            return
+        entry.tools.remove(name)
+        entry.errors.append(message)
+        log.error("plugin %r: toolset %r: %s", self.name, entry.toolset.name, message)
+
     def origin_json(self) -> dict[str, Any]:
         """Where an announced descriptor came from: entry point, distribution, version."""
         return {"entry_point": self.name, "distribution": self.distribution, "version": self.version}
@@ -152,6 +167,16 @@ class Catalog:
         self.service_origin.update(part.service_origin)
         self.tools.update(part.tools)
         self.tool_origin.update(part.tool_origin)
+
+    def take_tools_over(self, part: Catalog) -> list[str]:
+        """Add to ``part`` (a sub-catalog this one is to drop) every tool of this catalog over one
+        of ``part``'s services that ``part`` lacks, with its origin: it cannot stay when they
+        leave. Returns the names added, in catalog order."""
+        taken = [name for name, tool in self.tools.items()
+                 if tool.service in part.descriptors and name not in part.tools]
+        for name in taken:
+            part.tools[name], part.tool_origin[name] = self.tools[name], self.tool_origin[name]
+        return taken
 
     def drop(self, part: Catalog) -> None:
         """Remove the services and tools of ``part`` (a sub-catalog); those already gone are skipped."""

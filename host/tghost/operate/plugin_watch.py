@@ -29,7 +29,7 @@ from typing import Any
 from tghost.announcing.announcer import Announcer
 from tghost.discovery.catalog import Catalog, PluginReport
 from tghost.discovery.discover import ENTRY_POINT_GROUP, PluginSelection, discover
-from tghost.operate.toolsets import ToolSets, toolset_services
+from tghost.operate.toolsets import ToolSets, lose_tools, toolset_services
 from tghost.serving.server import Server
 
 __all__ = ["PluginWatcher", "WatchSettings"]
@@ -90,8 +90,9 @@ def plugin_part(catalog: Catalog, report: PluginReport) -> Catalog:
         part.services[sid], part.descriptors[sid] = catalog.services[sid], catalog.descriptors[sid]
         part.service_origin[sid] = report
     for name, tool in catalog.tools.items():
-        if catalog.tool_origin[name] is report or tool.service in part.descriptors:
-            part.tools[name], part.tool_origin[name] = tool, catalog.tool_origin[name]
+        if catalog.tool_origin[name] is report:
+            part.tools[name], part.tool_origin[name] = tool, report
+    catalog.take_tools_over(part)
     return part
 
 
@@ -251,6 +252,7 @@ class PluginWatcher:
             self.toolsets.unbind(report)
             self.catalog.plugins.remove(report)
             part = plugin_part(self.catalog, report)
+            lose_tools(part, [name for name in part.tools if part.tool_origin[name] is not report])
             if self.announcer is not None and (part.descriptors or part.tools):
                 await self.announcer.publish(part, "withdrawn")
             self.catalog.drop(part)

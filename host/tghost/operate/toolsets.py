@@ -24,7 +24,7 @@ from tghost.serving.server import Server
 if TYPE_CHECKING:
     from tghost.serving.endpoint import ServiceEndpoint
 
-__all__ = ["ToolSets", "toolset_services"]
+__all__ = ["ToolSets", "lose_tools", "toolset_services"]
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +32,13 @@ log = logging.getLogger(__name__)
 def toolset_services(reports: Iterable[PluginReport]) -> set[str]:
     """The ids of the services the toolsets of ``reports`` serve: they run in the host process."""
     return {sid for report in reports for entry in report.toolsets for sid in entry.services}
+
+
+def lose_tools(part: Catalog, names: Iterable[str]) -> None:
+    """Tell the owner of each of ``names`` (tools of ``part``, a sub-catalog being withdrawn,
+    over services of another plugin or toolset) that it goes with its service."""
+    for name in names:
+        part.tool_origin[name].lose_tool(name, part.tools[name].service)
 
 
 def _part(source: Catalog, report: PluginReport, services: Iterable[str], tools: Iterable[str]) -> Catalog:
@@ -107,12 +114,14 @@ class ToolSets:
             self._task = asyncio.create_task(self._run(), name="apply toolset changes")
 
     async def _run(self) -> None:
-        """Apply the latest content of each toolset that changed, one at a time, in turn."""
+        """Apply the latest content of each toolset that changed, one at a time, in turn; not
+        that of a toolset unbound meanwhile (its plugin was uninstalled while it waited)."""
         while self._due:
             report, entry = self._due.pop(next(iter(self._due)))
             try:
                 async with self.changing:
-                    await self._apply(report, entry)
+                    if id(entry) in self._bound:
+                        await self._apply(report, entry)
             except Exception as exc:
                 log.exception("plugin %r: toolset %r: could not apply its change; its next replace() tries again",
                               report.name, entry.toolset.name)
@@ -121,38 +130,63 @@ class ToolSets:
 
     async def _apply(self, report: PluginReport, entry: ToolSetReport) -> None:
         """Serve the toolset's latest content in place of what it serves now, and announce the
-        difference: withdraw what left, stop serving it in the background, serve what came, announce it."""
+        difference: withdraw what left and stop serving it in the background; serve what came,
+        a new object of a served id before its old one stops; announce it. An announcement that
+        fails is one of the toolset's errors (the announcer restates everything once it can)."""
         content = entry.toolset._snapshot()
         if content[0] != entry.version:
             old = _part(self.catalog, report, entry.services, entry.tools)
             new, errors = toolset_part(self.catalog, report, entry, content)
             changed = {sid for sid in old.descriptors.keys() & new.descriptors.keys()
                        if old.services[sid] is not new.services[sid] or old.descriptors[sid] != new.descriptors[sid]}
-            await self._withdraw(_part(old, report, old.descriptors.keys() - new.descriptors.keys(),
-                                       old.tools.keys() - new.tools.keys()), changed)
+            errors += await self._withdraw(_part(old, report, old.descriptors.keys() - new.descriptors.keys(),
+                                                 old.tools.keys() - new.tools.keys()))
             coming = _part(new, report, (new.descriptors.keys() - old.descriptors.keys()) | changed,
                            [name for name, tool in new.tools.items() if old.tools.get(name) != tool])
             try:
-                await self.server.add(coming.services, coming.descriptors, in_process=coming.descriptors)
+                await self._serve(coming, changed)
             except Exception as exc:
-                new = Catalog(plugins=[report])
+                new = coming = Catalog(plugins=[report])
                 errors.append(f"its services could not be served ({type(exc).__name__}: {exc}); it serves nothing "
                               "until its next change")
-                await self._withdraw(_part(self.catalog, report, entry.services, entry.tools), set())
-            else:
-                await self._publish(coming)
+                errors += await self._withdraw(_part(self.catalog, report, entry.services, entry.tools))
+            self.catalog.merge(coming)
             entry.record(report, new, content[0], errors)
+            errors += await self._announce(coming, "available")
             log.info("plugin %s: toolset %s: serving %s; tools: %s", report.name, entry.toolset.name,
                      ", ".join(entry.services) or "-", ", ".join(entry.tools) or "-")
         entry.toolset._mark_applied(content[0])
 
-    async def _withdraw(self, gone: Catalog, changed: set[str]) -> None:
-        """Announce ``gone`` withdrawn and drop it; stop serving its services and the ``changed``
-        ones (served anew under the same id) in the background."""
-        if self.announcer is not None and (gone.descriptors or gone.tools):
-            await self.announcer.publish(gone, "withdrawn")
+    async def _serve(self, coming: Catalog, changed: set[str]) -> None:
+        """Start serving ``coming``'s services, those of ``changed`` ids in place of the ones
+        served now (which stop in the background). Runs to its end if the host stops meanwhile,
+        so no endpoint is left half started: the server stops those it serves.
+
+        Raises:
+            Exception: what :meth:`tghost.serving.server.Server.add` raises (nothing changed).
+        """
+        adding = asyncio.ensure_future(self.server.add(coming.services, coming.descriptors,
+                                                       in_process=coming.descriptors, replace=changed))
+        try:
+            replaced = await asyncio.shield(adding)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                self._retire_later(await adding)
+            raise
+        self._retire_later(replaced)
+
+    async def _withdraw(self, gone: Catalog) -> list[str]:
+        """Drop ``gone`` and every tool over its services (telling such a tool's owner), announce
+        them withdrawn, and stop serving the services in the background. Returns the problem
+        with the announcement, if any (one line)."""
+        lose_tools(gone, self.catalog.take_tools_over(gone))
+        problems = await self._announce(gone, "withdrawn")
         self.catalog.drop(gone)
-        endpoints = self.server.detach([*gone.descriptors, *changed])
+        self._retire_later(self.server.detach(gone.descriptors))
+        return problems
+
+    def _retire_later(self, endpoints: list[ServiceEndpoint]) -> None:
+        """Stop serving ``endpoints`` (taken out of the server) in the background, within the grace."""
         if endpoints:
             task = asyncio.create_task(self._retire(endpoints), name="stop serving a toolset's services")
             self._retiring.add(task)
@@ -164,14 +198,23 @@ class ToolSets:
         log.info("stopped serving %s%s", ids,
                  f" ({cancelled} call(s) cancelled at the end of the grace)" if cancelled else "")
 
-    async def _publish(self, coming: Catalog) -> None:
-        """Add ``coming`` to the catalog and announce it."""
-        self.catalog.merge(coming)
-        if self.announcer is not None and (coming.descriptors or coming.tools):
-            await self.announcer.publish(coming, "available")
+    async def _announce(self, part: Catalog, status: str) -> list[str]:
+        """Announce ``part`` as ``status`` (``available``, ``withdrawn``), if the host announces
+        and ``part`` has anything. Returns ``[]``, or the failure as one line (logged)."""
+        if self.announcer is None or not (part.descriptors or part.tools):
+            return []
+        try:
+            await self.announcer.publish(part, status)
+        except Exception as exc:
+            problem = (f"could not announce its latest change ({type(exc).__name__}: {exc}); the host announces "
+                       "everything again once the broker takes its announcements")
+            log.warning("%s", problem)
+            return [problem]
+        return []
 
     async def stop(self) -> None:
-        """Follow no toolset any more; a change being applied is cut short (the host is stopping)."""
+        """Follow no toolset any more; a change being applied is cut short (the host is stopping),
+        though never while it starts services."""
         for entry, notify in self._bound.values():
             entry.toolset._unbind(notify)
         self._bound.clear()
