@@ -78,8 +78,11 @@ class ToolSet:
 
     async def wait_applied(self) -> None:
         """Return once a running host serves and announces the content of the latest
-        :meth:`replace` made before this call (at once if it does already). Await it on any
-        event loop; it waits until a host serves the toolset, so give it a timeout where none may."""
+        :meth:`replace` made before this call (at once if it does already); an announcement
+        that fails is one of the toolset's errors, not a wait. Await it on any event loop. It
+        waits until a host serves the toolset, and never returns when the host stops first or
+        could not apply the change (logged; the next :meth:`replace` tries again): give it a
+        timeout where either may happen."""
         with self._lock:
             version = self._content[0]
             if self._applied >= version:
