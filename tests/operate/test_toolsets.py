@@ -17,12 +17,16 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+import pulsar
 import pytest
 
 import tghost
 from tests.conftest import READY, HostProcess, PluginDir, live_tools, tghost_cli
 from tests.operate.test_plugin_watch import FIRST, call, eventually
 from tghost.broker import EmbeddedBroker
+from tghost.discovery.discover import catalog_of
+from tghost.operate.plugin_watch import PluginWatcher, WatchSettings
+from tghost.protocol.access import AccessPolicy
 from tghost.testing import LocalHost
 
 
@@ -257,6 +261,139 @@ async def test_a_toolsets_services_run_in_the_host_process_whatever_the_hosts_is
             "the host process: a worker process imports the plugin anew and cannot follow a live toolset; "
             "service skipped"]
 
+
+
+class Held(Greeting):
+    """Answers once the test sets its ``hold``."""
+
+    def __init__(self, word: str) -> None:
+        super().__init__(word)
+        self.hold = asyncio.Event()
+
+    async def invoke(self, user: str, config: dict[str, object], arguments: dict[str, object]) -> str:
+        await self.hold.wait()
+        return self.word
+
+
+async def test_a_new_object_of_the_same_id_keeps_the_replay_record_its_hosts_share(
+    pulsar_broker: EmbeddedBroker, tmp_path: Path,
+) -> None:
+    hello = Held("hello")
+    toolset = tghost.ToolSet("greetings")
+    toolset.replace([hello], [hello.tool("greet")])
+    catalog = catalog_of([toolset])
+    catalog.access = AccessPolicy.from_table({"anonymous": ["greet"]}, tmp_path)
+    async with LocalHost(pulsar_broker.url, catalog) as host:
+        gate, topic = host.server.gate, host.descriptors["greeting"].request_queue
+        assert gate is not None
+        (old,) = host.server.endpoints
+        calling = asyncio.create_task(host.call("greet"))
+        while not old.in_flight:
+            await asyncio.sleep(0.05)
+        howdy = Greeting("howdy")
+        toolset.replace([howdy], [howdy.tool("greet")])
+        await toolset.wait_applied()
+        (new,) = host.server.endpoints
+        assert new.service is howdy and gate._shared[topic] is new._replays
+        hello.hold.set()
+        assert await calling == "hello"  # the old endpoint drains, then closes
+        assert host._toolsets is not None
+        await host._toolsets.retired()
+        assert gate._shared.get(topic) is new._replays
+
+
+async def test_a_change_taken_before_an_uninstall_is_not_applied_after_it(pulsar_broker: EmbeddedBroker) -> None:
+    toolset = tghost.ToolSet("late")
+    toolset.replace([first])
+    async with LocalHost(pulsar_broker.url, [toolset]) as host:
+        toolsets = host._toolsets
+        assert toolsets is not None
+        (report,) = host.catalog.plugins
+        watcher = PluginWatcher(host.catalog, host.server, None, WatchSettings(), toolsets)
+        await toolset.wait_applied()
+        assert toolsets._task is not None
+        await toolsets._task  # the change the host started with is over
+        async with toolsets.changing:  # the change waits for the uninstall that holds the lock
+            uninstalling = asyncio.create_task(watcher._withdraw(report))
+            await asyncio.sleep(0.1)
+            toolset.replace([first, second])
+            await asyncio.sleep(0.1)
+        await uninstalling
+        assert toolsets._task is not None
+        await toolsets._task
+        assert host.server.endpoints == [] and host.catalog.tools == {}
+
+
+async def test_an_announcement_that_fails_leaves_the_toolset_able_to_change(
+    pulsar_broker: EmbeddedBroker, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    toolset = tghost.ToolSet("flaky")
+    async with LocalHost(pulsar_broker.url, [toolset], announce_as="flaky-host", lease=600) as host:
+        assert host.announcer is not None
+        publish = host.announcer.publish
+        failures = [pulsar.Timeout("send timed out")]
+
+        async def once_failing(part: tghost.Catalog, status: str) -> None:
+            if failures:
+                raise failures.pop()
+            await publish(part, status)
+
+        monkeypatch.setattr(host.announcer, "publish", once_failing)
+        toolset.replace([first])
+        await asyncio.wait_for(toolset.wait_applied(), 10)
+        (entry,) = host.catalog.plugins[0].toolsets
+        assert entry.services == ["first"] and entry.errors[0].startswith("could not announce its latest change")
+        toolset.replace([first, second])
+        await asyncio.wait_for(toolset.wait_applied(), 10)
+        assert entry.services == ["first", "second"] and entry.errors == []
+
+
+async def test_a_tool_over_a_service_a_toolset_removes_is_withdrawn_with_it(pulsar_broker: EmbeddedBroker) -> None:
+    serving, over = tghost.ToolSet("serving"), tghost.ToolSet("over")
+    serving.replace([first])
+    async with LocalHost(pulsar_broker.url, [serving, over]) as host:
+        over.replace([], [{"name": "first-again", "description": "Say it again", "service": "first"}])
+        await over.wait_applied()
+        assert await host.call("first-again", {"text": "a"}) == "first: a"
+        serving.replace([])
+        await serving.wait_applied()
+        assert "first-again" not in host.catalog.tools
+        entry = host.catalog.plugins[0].toolsets[1]
+        assert entry.tools == [] and entry.errors == [
+            "tool 'first-again' withdrawn: its service 'first' is no longer served; the toolset's next "
+            "replace() serves it again once it is back"]
+        serving.replace([first])
+        await serving.wait_applied()
+        over.replace([], [{"name": "first-again", "description": "Say it again", "service": "first"}])
+        await over.wait_applied()
+        assert await host.call("first-again", {"text": "b"}) == "first: b"
+
+
+async def test_calls_during_a_same_id_swap_are_never_refused_unavailable(pulsar_broker: EmbeddedBroker) -> None:
+    toolset = tghost.ToolSet("swap")
+    toolset.replace([Greeting("g0")], [Greeting("g0").tool("greet")])
+    async with LocalHost(pulsar_broker.url, [toolset]) as host:
+        errors: list[str] = []
+        done = asyncio.Event()
+
+        async def calling() -> None:
+            while not done.is_set():
+                try:
+                    await host.call("greet")
+                except tghost.ToolCallError as exc:
+                    errors.append(exc.error_type)
+
+        callers = [asyncio.create_task(calling()) for _ in range(4)]
+        for i in range(1, 6):
+            swapped = Greeting(f"g{i}")
+            toolset.replace([swapped], [swapped.tool("greet")])
+            await toolset.wait_applied()
+            await asyncio.sleep(0.2)
+        done.set()
+        await asyncio.gather(*callers)
+        # a request the broker gives the old consumer as it closes is lost (a non-persistent
+        # Shared subscription's hand-off, tghost.serving.handoff): its caller times out
+        assert "unavailable" not in errors
 
 #: A plugin whose toolset serves the services named in the file $TOOLSET_FILE, changed by its
 #: own thread, with a problem while the file names none.
