@@ -480,6 +480,7 @@ async def test_read_only_include_and_exclude_narrow_what_is_listed_and_called(no
     async with mcp_client(notes_host, *server["args"][1:]) as session:
         read_only = {tool.name for tool in (await session.list_tools()).tools}
         destroyed = await session.call_tool("delete-notes", {})
+        typo = await session.call_tool("delete-note", {})
         read = await session.call_tool("read-notes", {})
     async with mcp_client(notes_host, "--group", "*", "--include", "*-notes", "--include", "echo",
                           "--exclude", "delete-*") as session:
@@ -491,6 +492,8 @@ async def test_read_only_include_and_exclude_narrow_what_is_listed_and_called(no
     assert destroyed.is_error and text(destroyed) == (
         "unknown-tool: tool 'delete-notes' is outside this bridge's set (it is not hinted read-only, and this "
         "bridge serves read-only tools only); find one with tools/list")
+    assert typo.is_error and "delete-notes" not in text(typo)  # a hidden tool is never suggested
+    assert typo.is_error and "delete-notes" not in text(typo)  # a hidden tool is never suggested
     assert not read.is_error and read.structured_content == {"notes": ["buy milk"], "count": 1}
     assert narrowed == {"read-notes", "echo"}
     assert excluded.is_error and text(excluded) == ("unknown-tool: tool 'delete-notes' is outside this bridge's set "
@@ -498,6 +501,11 @@ async def test_read_only_include_and_exclude_narrow_what_is_listed_and_called(no
                                                     "tools/list")
     assert not_included.is_error and "its name matches none of the included '*-notes', 'echo'" in text(not_included)
     assert text(echoed) == "in"
+
+
+def test_call_tool_is_hinted_read_only_when_every_tool_it_calls_is() -> None:
+    assert meta_tools([], None, read_only=True)[1]["annotations"] == {"title": "Call a tool", "readOnlyHint": True}
+    assert meta_tools([], None)[1]["annotations"] == {"title": "Call a tool"}
 
 
 def test_the_mcp_help_and_guide_say_the_page_size() -> None:

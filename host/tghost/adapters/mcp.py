@@ -201,12 +201,20 @@ class Bridge:
                                                       progress=progress)
             return _result(observation)
         except UnknownTool as exc:  # the directory's hint names a CLI an MCP client cannot run
-            return _error(f"{UNKNOWN_TOOL}: {exc.explain(f'find one with {self._listing}')}")
+            return _error(f"{UNKNOWN_TOOL}: {self._within(exc).explain(f'find one with {self._listing}')}")
         except ToolCallError as exc:  # no-provider included: it says that no live host serves the tool
             return _error(str(exc))
         except Exception as exc:
             log.exception("calling %r failed", name)
             return _error(f"{type(exc).__name__}: {exc}")
+
+    def _within(self, unknown: UnknownTool) -> UnknownTool:
+        """``unknown`` suggesting only names inside this bridge's set: a client never learns of a
+        tool the bridge hides from it."""
+        def inside(name: str) -> bool:
+            live = self.directory.tools.get(name)
+            return self.selection.refusal(name, None if live is None else live.descriptor) is None
+        return UnknownTool(unknown.name, [n for n in unknown.suggestions if inside(n)], unknown.unserved)
 
     def _shown(self) -> list[Any]:
         """What ``tools/list`` shows, in a form cheap to compare: the descriptors (each one's
@@ -315,7 +323,7 @@ def meta_tools(tools: Sequence[ToolDescriptor], groups: Sequence[str] | None, re
     """The two tools of ``tghost mcp --tool-search`` (MCP ``Tool`` JSON): ``search_tools``, whose
     description says how many ``tools`` it finds among (``read_only``: saying they are
     read-only) and their groups that a request with ``groups`` names (``None``: ``default``;
-    with ``*``: all of theirs), and ``call_tool``."""
+    with ``*``: all of theirs), and ``call_tool`` (hinted read-only when every tool it calls is)."""
     found = f"{len(tools)} {'read-only ' if read_only else ''}tool{'' if len(tools) == 1 else 's'}"
     return [
         {"name": SEARCH_TOOLS,
@@ -333,7 +341,7 @@ def meta_tools(tools: Sequence[ToolDescriptor], groups: Sequence[str] | None, re
          "inputSchema": {"type": "object", "required": ["name", "arguments"], "properties": {
              "name": {"type": "string", "description": f"The tool's name, as {SEARCH_TOOLS} gave it"},
              "arguments": {"type": "object", "description": "The tool's arguments"}}},
-         "annotations": {"title": "Call a tool"}},
+         "annotations": {"title": "Call a tool", **({"readOnlyHint": True} if read_only else {})}},
     ]
 
 
