@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import sys
 import uuid
@@ -21,17 +20,15 @@ from typing import Any
 
 import pytest
 
+from tests.browser.conftest import CHROMIUM, TIMEOUT_MS, Page
 from tests.conftest import READY, HostProcess, PluginDir
 from tests.test_docs import commands
 from tghost.broker import EmbeddedBroker
 from tghost.system.net import free_port
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright is not installed (tox -e browser)")
-CHROMIUM = shutil.which("chromium")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (apt-get install chromium)")
 
-Page = Any  # playwright.sync_api.Page
-TIMEOUT_MS = 20_000
 sync_api.expect.set_options(timeout=TIMEOUT_MS)  # a loaded CI machine: wait for the page, never time it
 
 SHAPES = '''
@@ -174,21 +171,6 @@ def inspector(env: dict[str, str], host_process: Callable[..., HostProcess]) -> 
     inspect = host_process(*argv[4:], "--port", str(free_port()), env=env, command=("inspect",))
     line = inspect.wait_for(r"tghost inspect: the live directory")
     return re.search(r"(http://\S+/)", line).group(1)  # type: ignore[union-attr]
-
-
-@pytest.fixture
-def page() -> Iterator[Page]:
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-            "--disable-sync", "--no-first-run"])
-        page = browser.new_page(viewport={"width": 1440, "height": 900})
-        page.set_default_timeout(TIMEOUT_MS)
-        errors: list[str] = []
-        page.on("pageerror", lambda error: errors.append(str(error)))
-        yield page
-        browser.close()
-        assert not errors, f"the page raised: {errors}"
 
 
 def screenshot(page: Page, name: str) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -23,14 +22,13 @@ from typing import Any
 
 import pytest
 
+from tests.browser.conftest import CHROMIUM, TIMEOUT_MS, Page
+
 sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright is not installed (tox -e browser)")
 pytest.importorskip("mkdocs", reason="mkdocs is not installed (the docs extra: pip install -e '.[docs]')")
-CHROMIUM = shutil.which("chromium")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (apt-get install chromium)")
 
 ROOT = Path(__file__).resolve().parents[2]
-Page = Any  # playwright.sync_api.Page
-TIMEOUT_MS = 20_000
 sync_api.expect.set_options(timeout=TIMEOUT_MS)
 #: The sections of the navigation, as mkdocs.yml names them.
 SECTIONS = ("Getting started", "Guides", "Operations", "Integrations", "Reference", "Internals")
@@ -62,21 +60,6 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def screenshots() -> Path:
     """A temporary folder for the screenshots, outside the repository, kept after the run."""
     return Path(tempfile.mkdtemp(prefix="tghost-site-screenshots-"))
-
-
-@pytest.fixture
-def page() -> Iterator[Page]:
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-            "--disable-sync", "--no-first-run"])
-        page = browser.new_page(viewport={"width": 1440, "height": 900})
-        page.set_default_timeout(TIMEOUT_MS)
-        errors: list[str] = []
-        page.on("pageerror", lambda error: errors.append(str(error)))
-        yield page
-        browser.close()
-        assert not errors, f"the page raised: {errors}"
 
 
 def screenshot(page: Page, folder: Path, name: str, capsys: pytest.CaptureFixture[str]) -> None:
