@@ -40,7 +40,7 @@ TGHOST = [
     "Found", "Host", "HostConfig", "HostError", "InvalidArguments", "KeyFileError", "LiveHost", "NoProvider",
     "NotPulsarBroker", "PluginLoadError", "PluginSelection", "Progress", "PulsarSettings", "SearchError",
     "ServeSettings", "Signer", "ToolCallError", "ToolCallRecord", "ToolDescriptor", "ToolDirectory", "ToolError",
-    "ToolService", "ToolServiceClient", "ToolServiceDescriptor", "ToolSet", "TrustedKeys", "UnknownTool",
+    "ToolService", "ToolServiceClient", "ToolServiceDescriptor", "ToolSet", "ToolView", "TrustedKeys", "UnknownTool",
     "__version__", "current_caller", "current_context", "discover", "hookimpl", "input_schema", "is_reachable",
     "next_state", "select", "tool",
 ]

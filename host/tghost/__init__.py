@@ -12,7 +12,9 @@ This module is tghost's public face (docs/internals/architecture.md "The public 
 - A host's: ``Host``, configured by ``HostConfig`` (``HostError``, ``ConfigError`` and
   ``PluginLoadError`` when it cannot start),
   which ``tghost run`` builds and a program embeds (docs/guides/embedding.md).
-- An agent's world: ``ToolDirectory``, ``PulsarSettings`` (``DEFAULT_URL``, ``DEFAULT_TOPIC``),
+- An agent's world: ``ToolDirectory`` and ``ToolView`` (one agent's tools and seed 001 state
+  over it, which the framework integrations in ``tghost.integrations`` build on),
+  ``PulsarSettings`` (``DEFAULT_URL``, ``DEFAULT_TOPIC``),
   the ``CallOptions`` of a call, ``ToolCallError`` with its refusals ``UnknownTool`` and
   ``NoProvider``, what a directory gives (``Change``, ``DirectoryTool``, ``Found``,
   ``LiveHost``, ``ToolCallRecord``, ``input_schema``), seed 001's ``select`` and ``next_state``,
@@ -36,6 +38,7 @@ if TYPE_CHECKING:
     from tghost.agent.entries import Change, DirectoryTool, input_schema
     from tghost.agent.hosts import LiveHost
     from tghost.agent.search import Found, SearchError
+    from tghost.agent.view import ToolView
     from tghost.author.hookspecs import hookimpl
     from tghost.author.service import (
         Context,
@@ -86,6 +89,7 @@ _LAZY = {
     **dict.fromkeys(("Change", "DirectoryTool", "input_schema"), "tghost.agent.entries"),
     "LiveHost": "tghost.agent.hosts",
     **dict.fromkeys(("Found", "SearchError"), "tghost.agent.search"),
+    "ToolView": "tghost.agent.view",
     "hookimpl": "tghost.author.hookspecs",
     **dict.fromkeys(("Context", "InvalidArguments", "ToolError", "ToolService", "current_caller", "current_context",
                      "tool"), "tghost.author.service"),
@@ -148,6 +152,7 @@ __all__ = [
     "ToolServiceClient",
     "ToolServiceDescriptor",
     "ToolSet",
+    "ToolView",
     "TrustedKeys",
     "UnknownTool",
     "__version__",

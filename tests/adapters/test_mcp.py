@@ -490,8 +490,8 @@ async def test_read_only_include_and_exclude_narrow_what_is_listed_and_called(no
         echoed = await session.call_tool("echo", {"text": "in"})
     assert read_only == {"read-notes"}  # echo sets no hints: not read-only either
     assert destroyed.is_error and text(destroyed) == (
-        "unknown-tool: tool 'delete-notes' is outside this bridge's set (it is not hinted read-only, and this "
-        "bridge serves read-only tools only); find one with tools/list")
+        "unknown-tool: tool 'delete-notes' is outside this bridge's set (it is not hinted read-only, and only "
+        "read-only tools are served here); find one with tools/list")
     assert typo.is_error and "delete-notes" not in text(typo)  # a hidden tool is never suggested
     assert typo.is_error and "delete-notes" not in text(typo)  # a hidden tool is never suggested
     assert not read.is_error and read.structured_content == {"notes": ["buy milk"], "count": 1}
@@ -632,7 +632,7 @@ def test_a_selection_refuses_by_exclude_then_include_then_read_only() -> None:
     assert selection.refusal("notes-write", plain) == "its name matches the excluded '*-write'"
     assert selection.refusal("echo", None) == "its name matches none of the included 'notes-*'"
     assert Selection(read_only=True).refusal("notes-write", plain) == (
-        "it is not hinted read-only, and this bridge serves read-only tools only")
+        "it is not hinted read-only, and only read-only tools are served here")
     assert Selection(read_only=True).refusal("not-live", None) is None  # the directory says it is unknown
     assert Selection().select([plain, reader]) == [plain, reader] and not Selection().narrows
     assert Selection(include=("NOTES-*",)).select([plain, reader]) == []  # case-sensitive
@@ -691,5 +691,5 @@ async def test_tool_search_finds_and_calls_only_the_tools_of_the_selection(pulsa
     assert found[0]["title"] == "Read notes" and found[0]["annotations"]["readOnlyHint"] is True
     assert (called.is_error, text(called)) == (False, "ok")
     assert refused.is_error and text(refused) == (
-        "unknown-tool: tool 'notes-delete' is outside this bridge's set (it is not hinted read-only, and this "
-        "bridge serves read-only tools only); find one with search_tools")
+        "unknown-tool: tool 'notes-delete' is outside this bridge's set (it is not hinted read-only, and only "
+        "read-only tools are served here); find one with search_tools")

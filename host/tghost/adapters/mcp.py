@@ -16,8 +16,6 @@ import hmac
 import json
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from fnmatch import fnmatchcase
 from typing import Any, Protocol, TypeVar
 
 from mcp import types
@@ -37,6 +35,7 @@ from tghost.agent.calls import UNKNOWN_TOOL, UnknownTool
 from tghost.agent.client import ToolCallError
 from tghost.agent.directory import DirectoryTool, ToolDirectory
 from tghost.agent.search import MAX_LIMIT, Found, SearchError
+from tghost.agent.view import Selection
 from tghost.protocol import wire
 from tghost.protocol.descriptors import ToolDescriptor
 from tghost.protocol.groups import DEFAULT_GROUPS, WILDCARD
@@ -59,44 +58,6 @@ class _Server(Server[Any]):
     ) -> InitializationOptions:
         return super().create_initialization_options(
             notification_options or NotificationOptions(tools_changed=True), experimental_capabilities, extensions)
-
-
-@dataclass(frozen=True)
-class Selection:
-    """Which of the tools a bridge's requests may use (seed 001 groups and state, the caller's
-    access) it serves: with ``read_only``, only those hinted read-only
-    (:attr:`tghost.protocol.ToolDescriptor.read_only`); with ``include`` globs, only those whose
-    name matches one of them; never one whose name matches an ``exclude`` glob. Globs are shell
-    patterns (``*``, ``?``, ``[seq]``), case-sensitive (:func:`fnmatch.fnmatchcase`). The
-    default, ``Selection()``, serves them all."""
-
-    read_only: bool = False
-    include: tuple[str, ...] = ()
-    exclude: tuple[str, ...] = ()
-
-    @property
-    def narrows(self) -> bool:
-        """Whether it leaves any tool out."""
-        return self.read_only or bool(self.include or self.exclude)
-
-    def refusal(self, name: str, tool: ToolDescriptor | None) -> str | None:
-        """Why the tool ``name`` (its descriptor ``tool``; ``None`` if it is not live) is left
-        out, e.g. ``"it is not hinted read-only"``; ``None`` if it is in (a tool that is not
-        live is left out only by its name)."""
-        excluded = [glob for glob in self.exclude if fnmatchcase(name, glob)]
-        if excluded:
-            return f"its name matches the excluded {excluded[0]!r}"
-        if self.include and not any(fnmatchcase(name, glob) for glob in self.include):
-            return f"its name matches none of the included {', '.join(map(repr, self.include))}"
-        if self.read_only and tool is not None and not tool.read_only:
-            return "it is not hinted read-only, and this bridge serves read-only tools only"
-        return None
-
-    def select(self, tools: list[ToolDescriptor]) -> list[ToolDescriptor]:
-        """The tools of ``tools`` it serves, in their order (``tools`` itself when it narrows nothing)."""
-        if not self.narrows:
-            return tools
-        return [tool for tool in tools if self.refusal(tool.name, tool) is None]
 
 
 class Bridge:
