@@ -412,7 +412,7 @@ def test_the_broker_log_is_rotated_and_capped(own_brokers: OwnBrokers, tmp_path:
 def test_routine_pulsar_lite_warnings_stay_in_its_log_and_off_the_terminal(own_brokers: OwnBrokers) -> None:
     """pulsar-lite warns 'No dispatcher found for subscription' for each message published after a
     reader went (every 'tghost tools' or 'tghost call' leaves two, and each heartbeat then warns):
-    the foreground broker keeps them in its log and out of its terminal."""
+    the foreground broker keeps them out of its terminal, and in its log once a minute."""
     terminal = io.StringIO()
     broker = own_brokers.start(echo=terminal)
     client = pulsar.Client(broker.url, logger=logging.getLogger("test.pulsar"))
@@ -423,13 +423,32 @@ def test_routine_pulsar_lite_warnings_stay_in_its_log_and_off_the_terminal(own_b
         reader = client.create_reader(topic, pulsar.MessageId.earliest)
         assert reader.read_next(10_000).data() == b"one"
         reader.close()
-        producer.send(b"two")  # pulsar-lite still looks for the closed reader's dispatcher
+        for payload in (b"two", b"three", b"four"):
+            producer.send(payload)  # pulsar-lite still looks for the closed reader's dispatcher
     finally:
         client.close()
     assert until(lambda: "No dispatcher found for subscription" in broker.log_path.read_text())
     broker.stop()
+    assert broker.log_path.read_text().count("No dispatcher found") == 1
     assert "started pulsar-lite pid" in terminal.getvalue()  # what is not routine still shows
     assert "No dispatcher found" not in terminal.getvalue(), terminal.getvalue()
+
+
+def test_routine_warnings_are_logged_once_a_minute_with_the_count_held_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [1000.0]
+    monkeypatch.setattr(log.time, "monotonic", lambda: clock[0])
+    sink = log.BrokerLog(tmp_path / "broker.log", echo=None)
+    warning = "[2026-11-27T00:00:00Z WARN broker] No dispatcher found for subscription 'reader-{}'"
+    for n in range(5):
+        sink.pulsar_lite(warning.format(f"a{n}f"))
+    sink.pulsar_lite("[2026-11-27T00:00:01Z INFO broker] a line that is not routine")
+    clock[0] += log.REPEAT_WINDOW
+    sink.pulsar_lite(warning.format("b7"))
+    sink.close()
+    assert (tmp_path / "broker.log").read_text().splitlines() == [
+        warning.format("a0f"), "[2026-11-27T00:00:01Z INFO broker] a line that is not routine",
+        warning.format("b7") + " (4 more like it held back)"]
 
 
 def test_a_data_dir_that_cannot_be_made_is_a_broker_error_that_says_so(tmp_path: Path) -> None:

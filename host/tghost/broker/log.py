@@ -36,10 +36,11 @@ __all__ = [
 LOG_MAX_BYTES = 10 * 1024 * 1024
 #: Rotated logs kept (``broker.log.1`` .. ``.2``): at most 30 MiB of log per broker.
 LOG_BACKUPS = 2
-#: pulsar-lite 0.2.0 warnings that are routine, not a problem: kept in ``broker.log``, never
-#: echoed to a terminal. It warns once per message published to a topic whose reader has gone
-#: (every directory's readers: each ``tghost tools`` or ``tghost call`` leaves two, and each
-#: heartbeat after it then warns).
+#: pulsar-lite 0.2.0 warnings that are routine, not a problem: never echoed to a terminal, and
+#: kept in ``broker.log`` once per :data:`REPEAT_WINDOW` each, with the count of those held back.
+#: It warns once per message published to a topic whose reader has gone (every directory's
+#: readers: each ``tghost tools`` or ``tghost call`` leaves two, and each heartbeat after it then
+#: warns): written one by one, they were nearly all of a month's log.
 ROUTINE_WARNINGS = ("No dispatcher found for subscription 'reader-",)
 #: What pulsar-lite 0.2.0 logs when its disk refuses a write (at each persistent publish, which
 #: it answers by closing the client's connection).
@@ -128,9 +129,10 @@ class _Repeats:
     def __init__(self) -> None:
         self._seen: dict[str, tuple[float, int]] = {}
 
-    def admit(self, line: str) -> str | None:
-        """``line`` to echo (with a count appended), or ``None`` to hold it back."""
-        kind = re.sub(r"\d+", "#", line.partition("] ")[2] or line)
+    def admit(self, line: str, kind: str | None = None) -> str | None:
+        """``line`` to pass on (with a count appended), or ``None`` to hold it back. Lines of one
+        ``kind`` count together; by default, the lines with the same words but for numbers."""
+        kind = kind or re.sub(r"\d+", "#", line.partition("] ")[2] or line)
         now = time.monotonic()
         since, held = self._seen.get(kind, (-REPEAT_WINDOW, 0))
         if now - since < REPEAT_WINDOW:
@@ -143,8 +145,9 @@ class _Repeats:
 
 
 class BrokerLog:
-    """Where pulsar-lite's lines and tghost's notes go: ``broker.log`` (:class:`_QuietFileHandler`)
-    and ``echo`` (every line but :data:`ROUTINE_WARNINGS`, repeats held back). Keeps the last lines
+    """Where pulsar-lite's lines and tghost's notes go: ``broker.log`` (:class:`_QuietFileHandler`;
+    each of :data:`ROUTINE_WARNINGS` once per :data:`REPEAT_WINDOW`, with a count) and ``echo``
+    (every line but :data:`ROUTINE_WARNINGS`, repeats held back). Keeps the last lines
     for error messages, and what they said about the disk and the store: ``disk_full`` and
     ``damaged`` are the first such line since :meth:`clear_trouble` (``None``: none)."""
 
@@ -152,6 +155,7 @@ class BrokerLog:
         self._handler = _QuietFileHandler(path)
         self._echo = echo
         self._repeats = _Repeats()
+        self._routine = _Repeats()
         self._last: collections.deque[str] = collections.deque(maxlen=20)
         self.disk_full: str | None = None
         self.damaged: str | None = None
@@ -163,9 +167,12 @@ class BrokerLog:
             self.disk_full = line
         if self.damaged is None and any(mark in line for mark in STORE_DAMAGED):
             self.damaged = line
+        routine = next((warning for warning in ROUTINE_WARNINGS if warning in line), None)
+        if routine is not None:
+            self._write(self._routine.admit(line, routine))
+            return
         self._write(line)
-        if not any(routine in line for routine in ROUTINE_WARNINGS):
-            self._show(self._repeats.admit(line))
+        self._show(self._repeats.admit(line))
 
     def note(self, message: str) -> None:
         """A line from tghost, always echoed."""
@@ -173,8 +180,9 @@ class BrokerLog:
         self._write(line)
         self._show(line)
 
-    def _write(self, line: str) -> None:
-        self._handler.handle(logging.makeLogRecord({"msg": line, "levelno": logging.INFO}))
+    def _write(self, line: str | None) -> None:
+        if line is not None:
+            self._handler.handle(logging.makeLogRecord({"msg": line, "levelno": logging.INFO}))
 
     def _show(self, line: str | None) -> None:
         if self._echo is not None and line is not None:
