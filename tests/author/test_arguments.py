@@ -98,7 +98,7 @@ async def test_both_styles_convert_number_and_boolean_strings_alike(
     ({"value": 10, "unit": "mi", "exact": 1}, "argument 'exact': "),             # 1 is no boolean
     ({**GOOD, "foo": "bar"}, "argument 'foo': not an argument of this tool (it takes: value, unit, exact)"),
 ])
-async def test_both_styles_answer_invalid_arguments_naming_the_field(
+async def test_both_styles_answer_invalid_arguments_naming_the_field_and_the_value(
     pulsar_broker: EmbeddedBroker, services: list[tghost.ToolService], service: str,
     given: dict[str, Any], message: str,
 ) -> None:
@@ -107,6 +107,9 @@ async def test_both_styles_answer_invalid_arguments_naming_the_field(
             await host.call(service, given)
     assert info.value.error_type == "invalid-arguments"
     assert info.value.message.startswith(message)
+    field = message.split("'")[1]
+    if field in given and field in GOOD:  # a wrong value is echoed, as the caller sent it
+        assert repr(given[field]) in info.value.message.removeprefix(message)
 
 
 async def test_a_service_that_allows_unknown_arguments_gets_them_and_a_function_drops_them(

@@ -701,10 +701,24 @@ class FunctionService(ToolService):
         return _module_attribute, (self.fn.__module__, self.fn.__qualname__)
 
 
+#: The most characters of a refused value an argument error echoes.
+_MAX_ECHO = 60
+
+
 def _pydantic_problems(exc: ValidationError) -> list[Problem]:
-    """pydantic's errors as problems, a missing field worded as jsonschema's are (one policy)."""
-    return [(e["loc"], "required, but not given" if e["type"] == "missing" else e["msg"])
+    """pydantic's errors as problems, a missing field worded as jsonschema's are (one policy),
+    and a wrong value echoed as jsonschema's are (``Input should be a valid integer, got 'two'``)."""
+    return [(e["loc"], "required, but not given" if e["type"] == "missing" else e["msg"] + _got(e.get("input")))
             for e in exc.errors()[:_MAX_ERRORS]]
+
+
+def _got(value: Any) -> str:
+    """``, got 'two'``: a scalar value that was refused, shortened to :data:`_MAX_ECHO` characters
+    (nothing for an object or a list: the field path already says where)."""
+    if isinstance(value, dict | list | tuple):
+        return ""
+    shown = repr(value)
+    return f", got {shown if len(shown) <= _MAX_ECHO else shown[:_MAX_ECHO - 3] + '...'}"
 
 
 def _typed_result(annotation: Any, service: str) -> tuple[TypeAdapter[Any] | None, dict[str, Any] | None]:
