@@ -87,6 +87,25 @@ def kb_catalog() -> Any:
     return catalog_of([search, count], [search.tool("query-customers", collection="customers")])
 
 
+async def test_a_name_a_tool_begins_with_suggests_that_tool_first(pulsar_broker: EmbeddedBroker, topic: str) -> None:
+    @tghost.tool
+    def calculate(expression: str) -> str:
+        """Work out an arithmetic expression."""
+        return expression
+
+    @tghost.tool
+    def crawl(url: str) -> str:
+        """Fetch a page and the pages it links to."""
+        return url
+
+    async with LocalHost(pulsar_broker.url, [calculate, crawl], announce_as="h", topic=topic), \
+            ToolDirectory(PulsarSettings(pulsar_broker.url), topic) as found:
+        await found.wait_for("crawl")
+        with pytest.raises(tghost.UnknownTool) as short:
+            await found.invoke("calc", {})
+    assert short.value.suggestions[0] == "calculate"
+
+
 async def test_an_unknown_tool_is_answered_with_the_closest_live_names(
     pulsar_broker: EmbeddedBroker, topic: str
 ) -> None:

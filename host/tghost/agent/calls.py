@@ -64,7 +64,8 @@ class UnknownTool(ToolCallError):
     """No live tool is named :attr:`name`, and no host that the directory remembers, nor any
     installed plugin, has one (error type ``unknown-tool``).
 
-    :attr:`suggestions` are the closest names (:func:`difflib.get_close_matches`), best first:
+    :attr:`suggestions` are the closest names, best first: the names it begins (shortest first),
+    then the likeliest typos (:func:`difflib.get_close_matches`):
     live tools, and tools that no live host serves now (those are in :attr:`unserved` too).
     """
 
@@ -281,7 +282,10 @@ class ToolCalls:
         (``everywhere``: what is installed here)."""
         installed = {n for k, n in everywhere if k == "tool"}
         lately = self.ledger.remembered_names("tool") if self.ledger is not None else set()
-        close = difflib.get_close_matches(name, _alike(name, self.tools.keys() | installed | lately), 2 * SUGGESTIONS)
+        known = self.tools.keys() | installed | lately
+        completions = sorted((n for n in known if n.startswith(name)), key=lambda n: (len(n), n))
+        typos = difflib.get_close_matches(name, _alike(name, known), 2 * SUGGESTIONS)
+        close = completions + [n for n in typos if n not in completions]  # "calc": calculate, then crawl
         suggestions = [n for n in close if n in self.tools or n in installed
                        or (self.ledger is not None and self.ledger.remembered(("tool", n)))][:SUGGESTIONS]
         return UnknownTool(name, suggestions, [n for n in suggestions if n not in self.tools])
