@@ -157,7 +157,9 @@ def test_the_default_status_url_comes_from_the_environment(
      "process, 2 of 4 worker processes, 1 busy; restarts: crash 1, timeout 3"),
     ({"isolation": "thread", "workers": 3, "max_workers": 2, "busy": 1, "stuck": 0, "restarts": {}},
      "thread, 3 worker threads for 2 calls at once, 1 busy"),
-], ids=["process", "thread"])
+    ({"isolation": "thread", "workers": 1, "max_workers": 8, "busy": 0, "stuck": 0, "restarts": {}},
+     "thread, 1 worker thread for 8 calls at once, 0 busy"),
+], ids=["process", "thread", "one-thread"])
 def test_workers_read_as_one_line(stats: dict[str, Any], text: str) -> None:
     assert describe_workers(stats) == text
 

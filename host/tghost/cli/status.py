@@ -313,8 +313,9 @@ def describe_workers(stats: dict[str, Any]) -> str:
         text = (f"process, {stats.get('workers')} of {stats.get('max_workers')} worker processes, "
                 f"{stats.get('busy')} busy")
     else:
-        text = (f"thread, {stats.get('workers')} worker threads for {stats.get('max_workers')} calls at once, "
-                f"{stats.get('busy')} busy")
+        workers = stats.get("workers")
+        text = (f"thread, {workers} worker thread{'' if workers == 1 else 's'} for {stats.get('max_workers')} calls "
+                f"at once, {stats.get('busy')} busy")
     if stats.get("stuck"):
         text += click.style(f", {stats['stuck']} stuck", fg="red")
     restarts = {reason: n for reason, n in (stats.get("restarts") or {}).items() if n}
