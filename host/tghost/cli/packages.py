@@ -17,7 +17,8 @@ from tghost.cli.app import cli
 @cli.command()
 @click.argument("name")
 @click.option("--dir", "parent", type=click.Path(path_type=Path, file_okay=False), default=Path("."),
-              show_default=True, help="Directory to write tghost-NAME/ in.")
+              show_default=True, metavar="PARENT",
+              help="Where to make tghost-NAME/: the plugin is written to PARENT/tghost-NAME/.")
 @click.option("--force", is_flag=True, help="Write into an existing, non-empty tghost-NAME/, overwriting its files.")
 def new(name: str, parent: Path, force: bool) -> None:
     """Write a new plugin distribution, tghost-NAME/, ready to install, test and serve.
