@@ -68,6 +68,11 @@ PROTOCOL = [
     "signed_within", "verify_mac", "verify_request",
 ]
 
+#: The modules of ``tghost.integrations``, each importable only beside its framework (its extra).
+INTEGRATION_MODULES = {
+    "tghost.integrations.langchain": ["DirectoryMiddleware", "PROGRESS_EVENT", "directory_tools"],
+}
+
 #: Pages a user reads to use tghost: they name public paths only.
 DOCS = ROOT / "docs"
 #: Pages about tghost's insides (docs/internals/), which name the internal modules they describe.
@@ -86,6 +91,14 @@ def test_the_exported_names_are_pinned_and_each_resolves(module: str, pinned: li
     assert sorted(exported.__all__) == pinned, (
         f"{module}.__all__ changed: the public line moves only on purpose; update the list in this test "
         "and docs/internals/architecture.md 'The public line'")
+    for name in pinned:
+        assert getattr(exported, name) is not None, f"{module}.{name}"
+
+
+@pytest.mark.parametrize(("module", "pinned"), sorted(INTEGRATION_MODULES.items()))
+def test_each_integrations_exported_names_are_pinned(module: str, pinned: list[str]) -> None:
+    exported = pytest.importorskip(module, exc_type=ImportError, reason="needs its framework (tox -e frameworks)")
+    assert sorted(exported.__all__) == pinned, f"{module}.__all__ changed: update INTEGRATION_MODULES on purpose"
     for name in pinned:
         assert getattr(exported, name) is not None, f"{module}.{name}"
 
