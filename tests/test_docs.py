@@ -149,6 +149,7 @@ RUN_BY = {
     ("docs/reference/agent-api.md", "# agent.py"): "test_agent_api",
     ("docs/guides/embedding.md", "# my_app.py"): "test_host",
     ("docs/guides/embedding.md", "# with_my_app.py"): "test_host",
+    ("docs/integrations/langchain.md", "# shop_agent.py"): "test_langchain",
 }
 
 #: Blocks no test runs here, and why.
@@ -180,6 +181,9 @@ NOT_RUN = {
     ("docs/integrations/mcp-servers.md", "pip install tghost-mcp mcp-server-time"):
         "installs from an index; tox's venv holds both (tox.ini), and tests/adapters/test_mcp_servers.py runs "
         "the page's time server",
+    ("docs/integrations/langchain.md", 'pip install "tghost[langchain]"'):
+        "installs from an index; tox -e frameworks installs the same extra and runs "
+        "tests/integrations/test_langchain.py",
     ("docs/internals/performance.md", "python3 -m pip install tox && python3 -m tox -e bench"):
         "the benchmarks (minutes, and timing goes into bench/, never into tests)",
     ("docs/internals/scale.md", ".venv/bin/python bench/run.py scale"):
