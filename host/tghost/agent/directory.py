@@ -37,7 +37,7 @@ from tghost.agent.calls import (
     described,
 )
 from tghost.agent.client import ToolServiceClient
-from tghost.agent.entries import Change, DirectoryTool, ServiceEntry, Side
+from tghost.agent.entries import Change, DirectoryTool, ServiceEntry, Side, policy_mismatch
 from tghost.agent.ledger import (
     DUPLICATE,
     HIJACK,
@@ -452,8 +452,9 @@ class ToolDirectory:
         assert isinstance(first, ToolServiceDescriptor)
         drift = _drift(winners, service_id, first.request_queue)
         self._log_drift(f"tool service {service_id!r}", self.services.get(service_id), drift, winners[0])
-        self.services[service_id] = ServiceEntry(first, tuple(c.provider for c in winners),
-                                                 self._service_rivals(first), drift)
+        entry = ServiceEntry(first, tuple(c.provider for c in winners), self._service_rivals(first), drift)
+        _log_policy_mismatch(service_id, self.services.get(service_id), entry)
+        self.services[service_id] = entry
         losing_hosts = sorted({c.provider.host["id"] for c in losers})
         if losing_hosts and self.conflicts.get(conflict) != losing_hosts:
             log.warning("tool service %r is announced with other queues or config params by host(s) %s; host %r "
@@ -640,6 +641,18 @@ class ToolDirectory:
         return await self.calls.invoke(name, arguments, **options)
 
 
+def _log_policy_mismatch(service_id: str, before: ServiceEntry | None, after: ServiceEntry) -> None:
+    """Warn once per change of a service's policy mismatch (its providers announcing different
+    access policies, docs/protocol.md §4.8), naming each policy's hosts."""
+    mismatch = after.policies if after.policy_mismatch else None
+    if mismatch is None or (before is not None and before.policy_mismatch and before.policies == mismatch):
+        return
+    sides = "; ".join(f"{policy} by host(s) {','.join(hosts)}" for policy, hosts in mismatch.items())
+    log.warning("tool service %r is served under different access policies (%s): every host and directory admits "
+                "a caller only where all of them do, until the policies agree: give every host of the service "
+                "the same [access] policy (or none)", service_id, sides)
+
+
 def _wire_identity(descriptor: ToolServiceDescriptor) -> tuple[Any, ...]:
     """What makes two descriptors of one service the same service on the wire: its queues and
     config params. Hosts that agree on these are providers of it; others conflict."""
@@ -700,6 +713,6 @@ def _set_or_drop(conflicts: dict[str, list[str]], key: str, losers: list[str]) -
 
 def _shape(tool: DirectoryTool | None) -> tuple[Any, ...] | None:
     """What a change event is about: the tool, its providers, its service's descriptor, whether
-    it is contested, and its drift."""
+    it is contested, its drift, and its service's policy mismatch."""
     return None if tool is None else (tool.descriptor, tool.providers, tool.service.descriptor, tool.contested,
-                                      tool.drift, tool.service.drift)
+                                      tool.drift, tool.service.drift, policy_mismatch(tool.service))
