@@ -502,7 +502,7 @@ class ToolDirectory:
             log.warning("tool %r is claimed by services %s; %r was seen first and keeps it%s", name,
                         [service, *losing], service, self._refusing)
         _set_or_drop(self.conflicts, name, losing)
-        drift = _drift(winners, service)
+        drift = _drift(winners, service, access=not self.services[service].policy_mismatch)
         self._log_drift(f"tool {name!r}", self.tools.get(name), drift, first)
         return DirectoryTool(first.descriptor, self.services[service], tuple(c.provider for c in winners),
                              self._tool_rivals(first.descriptor), drift)
@@ -644,13 +644,8 @@ class ToolDirectory:
 def _log_policy_mismatch(service_id: str, before: ServiceEntry | None, after: ServiceEntry) -> None:
     """Warn once per change of a service's policy mismatch (its providers announcing different
     access policies, docs/protocol.md §4.8), naming each policy's hosts."""
-    mismatch = after.policies if after.policy_mismatch else None
-    if mismatch is None or (before is not None and before.policy_mismatch and before.policies == mismatch):
-        return
-    sides = "; ".join(f"{policy} by host(s) {','.join(hosts)}" for policy, hosts in mismatch.items())
-    log.warning("tool service %r is served under different access policies (%s): every host and directory admits "
-                "a caller only where all of them do, until the policies agree: give every host of the service "
-                "the same [access] policy (or none)", service_id, sides)
+    if after.policy_mismatch and (before is None or before.mismatch() != after.mismatch()):
+        log.warning("%s", after.mismatch())
 
 
 def _wire_identity(descriptor: ToolServiceDescriptor) -> tuple[Any, ...]:
@@ -668,11 +663,11 @@ def _config_identity(descriptor: ToolDescriptor) -> str:
 INFORMATIONAL = frozenset({"version"})
 
 
-def _drift(winners: list[Claim], service: str, request_queue: str = "") -> tuple[Side, ...]:
+def _drift(winners: list[Claim], service: str, request_queue: str = "", access: bool = True) -> tuple[Side, ...]:
     """The claims of ``winners`` (in rank order: the first is applied) whose descriptor differs
-    from the first's in a field but :data:`INFORMATIONAL` ones, or whose announced access admits
-    other callers: one :class:`Side` of ``service`` per set of such fields (wire names, and
-    ``access``), naming its hosts."""
+    from the first's in a field but :data:`INFORMATIONAL` ones, or (with ``access``: unless the
+    service's policy mismatch reports it) whose announced access admits other callers: one
+    :class:`Side` of ``service`` per set of such fields (wire names, and ``access``), naming its hosts."""
     first = winners[0]
     mine: dict[str, Any] | None = None
     hosts: dict[tuple[str, ...], set[str]] = defaultdict(set)
@@ -684,7 +679,7 @@ def _drift(winners: list[Claim], service: str, request_queue: str = "") -> tuple
             theirs = claim.descriptor.model_dump(mode="json", by_alias=True)
             fields = tuple(key for key in dict.fromkeys([*mine, *theirs])
                            if key not in INFORMATIONAL and mine.get(key) != theirs.get(key))
-        if _admitted(claim.provider) != _admitted(first.provider):
+        if access and _admitted(claim.provider) != _admitted(first.provider):
             fields += ("access",)
         if fields:
             hosts[fields].add(str(claim.provider.host["id"]))

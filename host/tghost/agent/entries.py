@@ -87,6 +87,16 @@ class ServiceEntry:
                 hosts.setdefault(provider.policy, set()).add(str(provider.host.get("id")))
         return {policy: tuple(sorted(ids)) for policy, ids in sorted(hosts.items())}
 
+    def mismatch(self) -> str:
+        """The policy mismatch in words (``""`` while the providers agree): who announces which
+        access policy, what every host does meanwhile, and what to do."""
+        if not self.policy_mismatch:
+            return ""
+        sides = "; ".join(f"{policy} on host(s) {','.join(hosts)}" for policy, hosts in self.policies.items())
+        return (f"service {self.descriptor.id!r} is served under different access policies ({sides}): each of its "
+                "hosts refuses ('unauthorized') what any of them forbids until they agree; give every host of the "
+                "service the same [access] policy (or none)")
+
     @property
     def policy_mismatch(self) -> bool:
         """Whether its live providers announce different access policies (docs/protocol.md §4.8):

@@ -8,7 +8,6 @@ words (:func:`mismatch_problems`, for ``/health``). Never changes what the host 
 from __future__ import annotations
 
 from tghost.agent.directory import ToolDirectory
-from tghost.agent.entries import ServiceEntry
 
 __all__ = ["DirectoryPeers", "mismatch_problems"]
 
@@ -44,13 +43,5 @@ class DirectoryPeers:
 def mismatch_problems(directory: ToolDirectory, host_id: str) -> list[str]:
     """One line per service that host ``host_id`` serves whose live providers announce different
     access policies (docs/protocol.md §4.8), naming each policy's hosts and what to do."""
-    return [f"service {sid!r} is served under different access policies ({describe_policies(entry)}): each of "
-            "its hosts refuses ('unauthorized') what any of them forbids until they agree; give every host of "
-            "the service the same [access] policy (or none)"
-            for sid, entry in sorted(directory.services.items())
+    return [entry.mismatch() for _, entry in sorted(directory.services.items())
             if entry.policy_mismatch and any(p.host.get("id") == host_id for p in entry.providers)]
-
-
-def describe_policies(entry: ServiceEntry) -> str:
-    """``<policy> on host(s) a,b; none on host(s) c``: who announces which access policy."""
-    return "; ".join(f"{policy} on host(s) {','.join(hosts)}" for policy, hosts in entry.policies.items())
