@@ -145,7 +145,9 @@ async def test_a_host_without_the_policy_refuses_what_the_strict_one_forbids_and
     assert any("served under different access policies" in p for p in health["problems"]), health
 
 
-async def test_once_the_strict_host_stops_anonymous_calls_run_again(fleet: Fleet, pulsar_broker: EmbeddedBroker) -> None:
+async def test_once_the_strict_host_stops_anonymous_calls_run_again(
+    fleet: Fleet, pulsar_broker: EmbeddedBroker
+) -> None:
     descriptor = fleet.strict.catalog.descriptors["calculator"]
     await until(lambda: fleet.loose._contest is not None and len(
         fleet.loose._contest.directory.services.get("calculator").providers  # type: ignore[union-attr]
