@@ -101,11 +101,12 @@ def status(pulsar: PulsarSettings, descriptors_topic: str, trusted: TrustedKeys 
     With --json: {"topic", "trusted", "clashes", "policy_mismatch" (service id -> the mismatch in
     words, for each service whose hosts announce different [access] policies), "hosts": [{"id",
     "instances", "hostname", "version", "lease_seconds", "lease_remaining", "signed", "signed_by",
-    "verified", "services", "external", "tools" (a count), "conflicts", "health_url", "health"}]}; a field with no value is left out. "health" is the
-    host's /health JSON, or {"status": "unreachable", "error"}, or {"status": "elsewhere"} for a
-    loopback URL of another machine, or {"status": "unverified"} for a URL that no --trusted-key
-    vouches for (not asked: anyone on the broker may announce a URL), unless it is this machine's
-    loopback in the plain form http://127.0.0.1:PORT/health.
+    "verified", "services", "external", "tools" (a count), "conflicts", "health_url", "health"}]};
+    a field with no value is left out. "health" is the host's /health JSON, or {"status":
+    "unreachable", "error"}, or {"status": "elsewhere"} for a loopback URL of another machine,
+    or {"status": "unverified"} for a URL that no --trusted-key vouches for (not asked: anyone on
+    the broker may announce a URL), unless it is this machine's loopback in the plain form
+    http://127.0.0.1:PORT/health.
 
     With --url (or TGHOST_METRICS_PORT), ask that one host how it is, as 'tghost run
     --metrics-port' serves it: connected to Pulsar or not, the services it serves and their
