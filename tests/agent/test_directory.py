@@ -596,7 +596,8 @@ async def test_a_service_id_announced_with_other_queues_is_a_conflict_and_never_
     finally:
         await found.close()
     warned = [r for r in caplog.records if "announced with other queues or config params" in r.getMessage()]
-    assert len(warned) == 2 and "['evil']" in warned[0].getMessage()  # once by each directory, naming the loser
+    assert len(warned) == 4 and "['evil']" in warned[0].getMessage()  # once by each directory (the test's, late,
+    # and each host's own), naming the loser
 
 
 async def test_identical_service_descriptors_from_two_hosts_are_providers_not_a_conflict(
@@ -672,7 +673,8 @@ async def test_two_live_processes_on_one_host_id_are_reported_and_one_leaving_hi
                 await late.close()
     finally:
         await found.close()
-    assert sum("announced by 2 live processes" in r.getMessage() for r in caplog.records) == 1  # not by late
+    assert sum("announced by 2 live processes" in r.getMessage() for r in caplog.records) == 3  # by found and
+    # each host's own directory, not by late
 
 
 async def test_byte_identical_duplicates_are_counted_and_never_logged(

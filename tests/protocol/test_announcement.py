@@ -25,6 +25,7 @@ MESSAGES: list[tuple[str, str, str, dict[str, Any]]] = [
      {"entries": {"tool-service": ["joke-service"], "tool": ["tell-joke"]}, "health": "http://127.0.0.1:9464/health"}),
     ("host", HOST["id"], "withdrawn", {}),
     ("tool-service", "joke-service", "available", {"descriptor": SERVICE, "plugin": PLUGIN, "external": True}),
+    ("tool-service", "joke-service", "available", {"descriptor": SERVICE, "plugin": PLUGIN, "access_policy": "none"}),
     ("tool-service", "joke-service", "withdrawn", {"plugin": PLUGIN}),
     ("tool", "tell-joke", "available",
      {"descriptor": TOOL, "plugin": PLUGIN, "access": {"anonymous": False, "keys": ["0123456789abcdef"]}}),

@@ -37,7 +37,7 @@ from tghost.agent.calls import (
     described,
 )
 from tghost.agent.client import ToolServiceClient
-from tghost.agent.entries import Change, DirectoryTool, ServiceEntry, Side
+from tghost.agent.entries import Change, DirectoryTool, ServiceEntry, Side, policy_mismatch
 from tghost.agent.ledger import (
     DUPLICATE,
     HIJACK,
@@ -452,8 +452,9 @@ class ToolDirectory:
         assert isinstance(first, ToolServiceDescriptor)
         drift = _drift(winners, service_id, first.request_queue)
         self._log_drift(f"tool service {service_id!r}", self.services.get(service_id), drift, winners[0])
-        self.services[service_id] = ServiceEntry(first, tuple(c.provider for c in winners),
-                                                 self._service_rivals(first), drift)
+        entry = ServiceEntry(first, tuple(c.provider for c in winners), self._service_rivals(first), drift)
+        _log_policy_mismatch(service_id, self.services.get(service_id), entry)
+        self.services[service_id] = entry
         losing_hosts = sorted({c.provider.host["id"] for c in losers})
         if losing_hosts and self.conflicts.get(conflict) != losing_hosts:
             log.warning("tool service %r is announced with other queues or config params by host(s) %s; host %r "
@@ -501,7 +502,7 @@ class ToolDirectory:
             log.warning("tool %r is claimed by services %s; %r was seen first and keeps it%s", name,
                         [service, *losing], service, self._refusing)
         _set_or_drop(self.conflicts, name, losing)
-        drift = _drift(winners, service)
+        drift = _drift(winners, service, access=not self.services[service].policy_mismatch)
         self._log_drift(f"tool {name!r}", self.tools.get(name), drift, first)
         return DirectoryTool(first.descriptor, self.services[service], tuple(c.provider for c in winners),
                              self._tool_rivals(first.descriptor), drift)
@@ -640,6 +641,13 @@ class ToolDirectory:
         return await self.calls.invoke(name, arguments, **options)
 
 
+def _log_policy_mismatch(service_id: str, before: ServiceEntry | None, after: ServiceEntry) -> None:
+    """Warn once per change of a service's policy mismatch (its providers announcing different
+    access policies, docs/protocol.md §4.8), naming each policy's hosts."""
+    if after.policy_mismatch and (before is None or before.mismatch() != after.mismatch()):
+        log.warning("%s", after.mismatch())
+
+
 def _wire_identity(descriptor: ToolServiceDescriptor) -> tuple[Any, ...]:
     """What makes two descriptors of one service the same service on the wire: its queues and
     config params. Hosts that agree on these are providers of it; others conflict."""
@@ -655,11 +663,11 @@ def _config_identity(descriptor: ToolDescriptor) -> str:
 INFORMATIONAL = frozenset({"version"})
 
 
-def _drift(winners: list[Claim], service: str, request_queue: str = "") -> tuple[Side, ...]:
+def _drift(winners: list[Claim], service: str, request_queue: str = "", access: bool = True) -> tuple[Side, ...]:
     """The claims of ``winners`` (in rank order: the first is applied) whose descriptor differs
-    from the first's in a field but :data:`INFORMATIONAL` ones, or whose announced access admits
-    other callers: one :class:`Side` of ``service`` per set of such fields (wire names, and
-    ``access``), naming its hosts."""
+    from the first's in a field but :data:`INFORMATIONAL` ones, or (with ``access``: unless the
+    service's policy mismatch reports it) whose announced access admits other callers: one
+    :class:`Side` of ``service`` per set of such fields (wire names, and ``access``), naming its hosts."""
     first = winners[0]
     mine: dict[str, Any] | None = None
     hosts: dict[tuple[str, ...], set[str]] = defaultdict(set)
@@ -671,7 +679,7 @@ def _drift(winners: list[Claim], service: str, request_queue: str = "") -> tuple
             theirs = claim.descriptor.model_dump(mode="json", by_alias=True)
             fields = tuple(key for key in dict.fromkeys([*mine, *theirs])
                            if key not in INFORMATIONAL and mine.get(key) != theirs.get(key))
-        if _admitted(claim.provider) != _admitted(first.provider):
+        if access and _admitted(claim.provider) != _admitted(first.provider):
             fields += ("access",)
         if fields:
             hosts[fields].add(str(claim.provider.host["id"]))
@@ -700,6 +708,6 @@ def _set_or_drop(conflicts: dict[str, list[str]], key: str, losers: list[str]) -
 
 def _shape(tool: DirectoryTool | None) -> tuple[Any, ...] | None:
     """What a change event is about: the tool, its providers, its service's descriptor, whether
-    it is contested, and its drift."""
+    it is contested, its drift, and its service's policy mismatch."""
     return None if tool is None else (tool.descriptor, tool.providers, tool.service.descriptor, tool.contested,
-                                      tool.drift, tool.service.drift)
+                                      tool.drift, tool.service.drift, policy_mismatch(tool.service))

@@ -7,6 +7,7 @@ the inspector).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -14,7 +15,7 @@ from tghost.agent.ledger import Provider
 from tghost.protocol.access import ToolAccess
 from tghost.protocol.descriptors import ToolDescriptor, ToolServiceDescriptor, schema_of_arguments
 
-__all__ = ["Change", "DirectoryTool", "ServiceEntry", "Side", "input_schema"]
+__all__ = ["Change", "DirectoryTool", "ServiceEntry", "Side", "input_schema", "policy_mismatch"]
 
 
 def input_schema(tool: ToolDescriptor) -> dict[str, Any]:
@@ -73,6 +74,35 @@ class ServiceEntry:
     rivals: tuple[Side, ...] = ()
     drift: tuple[Side, ...] = ()
 
+    @functools.cached_property
+    def policies(self) -> dict[str, tuple[str, ...]]:
+        """Each ``access-policy`` its live providers announce (docs/protocol.md §4.3: a fingerprint
+        of the access rules a host applies to the service, ``"none"`` for no policy) -> the ids of
+        the hosts announcing it, sorted (computed once: the entry is replaced when they change).
+        Providers that announce none (they predate it, or announce the service as external) are
+        left out."""
+        hosts: dict[str, set[str]] = {}
+        for provider in self.providers:
+            if provider.policy is not None:
+                hosts.setdefault(provider.policy, set()).add(str(provider.host.get("id")))
+        return {policy: tuple(sorted(ids)) for policy, ids in sorted(hosts.items())}
+
+    def mismatch(self) -> str:
+        """The policy mismatch in words (``""`` while the providers agree): who announces which
+        access policy, what every host does meanwhile, and what to do."""
+        if not self.policy_mismatch:
+            return ""
+        sides = "; ".join(f"{policy} on host(s) {','.join(hosts)}" for policy, hosts in self.policies.items())
+        return (f"service {self.descriptor.id!r} is served under different access policies ({sides}): each of its "
+                "hosts refuses ('unauthorized') what any of them forbids until they agree; give every host of the "
+                "service the same [access] policy (or none)")
+
+    @property
+    def policy_mismatch(self) -> bool:
+        """Whether its live providers announce different access policies (docs/protocol.md §4.8):
+        then each of them, and every directory, admits a caller only where all of them do."""
+        return len(self.policies) > 1
+
 
 @dataclass(frozen=True)
 class DirectoryTool:
@@ -91,21 +121,24 @@ class DirectoryTool:
 
     @property
     def _announced(self) -> ToolAccess | None:
-        """The access the host seen first announces (``None``: everyone)."""
-        return self.providers[0].access if self.providers else None
+        """Who may call the tool (``None``: everyone): as the host seen first announces it, or,
+        while its service's providers announce different policies, those every provider admits."""
+        if not self.service.policy_mismatch:
+            return self.providers[0].access if self.providers else None
+        return _common([p.access for p in self.providers if p.access is not None])
 
     def admits(self, key_id: str | None) -> bool:
         """Whether a caller with this key id (``None``: anonymous) may call the tool, as the host
-        seen first announces it (docs/protocol.md §4.3 ``access``): the providers whose access
-        differs are its :attr:`drift`."""
+        seen first announces it (docs/protocol.md §4.3 ``access``: the providers whose access
+        differs are its :attr:`drift`); while the service's providers announce different access
+        policies (:attr:`ServiceEntry.policy_mismatch`), only where every provider admits it."""
         return self._announced is None or self._announced.admits(key_id)
 
     def access(self) -> str:
-        """Who may call it, in words: ``everyone``, ``anonymous``, or key ids (the host seen first's)."""
+        """Who may call it, in words: ``everyone``, or ``anonymous`` and the callers, by the name
+        the announcing host gives each (else its key id), or ``nobody`` (see :meth:`admits`)."""
         announced = self._announced
-        if announced is None:
-            return "everyone"
-        return ",".join((["anonymous"] if announced.anonymous else []) + list(announced.keys)) or "nobody"
+        return "everyone" if announced is None else announced.describe()
 
     @property
     def contested(self) -> bool:
@@ -134,7 +167,9 @@ class DirectoryTool:
         announces its service as served elsewhere), ``access`` (:meth:`access`), ``conflicts``
         (the other side of each conflict over its name or service: :meth:`Side.to_json`) and
         ``drift`` (each provider announcing it or its service with another descriptor, with the
-        fields that differ). No ``null``: a field without a value is left out."""
+        fields that differ) and ``policy_mismatch`` (while its service's providers announce different
+        access policies: ``{"policy", "hosts"}`` per policy). No ``null``: a field without a value
+        is left out."""
         d = self.descriptor
         shape: dict[str, Any] = {
             "name": d.name, "title": d.title, "description": d.description, "service": d.service,
@@ -147,8 +182,27 @@ class DirectoryTool:
             "external": any(p.external for p in self.service.providers), "access": self.access(),
             "conflicts": [side.to_json() for side in self.sides()[1:]] if self.contested else [],
             "drift": [side.to_json() for side in (*self.drift, *self.service.drift)],
+            "policy_mismatch": policy_mismatch(self.service),
         }
         return {key: value for key, value in shape.items() if value is not None}
+
+
+def policy_mismatch(service: ServiceEntry) -> list[dict[str, Any]]:
+    """``[{"policy", "hosts"}]``, one per access policy the service's live providers announce,
+    while they announce different ones; ``[]`` while they agree."""
+    if not service.policy_mismatch:
+        return []
+    return [{"policy": policy, "hosts": list(hosts)} for policy, hosts in service.policies.items()]
+
+
+def _common(accesses: list[ToolAccess]) -> ToolAccess | None:
+    """Who every one of ``accesses`` admits (``None`` when there is none: everyone), with the
+    names any of them gives."""
+    if not accesses:
+        return None
+    keys = set.intersection(*(set(a.keys) for a in accesses))
+    names = {k: n for a in accesses for k, n in a.names if k in keys}
+    return ToolAccess(all(a.anonymous for a in accesses), tuple(sorted(keys)), tuple(sorted(names.items())))
 
 
 @dataclass(frozen=True)

@@ -113,6 +113,9 @@ class Provider:
     external: bool = False
     access: ToolAccess | None = None
     """Who may call the tool on this host (its ``[access]`` policy); ``None``: everyone."""
+    policy: str | None = None
+    """The fingerprint of the access rules the host applies to the tool service (``"none"``:
+    no policy); ``None``: not announced (a host that predates it, or a tool's provider)."""
 
 
 @dataclass(frozen=True)
@@ -135,6 +138,7 @@ class _Entry:
     available: bool
     external: bool = False
     access: ToolAccess | None = None
+    policy: str | None = None
 
 
 @dataclass
@@ -639,7 +643,8 @@ class Ledger:
             assert descriptor is not None  # an available entry's (parse_descriptor)
             self.held += key not in state.entries
             state.entries[key] = _Entry(self._shared(key, descriptor), announcement.plugin, True,
-                                        announcement.external, ToolAccess.from_json(announcement.access))
+                                        announcement.external, ToolAccess.from_json(announcement.access),
+                                        announcement.access_policy if announcement.kind == "tool-service" else None)
             self._holders[key].add(announcement.host.id)
         return {key}
 
@@ -709,7 +714,7 @@ class Ledger:
             if state.active and entry is not None and entry.available:
                 if claims is None:
                     claims = self.claims[key] = {}
-                provider = Provider(state.host, entry.plugin, entry.external, entry.access)
+                provider = Provider(state.host, entry.plugin, entry.external, entry.access, entry.policy)
                 claims[ref] = Claim(entry.descriptor, provider, (self._first_seen(ref[0], key), *ref))
             elif claims is not None:
                 claims.pop(ref, None)

@@ -27,7 +27,7 @@ import pulsar.asyncio
 from tghost._version import __version__
 from tghost.broker import local_disk_trouble
 from tghost.discovery.catalog import Catalog
-from tghost.protocol.access import tools_for
+from tghost.protocol.access import policy_fingerprint, tools_for
 from tghost.protocol.announcement import (
     DEFAULT_TOPIC,
     EPOCH_SECONDS,
@@ -250,7 +250,8 @@ class Announcer:
     ) -> tuple[str, dict[str, Any]]:
         """One announcement (key, value) sent at unix time ``now`` (default: now; docs/protocol.md §4.3):
         a host message that is ``available`` carries the manifest and the health URL, a tool's
-        who may call it (under an ``[access]`` policy), an external service's that it is one."""
+        who may call it (under an ``[access]`` policy), a served service's the fingerprint of its
+        access rules, an external service's that it is one."""
         now = time.time() if now is None else now
         lists = kind == "host" and status == "available"
         value = announcement_value(
@@ -259,7 +260,8 @@ class Announcer:
             descriptor=descriptor, plugin=plugin, entries=self._manifest() if lists else None,
             health=self.health_url if lists else None,
             external=kind == "tool-service" and name in self.catalog.external,
-            access=self._access(name) if kind == "tool" and status == "available" else None)
+            access=self._access(name) if kind == "tool" and status == "available" else None,
+            access_policy=self._access_policy(name) if kind == "tool-service" and status == "available" else None)
         if self.signer is not None:
             value = self.signer.sign(value, self.topic)
         return announcement_key(kind, name, self.identity.id), value
@@ -273,6 +275,13 @@ class Announcer:
             return None
         descriptor = tools[tool]
         return access.access_of(tools_for(tools, descriptor.service, descriptor.config)).to_json()
+
+    def _access_policy(self, service: str) -> str | None:
+        """The fingerprint of the access rules this host applies to ``service`` (docs/protocol.md
+        §4.3 ``access-policy``); ``None`` for an external service, which it does not serve."""
+        if service in self.catalog.external:
+            return None
+        return policy_fingerprint(self.catalog.access, self.catalog.tools, service)
 
     # -- sending ---------------------------------------------------------------------------
 

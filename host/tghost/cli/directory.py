@@ -65,7 +65,9 @@ def tools(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...
     unless --all. A tool whose name or service another host
     announces differently is marked CONFLICT, and the conflicts are listed on stderr; one that a
     provider announces with another descriptor (timeout, description, access...) is marked DRIFT,
-    and listed there too: the descriptor of the host seen first is the one shown. With
+    and listed there too: the descriptor of the host seen first is the one shown. One whose
+    service's hosts announce different [access] policies is marked POLICY: each of them admits a
+    caller only where all of them do, and ACCESS shows who that is. With
     --search, the same tools are ranked for the request and the best --limit listed, with a
     SCORE column (--json: each row has a "score").
     """
@@ -96,7 +98,8 @@ def tools(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...
     scored = query is not None
     table = [("TOOL", "SERVICE", "PROVIDERS", "GROUPS", "STATES", "-> STATE", *(("ACCESS",) if show_all else ()),
               *(("SCORE",) if scored else ()))] + [
-        (r["name"] + (" CONFLICT" if r["conflicts"] else "") + (" DRIFT" if r["drift"] else ""),
+        (r["name"] + (" CONFLICT" if r["conflicts"] else "") + (" DRIFT" if r["drift"] else "")
+         + (" POLICY" if r["policy_mismatch"] else ""),
          r["service"] + (" (external)" if r["external"] else ""),
          ",".join(r["providers"]), ",".join(r["group"]), ",".join(r.get("available_in_states") or ["*"]),
          r.get("state", "-"), *((r["access"],) if show_all else ()), *((f"{r['score']:.2f}",) if scored else ()))
@@ -105,6 +108,7 @@ def tools(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...
         click.echo(line)
     _print_conflicts(rows, refused=trusted is None)
     _print_drift(rows)
+    _print_policy_mismatch(rows)
 
 
 def _none_listed(live: int, query: str | None, groups: tuple[str, ...], state: str | None, show_all: bool) -> str:
@@ -165,6 +169,19 @@ def _print_drift(rows: list[dict[str, Any]]) -> None:
                 fg="yellow", err=True)
     for r in drifted:
         click.echo(f"  {r['name']}: " + "; ".join(Side.from_json(side).describe() for side in r["drift"]), err=True)
+
+
+def _print_policy_mismatch(rows: list[dict[str, Any]]) -> None:
+    """Each tool of ``rows`` whose service's providers announce different access policies, on stderr."""
+    mismatched = [r for r in rows if r["policy_mismatch"]]
+    if not mismatched:
+        return
+    click.secho(f"\n{len(mismatched)} tool(s) served under different access policies (POLICY): each host admits only "
+                "what all of them admit until they agree; give every host of the service the same [access] policy",
+                fg="yellow", err=True)
+    for r in mismatched:
+        click.echo(f"  {r['name']}: " + "; ".join(f"{side['policy']} on host(s) {','.join(side['hosts'])}"
+                                                  for side in r["policy_mismatch"]), err=True)
 
 
 @cli.command()

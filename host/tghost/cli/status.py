@@ -98,13 +98,15 @@ def status(pulsar: PulsarSettings, descriptors_topic: str, trusted: TrustedKeys 
     services, and its health where its host message names a health URL ('tghost run
     --metrics-port'). A loopback health URL is asked only on the host's own machine.
 
-    With --json: {"topic", "trusted", "clashes", "hosts": [{"id", "instances", "hostname", "version", "lease_seconds",
-    "lease_remaining", "signed", "signed_by", "verified", "services", "external", "tools" (a count),
-    "conflicts", "health_url", "health"}]}; a field with no value is left out. "health" is the
-    host's /health JSON, or {"status": "unreachable", "error"}, or {"status": "elsewhere"} for a
-    loopback URL of another machine, or {"status": "unverified"} for a URL that no --trusted-key
-    vouches for (not asked: anyone on the broker may announce a URL), unless it is this machine's
-    loopback in the plain form http://127.0.0.1:PORT/health.
+    With --json: {"topic", "trusted", "clashes", "policy_mismatch" (service id -> the mismatch in
+    words, for each service whose hosts announce different [access] policies), "hosts": [{"id",
+    "instances", "hostname", "version", "lease_seconds", "lease_remaining", "signed", "signed_by",
+    "verified", "services", "external", "tools" (a count), "conflicts", "health_url", "health"}]};
+    a field with no value is left out. "health" is the host's /health JSON, or {"status":
+    "unreachable", "error"}, or {"status": "elsewhere"} for a loopback URL of another machine,
+    or {"status": "unverified"} for a URL that no --trusted-key vouches for (not asked: anyone on
+    the broker may announce a URL), unless it is this machine's loopback in the plain form
+    http://127.0.0.1:PORT/health.
 
     With --url (or TGHOST_METRICS_PORT), ask that one host how it is, as 'tghost run
     --metrics-port' serves it: connected to Pulsar or not, the services it serves and their
@@ -115,7 +117,8 @@ def status(pulsar: PulsarSettings, descriptors_topic: str, trusted: TrustedKeys 
     Exit codes:
       0  live hosts found, none with a problem (with --url: the host is ok)
       1  a host has a problem: its health is not ok or does not answer, a tool or service of
-         it is contested, or two processes share its id; or no broker answers
+         it is contested, or two processes share its id; the hosts of a service announce
+         different [access] policies; or no broker answers
       2  usage error
       3  no live host (is a 'tghost run' up on this broker and --descriptors-topic?)
     """
@@ -133,6 +136,7 @@ def status(pulsar: PulsarSettings, descriptors_topic: str, trusted: TrustedKeys 
                    "--descriptors-topic)", err=True)
         sys.exit(NO_HOSTS)
     problems = [problem for host in report["hosts"] for problem in _problems(host, report["clashes"])]
+    problems += report["policy_mismatch"].values()
     for problem in problems:
         click.echo(f"Error: {problem}", err=True)
     if problems:
@@ -164,11 +168,14 @@ async def _fleet(pulsar: PulsarSettings, topic: str, trusted: TrustedKeys | None
     async with open_directory(pulsar, topic, trusted) as directory:
         hosts, now = live_hosts(directory), time.time()
         clashes = {host: list(instances) for host, instances in directory.clashes.items()}
+        mismatched = {sid: entry.mismatch() for sid, entry in sorted(directory.services.items())
+                      if entry.policy_mismatch}
     rows = [host.to_json(now) for host in hosts]
     for row, health in zip(rows, await _healths(hosts, timeout), strict=True):
         if health is not None:
             row["health"] = health
-    return {"topic": topic, "trusted": trusted is not None, "hosts": rows, "clashes": clashes}
+    return {"topic": topic, "trusted": trusted is not None, "hosts": rows, "clashes": clashes,
+            "policy_mismatch": mismatched}
 
 
 async def _healths(hosts: list[LiveHost], timeout: float) -> list[dict[str, Any] | None]:

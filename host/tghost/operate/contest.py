@@ -1,8 +1,10 @@
 """contest: does another host claim a tool this host announces? A host reads its own
 announcement topics with a :class:`tghost.agent.directory.ToolDirectory` and names every tool
 of its own that is contested (docs/protocol.md §4.8): in open mode directories refuse to call
-it, so its operator must know; and every one a provider announces with another descriptor
-(drift): directories apply only one of them. Never changes what the host serves or announces.
+it, so its operator must know; every one a provider announces with another descriptor
+(drift): directories apply only one of them; and every service of its own served under
+different access policies (:mod:`tghost.operate.policies`). Never changes what the host serves
+or announces: the same directory tells its fleet check what the other providers announce.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from collections.abc import Callable, Collection
 
 from tghost.agent.directory import ToolDirectory
 from tghost.announcing.announcer import Announcer
+from tghost.operate.policies import mismatch_problems
 from tghost.protocol.trust import TrustedKeys
 from tghost.pulsar.clients import BrokerError, PulsarSettings
 
@@ -27,7 +30,8 @@ class ContestWatch:
     ``host_id`` announces, asked at each :meth:`problems`) whose name or service another host
     claims differently, or announces with another descriptor.
 
-    :meth:`start` it, :meth:`close` it; :meth:`problems` is empty until it has caught up.
+    :meth:`start` it (or await :meth:`catch_up`), :meth:`close` it; :meth:`problems` is empty
+    until it has caught up.
     """
 
     def __init__(self, settings: PulsarSettings, topic: str, host_id: str, names: Callable[[], Collection[str]],
@@ -43,18 +47,26 @@ class ContestWatch:
         self._task = asyncio.create_task(self._follow(), name="contest watch")
         return self
 
-    async def _follow(self) -> None:
+    async def catch_up(self) -> bool:
+        """Catch up on the topic, then follow it in the background (call on the event loop);
+        ``False`` (logged as a warning) when the topic cannot be read."""
         try:
             await self.directory.start()
         except BrokerError as exc:
-            log.warning("cannot follow the announcement topics for tools other hosts contest: %s", exc)
+            log.warning("cannot follow the announcement topics, so this host cannot tell which tools other hosts "
+                        "contest nor apply their [access] policies to the services it shares with them: %s", exc)
+            return False
+        return True
+
+    async def _follow(self) -> None:
+        await self.catch_up()
 
     @classmethod
     def of(cls, announcer: Announcer, settings: PulsarSettings, names: Callable[[], Collection[str]]) -> ContestWatch:
-        """A watch over what ``announcer`` announces: its topic and host id; trusting its own
-        key when it signs, as the directories of a signed deployment do."""
-        trusted = TrustedKeys([announcer.signer.public_key]) if announcer.signer is not None else None
-        return cls(settings, announcer.topic, announcer.identity.id, names, trusted)
+        """A watch over what ``announcer`` announces: its topic and host id, in open mode (every
+        host's word counts: another provider's access policy can only make this host refuse more,
+        never admit more; docs/protocol.md §2.8)."""
+        return cls(settings, announcer.topic, announcer.identity.id, names)
 
     async def close(self) -> None:
         """Stop following. Idempotent; never raises (errors are logged at debug level)."""
@@ -68,8 +80,9 @@ class ContestWatch:
             log.debug("could not close the contest watch's directory: %r", exc)
 
     def problems(self) -> list[str]:
-        """One line per contested tool of this host, naming the other side, and one per tool
-        that a provider announces with another descriptor (drift): ``/health`` problems."""
+        """One line per contested tool of this host, naming the other side, one per tool that a
+        provider announces with another descriptor (drift), and one per service of this host
+        served under different access policies: ``/health`` problems."""
         found = []
         for name in sorted(self.names()):
             tool = self.directory.tools.get(name)
@@ -84,4 +97,4 @@ class ContestWatch:
                 found.append(f"tool {name!r} has drifted: {sides}. Directories apply the descriptor they saw first "
                              "while its host is live; expected during a rolling upgrade, otherwise stop that host "
                              "(or sign announcements on a shared broker)")
-        return found
+        return found + mismatch_problems(self.directory, self.host_id)

@@ -26,12 +26,13 @@ from tghost.discovery.catalog import Catalog
 from tghost.discovery.config import ConfigError, load_access, load_config_tools, read_config
 from tghost.discovery.discover import PluginSelection, catalog_of, catalog_of_plugin, discover
 from tghost.operate.toolsets import ToolSets, toolset_services
+from tghost.protocol.access import policy_fingerprint, tools_for
 from tghost.protocol.epochs import DEFAULT_TOPIC, EPOCH_SECONDS, check_lease
 from tghost.protocol.sessions import HostSessionKey
 from tghost.protocol.trust import Signer
 from tghost.pulsar import hop
 from tghost.pulsar.clients import PulsarSettings
-from tghost.serving.access import Gate
+from tghost.serving.access import Fleet, Gate
 from tghost.serving.executors.base import PROCESS
 from tghost.serving.request import CallListener
 from tghost.serving.server import Server
@@ -298,11 +299,13 @@ class Host:
             self.announcer = Announcer(catalog, identity, config.topic, config.lease, config.signer,
                                        epoch_seconds=config.epoch_seconds,
                                        health_url=self.monitor.http.health_url() if self.monitor else None)
+        fleet = Fleet(catalog.access, catalog.tools)
         server = self._server = Server(catalog.services, catalog.descriptors, config.serve, self._listeners,
                                        authorize=catalog.authorize,
                                        gate=Gate.of(catalog.access, catalog.tools, session), signer=config.signer,
-                                       in_process=toolset_services(catalog.plugins))
+                                       in_process=toolset_services(catalog.plugins), fleet=fleet)
         self._client = await config.pulsar.connect()
+        await self._follow(fleet)
         await server.start(self._client)
         self._serving = True
         _log_catalog(catalog, config.pulsar.url, "; Ctrl-C to stop" if self._signals else "")
@@ -310,10 +313,6 @@ class Host:
         toolsets = self._toolsets = ToolSets(catalog, server, self.announcer)
         if not self._stopping.is_set():  # a stop cut the first announcement short
             toolsets.start()
-        if self.monitor is not None and self.announcer is not None:
-            from tghost.operate.contest import ContestWatch
-
-            self._contest = ContestWatch.of(self.announcer, config.pulsar, lambda: catalog.tools.keys()).start()
         if self.monitor is not None:
             await self.monitor.observe(catalog, server, self.announcer, self._contest)
         if config.watch_plugins:
@@ -322,6 +321,21 @@ class Host:
             self._watcher = PluginWatcher(catalog, server, self.announcer, WatchSettings(
                 config.watch_interval, self._selection, self._document or {},
                 config.serve.isolation == PROCESS), toolsets).start()
+
+    async def _follow(self, fleet: Fleet) -> None:
+        """Catch up on the announcement topics before serving, then follow them: the tools other
+        hosts contest, and the access policies of the other providers of this host's services,
+        which ``fleet`` applies from then on (docs/protocol.md §2.8). A host that does not announce
+        follows nothing."""
+        if self.announcer is None:
+            return
+        from tghost.operate.contest import ContestWatch
+        from tghost.operate.policies import DirectoryPeers
+
+        catalog = self.load()
+        self._contest = ContestWatch.of(self.announcer, self.config.pulsar, lambda: catalog.tools.keys())
+        if await self._contest.catch_up():
+            fleet.peers = DirectoryPeers(self._contest.directory, self.announcer.identity.id)
 
     async def _open_operations(self) -> None:
         """Bind the metrics port and open the audit log, as the config asks."""
@@ -454,8 +468,21 @@ def _log_catalog(catalog: Catalog, url: str, hint: str) -> None:
         tools = sorted(name for name, tool in catalog.tools.items() if tool.service == sid)
         log.info("announcing external service %s (served elsewhere, on %s; from %s) tools: %s", sid,
                  descriptor.request_queue, catalog.service_origin[sid].name, ", ".join(tools) or "-")
+    _log_policy(catalog)
     log.info("%d service(s), %d tool(s) on %s%s",
              len(catalog.descriptors) + len(catalog.external), len(catalog.tools), url, hint)
+
+
+def _log_policy(catalog: Catalog) -> None:
+    """One line per served service under an ``[access]`` policy: its fingerprint and who may call each tool."""
+    if catalog.access is None:
+        return
+    for sid in catalog.descriptors:
+        tools = sorted(name for name, tool in catalog.tools.items() if tool.service == sid)
+        access = [catalog.access.access_of(tools_for(catalog.tools, sid, catalog.tools[name].config)) for name in tools]
+        who = "; ".join(f"{name}: {granted.describe()}" for name, granted in zip(tools, access, strict=True))
+        log.info("access policy %s for %s: %s", policy_fingerprint(catalog.access, catalog.tools, sid), sid,
+                 who or "-")
 
 
 def _received(server: Server) -> int:

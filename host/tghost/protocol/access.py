@@ -22,6 +22,7 @@ through :func:`tghost.protocol.trust.load_public_key`): never talks to Pulsar an
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,19 +30,22 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from tghost.protocol.trust import KeyFileError, key_id, load_public_key
+from tghost.protocol.trust import KeyFileError, canonical_json, key_id, load_public_key
 
 if TYPE_CHECKING:  # cryptography is imported where a key is read: an announcement's ToolAccess needs none
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
     from tghost.protocol.descriptors import ToolDescriptor
 
-__all__ = ["ALL", "ANONYMOUS", "AccessError", "AccessPolicy", "CallerGrant", "ToolAccess", "tools_for"]
+__all__ = ["ALL", "ANONYMOUS", "NO_POLICY", "AccessError", "AccessPolicy", "CallerGrant", "ToolAccess",
+           "policy_fingerprint", "tools_for"]
 
 #: In a tools list: every tool the host serves.
 ALL = "*"
 #: The name of a caller without a verified identity, in refusals, audit records and metrics.
 ANONYMOUS = "anonymous"
+#: The ``access-policy`` a host without an ``[access]`` policy announces for its services (docs/protocol.md §4.3).
+NO_POLICY = "none"
 
 
 class AccessError(ValueError):
@@ -90,28 +94,44 @@ class CallerGrant:
 @dataclass(frozen=True)
 class ToolAccess:
     """Who may call one tool, as announced: ``anonymous`` callers, and the callers whose key ids
-    are in ``keys``."""
+    are in ``keys``; ``names``: (key id, the caller's name in the host's policy) pairs, for people
+    to read (never an access decision)."""
 
     anonymous: bool
     keys: tuple[str, ...] = ()
+    names: tuple[tuple[str, str], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        return {"anonymous": self.anonymous, "keys": list(self.keys)}
+        shape: dict[str, Any] = {"anonymous": self.anonymous, "keys": list(self.keys)}
+        return shape | ({"names": dict(self.names)} if self.names else {})
 
     @classmethod
     def from_json(cls, value: Any) -> ToolAccess | None:
-        """The announced field, or ``None`` (everyone may call) when absent or not an object."""
+        """The announced field, or ``None`` (everyone may call) when absent or not an object;
+        ``names`` that are not an object of strings are ignored."""
         if not isinstance(value, dict):
             return None
-        keys = value.get("keys")
+        keys, names = value.get("keys"), value.get("names")
         return cls(value.get("anonymous") is True,
-                   tuple(k for k in keys if isinstance(k, str)) if isinstance(keys, list) else ())
+                   tuple(k for k in keys if isinstance(k, str)) if isinstance(keys, list) else (),
+                   tuple(sorted((k, n) for k, n in names.items() if isinstance(n, str)))
+                   if isinstance(names, dict) else ())
 
     def admits(self, caller_key_id: str | None) -> bool:
         """Whether a caller with this key id (``None``: anonymous) may call the tool. A key the
         host's policy does not know is refused even an anonymous tool (docs/protocol.md §2.8),
         and the keys of a tool anonymous callers may call list every key the policy knows."""
         return self.anonymous if caller_key_id is None else caller_key_id in self.keys
+
+    def rules(self) -> dict[str, Any]:
+        """What the access decides, without the names: ``{"anonymous", "keys"}`` (keys sorted)."""
+        return {"anonymous": self.anonymous, "keys": sorted(self.keys)}
+
+    def describe(self) -> str:
+        """Who may call it, in words: ``anonymous`` and each caller's name (its key id where the
+        host gave no name), comma-separated, or ``nobody``."""
+        named = dict(self.names)
+        return ",".join(([ANONYMOUS] if self.anonymous else []) + [named.get(k, k) for k in self.keys]) or "nobody"
 
 
 @dataclass(frozen=True)
@@ -165,8 +185,8 @@ class AccessPolicy:
         """What the host announces about a tool whose own request could be for any of ``tools``
         (:func:`tools_for` of its service and config values, the tool among them): who may send
         that request, the callers allowed every one of ``tools``."""
-        return ToolAccess(not self.refused(None, tools),
-                          tuple(sorted(k for k, grant in self.callers.items() if not self.refused(grant, tools))))
+        keys = tuple(sorted(k for k, grant in self.callers.items() if not self.refused(grant, tools)))
+        return ToolAccess(not self.refused(None, tools), keys, tuple((k, self.callers[k].name) for k in keys))
 
     def ungranted(self, tools: Mapping[str, ToolDescriptor]) -> Iterator[str]:
         """A sentence per tool of ``tools`` (a host's, name -> descriptor) that the policy grants
@@ -186,6 +206,19 @@ class AccessPolicy:
     def unknown_tools(self, served: Iterable[str]) -> list[str]:
         """The tools the policy names that are not in ``served``."""
         return sorted(self.tool_names() - set(served))
+
+
+def policy_fingerprint(policy: AccessPolicy | None, tools: Mapping[str, ToolDescriptor], service: str) -> str:
+    """The ``access-policy`` a host announces for ``service`` (docs/protocol.md §4.3): :data:`NO_POLICY`
+    without a ``policy``, else the first 16 hex digits of SHA-256 over the canonical JSON of
+    ``{"tools": {<name>: {"anonymous": bool, "keys": [sorted key ids]}}}``, the announced access
+    (:meth:`AccessPolicy.access_of`) of each of ``tools`` (a host's, name -> descriptor) over
+    ``service``. Names and rates are left out: they decide nothing another host could apply."""
+    if policy is None:
+        return NO_POLICY
+    rules = {name: policy.access_of(tools_for(tools, service, tool.config)).rules()
+             for name, tool in tools.items() if tool.service == service}
+    return hashlib.sha256(canonical_json({"tools": rules})).hexdigest()[:16]
 
 
 def tools_for(tools: Mapping[str, ToolDescriptor], service: str, config: Mapping[str, Any]) -> list[str]:

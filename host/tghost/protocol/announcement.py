@@ -57,7 +57,7 @@ def announcement_value(
     kind: str, name: str, status: str, *, host: dict[str, Any], lease: float, sent_at: float, since: float,
     descriptor: dict[str, Any] | None = None, plugin: dict[str, Any] | None = None,
     entries: dict[str, list[str]] | None = None, health: str | None = None, external: bool = False,
-    access: dict[str, Any] | None = None,
+    access: dict[str, Any] | None = None, access_policy: str | None = None,
 ) -> dict[str, Any]:
     """One message value (docs/protocol.md §4.3), as a host sends it (``json.dumps`` of it is the
     wire format, keys in this order) and :class:`Announcement` parses it.
@@ -67,11 +67,14 @@ def announcement_value(
     unix seconds; ``descriptor`` and ``plugin`` are sent as ``null`` when ``None``. The OPTIONAL
     fields are sent only when given: ``entries`` (the manifest, ``{"tool-service": [ids], "tool":
     [names]}``) and ``health`` (a URL) on host messages, ``external`` (when true) on tool-service
-    messages, ``access`` (``{"anonymous": bool, "keys": [key ids]}``) on tool messages.
+    messages, ``access`` (``{"anonymous": bool, "keys": [key ids], "names": {key id: name}}``) on
+    tool messages, ``access-policy`` (a fingerprint of the service's access rules, or ``"none"``) on
+    tool-service messages.
     """
     value: dict[str, Any] = {"kind": kind, "name": name, "status": status, "descriptor": descriptor, "host": host,
                              "plugin": plugin, "lease": {"seconds": lease, "sent_at": sent_at}, "since": since}
-    optional = {"entries": entries, "health": health, "external": external or None, "access": access}
+    optional = {"entries": entries, "health": health, "external": external or None, "access": access,
+                "access-policy": access_policy}
     return value | {key: field for key, field in optional.items() if field is not None}
 
 
@@ -135,7 +138,11 @@ class Announcement(BaseModel):
     external: bool = False
     access: dict[str, Any] | None = None
     """Tool messages of a host with an ``[access]`` policy: who may call the tool,
-    ``{"anonymous": bool, "keys": [key ids]}`` (:class:`tghost.protocol.access.ToolAccess`)."""
+    ``{"anonymous": bool, "keys": [key ids], "names": {key id: name}}`` (:class:`tghost.protocol.access.ToolAccess`)."""
+    access_policy: str | None = Field(default=None, alias="access-policy", min_length=1, max_length=64)
+    """Tool-service messages of a host that serves the service: the fingerprint of the access
+    rules it applies to it (:func:`tghost.protocol.access.policy_fingerprint`), ``"none"``
+    without a policy; absent from hosts that predate it."""
 
     @model_validator(mode="after")
     def _consistent(self) -> Announcement:

@@ -2,7 +2,8 @@
 policy (docs/protocol.md §2.8, §2.9): who sent the request (a caller's signature, or its
 session's MAC for this host, checked against the policy's keys, within a time window, never
 twice), whether that caller may call the tool the request's config values name, and whether it
-is within its rate.
+is within its rate. Then, with or without a policy, the :class:`Fleet` check: while the other
+live providers of a service announce another access policy, a caller only where they all admit it.
 
 Never runs plugin code and never answers a request: it says why one is refused.
 """
@@ -15,7 +16,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from limits import parse
 from limits.storage import MemoryStorage
@@ -23,14 +24,14 @@ from limits.strategies import MovingWindowRateLimiter
 
 from tghost.protocol import callers as signed
 from tghost.protocol import sessions, wire
-from tghost.protocol.access import ANONYMOUS, AccessPolicy, CallerGrant, tools_for
+from tghost.protocol.access import ANONYMOUS, NO_POLICY, AccessPolicy, CallerGrant, policy_fingerprint, tools_for
 from tghost.protocol.callers import Caller
 from tghost.protocol.descriptors import ToolDescriptor
 from tghost.protocol.sessions import HostSessionKey, OpenSession
 from tghost.serving.replays import SharedReplays
 from tghost.system.logs import LogSummary
 
-__all__ = ["WINDOW", "Gate", "Refused"]
+__all__ = ["WINDOW", "Fleet", "Gate", "Peers", "Refused"]
 
 log = logging.getLogger(__name__)
 
@@ -282,3 +283,68 @@ def _refusal(grant: CallerGrant | None, service: str, tools: Sequence[str], refu
                  f"{', '.join(tools)}: it is allowed only to a caller granted every one")
     return text + ("; sign requests with a caller key (--identity)" if grant is None
                    else "; ask this host's operator to grant it in [access]")
+
+
+class Peers(Protocol):
+    """What the other live providers of a service announce, as this host's own directory of its
+    announcement topics sees them (docs/protocol.md §4.3): read from worker threads."""
+
+    def policies(self, service: str) -> set[str | None]:
+        """The ``access-policy`` each other live provider of ``service`` announces (``None``: one
+        that announces none); empty when no other host provides it."""
+        ...
+
+    def forbidding(self, tool: str, key_id: str | None) -> str | None:
+        """The id of another live provider of ``tool`` whose announced ``access`` does not admit a
+        caller with ``key_id`` (``None``: anonymous), else ``None``."""
+        ...
+
+
+class Fleet:
+    """One policy per service (docs/protocol.md §2.8): this host admits a request only where
+    every other live provider of its service would, while they announce another access policy
+    than this host's (``policy``, ``None``: none, over its ``tools``, name -> descriptor, read
+    live). A host without a policy cannot verify a caller key, so it takes every caller as
+    anonymous. ``peers`` is set once the host follows its announcement topics; until then the
+    check lets every request through."""
+
+    def __init__(self, policy: AccessPolicy | None, tools: Mapping[str, ToolDescriptor]) -> None:
+        self.policy = policy
+        self.tools = tools
+        self.peers: Peers | None = None
+
+    def own(self, service: str) -> str:
+        """The ``access-policy`` this host announces for ``service``."""
+        return NO_POLICY if self.policy is None else policy_fingerprint(self.policy, self.tools, service)
+
+    def check(self, service: str, config: Mapping[str, Any], caller: Caller | None) -> None:
+        """Nothing when the other live providers of ``service`` announce this host's access
+        policy (or there are none), or when they all admit ``caller`` (``None``: anonymous) to every
+        tool a request with ``config`` could be for (:func:`tools_for`).
+
+        Raises:
+            Refused: ``unauthorized``, naming the tool, the host whose policy forbids it and what
+                to do; also a request that is for no tool of this host.
+        """
+        peers = self.peers
+        if peers is None:
+            return
+        others = peers.policies(service)
+        if not others or others == {self.own(service)}:
+            return
+        key_id = caller.key_id if caller is not None and self.policy is not None else None
+        tools = tools_for(self.tools, service, config)
+        if not tools:
+            raise Refused(wire.UNAUTHORIZED, _refusal(None, service, tools, []))
+        for tool in tools:
+            host = peers.forbidding(tool, key_id)
+            if host is not None:
+                raise Refused(wire.UNAUTHORIZED, self._refusal(caller, tool, service, host))
+
+    def _refusal(self, caller: Caller | None, tool: str, service: str, host: str) -> str:
+        who = ANONYMOUS if caller is None or self.policy is None else f"caller {caller.name!r}"
+        mine = ("this host has no [access] policy, so it takes every caller as anonymous" if self.policy is None
+                else "this host's [access] policy is another")
+        return (f"{who} may not call tool {tool!r}: host {host}'s [access] policy for service {service!r} forbids "
+                f"it, and {mine}; every host of a service admits only what all of them admit until their "
+                "policies agree: give every host of the service the same [access] policy")

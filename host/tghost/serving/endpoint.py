@@ -33,7 +33,7 @@ from tghost.protocol.descriptors import ToolServiceDescriptor
 from tghost.protocol.trust import Signer
 from tghost.pulsar import hop
 from tghost.serving import executors, handoff
-from tghost.serving.access import Gate
+from tghost.serving.access import Fleet, Gate
 from tghost.serving.cancels import ControlTopic
 from tghost.serving.deadlines import Deadlines
 from tghost.serving.executors.thread import ThreadExecutor
@@ -91,13 +91,14 @@ class ServiceEndpoint:
         authorize: Authorize | None = None,
         gate: Gate | None = None,
         signer: Signer | None = None,
+        fleet: Fleet | None = None,
     ) -> None:
         self.service = service
         self.signer = signer
         self.descriptor = descriptor
         self.terms = Terms(service, descriptor, descriptor.timeout or settings.timeout,
                            descriptor.max_concurrency or settings.max_concurrency, settings.max_queue,
-                           settings.max_payload, settings.max_redeliveries, authorize, gate)
+                           settings.max_payload, settings.max_redeliveries, authorize, gate, fleet)
         self.persistent = self.terms.persistent
         self.counters = {"received": 0, "unanswerable": 0}
         self._listeners = tuple(listeners)

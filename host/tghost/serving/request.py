@@ -42,7 +42,7 @@ from tghost.protocol.callers import CALLER, SIGNED_AT, Caller
 from tghost.protocol.descriptors import ToolServiceDescriptor
 from tghost.protocol.trust import Signer
 from tghost.pulsar import hop
-from tghost.serving.access import Gate, Refused
+from tghost.serving.access import Fleet, Gate, Refused
 from tghost.system import tracing
 
 if TYPE_CHECKING:
@@ -153,6 +153,7 @@ class Terms:
     max_redeliveries: int
     authorize: Authorize | None = None
     gate: Gate | None = None
+    fleet: Fleet | None = None
 
     @property
     def service_id(self) -> str:
@@ -177,9 +178,10 @@ class Terms:
         """The call to make, once the request (its raw ``_pulsar.Message``) passes every check
         before ``invoke``, in this order: the payload size, the redelivery count (persistent
         topics), the envelope, the host's access policy (``gate``: the caller's signature,
-        whether it may call the tool, its rate), ``authorize``, the required config params and
-        the service's argument policy. Sets the record's ``user``, ``caller`` and ``arguments``.
-        The call's progress updates go to the caller through ``port``. Safe from any thread.
+        whether it may call the tool, its rate), the other providers' (``fleet``), ``authorize``,
+        the required config params and the service's argument policy. Sets the record's
+        ``user``, ``caller`` and ``arguments``. The call's progress updates go to the caller
+        through ``port``. Safe from any thread.
 
         Raises:
             ToolError: with the wire error type of the failed check (``bad-request``,
@@ -229,17 +231,19 @@ class Terms:
                     request.cancelled, functools.partial(request.progress, port))
 
     def _admit(self, config: dict[str, Any], request: Request, payload: bytes) -> Caller | None:
-        """The verified caller, under the host's access policy (``None`` without one). A replay's
-        refusal goes out unproven (:class:`~tghost.serving.access.Refused`)."""
-        if self.gate is None:
-            return None
+        """The verified caller, under the host's access policy (``None`` without one), once the
+        other live providers of the service would admit it too (``fleet``). A replay's refusal
+        goes out unproven (:class:`~tghost.serving.access.Refused`)."""
         try:
-            return self.gate.admit(self.service_id, config, request.message.properties(), payload,
-                                   self.descriptor.request_queue)
+            caller = None if self.gate is None else self.gate.admit(
+                self.service_id, config, request.message.properties(), payload, self.descriptor.request_queue)
+            if self.fleet is not None:
+                self.fleet.check(self.service_id, config, caller)
         except Refused as exc:
             if exc.replay:
                 request.proof = None
             raise ToolError(str(exc), exc.error_type) from None
+        return caller
 
     def may_cancel(self, record: CallRecord, properties: Mapping[str, str], topic: str) -> bool:
         """Whether a cancel (its message ``properties``, on the control ``topic``) may stop the

@@ -17,7 +17,7 @@ from tghost.author.hookspecs import Authorize
 from tghost.author.service import ToolService
 from tghost.protocol.descriptors import ToolServiceDescriptor
 from tghost.protocol.trust import Signer
-from tghost.serving.access import Gate
+from tghost.serving.access import Fleet, Gate
 from tghost.serving.endpoint import ServiceEndpoint
 from tghost.serving.executors.base import THREAD
 from tghost.serving.executors.thread import ThreadExecutor
@@ -43,6 +43,7 @@ class Server:
         gate: Gate | None = None,
         signer: Signer | None = None,
         in_process: Collection[str] = (),
+        fleet: Fleet | None = None,
     ) -> None:
         """Serve ``services`` (by service id) under their ``descriptors``; those of ``in_process``
         (the services of a toolset, live objects a worker process cannot load) in the host's
@@ -53,8 +54,11 @@ class Server:
         :data:`tghost.author.hookspecs.Authorize`); ``None`` allows every call. ``gate`` applies
         the host's ``[access]`` policy first (:class:`tghost.serving.access.Gate`). ``signer``
         (the host's signing key) signs the answers of callers that can check them (docs/protocol.md §2.13).
+        ``fleet`` admits a request only where the service's other live providers would too
+        (:class:`tghost.serving.access.Fleet`).
         """
         self.gate = gate
+        self.fleet = fleet
         self.signer = signer
         self.settings = settings or ServeSettings()
         self._listeners = tuple(listeners)
@@ -68,7 +72,8 @@ class Server:
                    in_process: Collection[str]) -> list[ServiceEndpoint]:
         threads = dataclasses.replace(self.settings, isolation=THREAD)
         return [ServiceEndpoint(services[sid], descriptors[sid], threads if sid in in_process else self.settings,
-                                self._listeners, self._authorize, self.gate, self.signer) for sid in descriptors]
+                                self._listeners, self._authorize, self.gate, self.signer, self.fleet)
+                for sid in descriptors]
 
     async def start(self, client: pulsar.asyncio.Client) -> None:
         """Start the stall detector (unless ``stall_threshold`` is 0) and every service endpoint.

@@ -126,6 +126,7 @@
       tool.state ? chip(`→ ${tool.state}`, "state") : null,
       ...hintChips(tool),
       tool.conflicts.length ? chip("conflict", "warn") : null,
+      tool.policy_mismatch.length ? chip("policy mismatch", "warn") : null,
       tool.admitted ? null : chip("not for you", "warn"));
     return el("li", { className: ["tool", markKind, view.selected === tool.name ? "selected" : ""].join(" ") },
       el("div", { className: "tool-title" },
@@ -198,7 +199,10 @@
       ...fact("config", Object.keys(tool.config || {}).length ? JSON.stringify(tool.config) : null),
       ...fact("providers", tool.plugins.map((p) => `${p.host}${p.plugin ? ` (${p.plugin}${p.version ? " " + p.version : ""})` : ""}`).join(", ")),
       ...fact("access", tool.access),
-      ...fact("conflicts", tool.conflicts.length ? tool.conflicts.map((c) => c.host || JSON.stringify(c)).join("; ") : null));
+      ...fact("conflicts", tool.conflicts.length ? tool.conflicts.map((c) => c.host || JSON.stringify(c)).join("; ") : null),
+      ...fact("access policies", tool.policy_mismatch.length
+        ? tool.policy_mismatch.map((p) => `${p.policy} on ${p.hosts.join(", ")}`).join("; ") + ": hosts admit only what all of them admit"
+        : null));
     view.form = window.SchemaForm.build(tool["input-schema"]);
     $("fields").replaceChildren(view.form.node);
     $("raw-toggle").checked = false;

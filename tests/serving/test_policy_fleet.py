@@ -1,0 +1,158 @@
+"""policy fleet: one access policy per service, on the embedded broker (docs/guides/security.md
+"One policy per service"). One host serves calculate under an ``[access]`` policy (alice only),
+another serves it with none: every anonymous call is refused by both, through the directory,
+``tghost call`` and the raw wire; alice's calls run on the strict host and are refused by the
+loose one, which cannot verify her key; every view reports the mismatch; once the strict host
+stops, anonymous calls run again."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+import tghost
+from tests.conftest import tghost_cli
+from tghost.agent.client import ToolCallError, ToolServiceClient
+from tghost.agent.directory import ToolDirectory
+from tghost.broker import EmbeddedBroker
+from tghost.cli.status import read_health
+from tghost.conformance import RawWire
+from tghost.discovery.discover import catalog_of
+from tghost.protocol import wire
+from tghost.protocol.access import NO_POLICY, AccessPolicy, policy_fingerprint
+from tghost.protocol.trust import Signer, write_key_pair
+from tghost.pulsar.clients import PulsarSettings
+from tghost.serving.request import CallRecord
+
+CALLS = 6
+
+
+@tghost.tool(service="calculator")
+def calculate(expression: str) -> str:
+    """Calculate."""
+    return f"= {expression}"
+
+
+class Fleet:
+    """The two hosts, the call records of each, and alice's key."""
+
+    def __init__(self, strict: tghost.Host, loose: tghost.Host, records: dict[str, list[CallRecord]],
+                 alice: Signer, env: dict[str, str], policy: str) -> None:
+        self.strict, self.loose, self.records, self.alice, self.env = strict, loose, records, alice, env
+        self.policy = policy
+
+
+@pytest.fixture
+async def fleet(pulsar_broker: EmbeddedBroker, tmp_path: Path) -> AsyncIterator[Fleet]:
+    topic = f"persistent://tg/config/policy-{uuid.uuid4().hex[:8]}"
+    alice = Signer.from_file(write_key_pair(tmp_path / "keys" / "alice").private)
+    strict_catalog = catalog_of([calculate])
+    strict_catalog.access = AccessPolicy.from_table(
+        {"callers": {"alice": {"public-key": "keys/alice.pub", "tools": ["calculate"]}}}, tmp_path)
+    records: dict[str, list[CallRecord]] = {"strict": [], "loose": []}
+
+    def host(host_id: str, catalog: tghost.Catalog) -> tghost.Host:
+        config = tghost.HostConfig(pulsar=PulsarSettings(pulsar_broker.url), topic=topic, host_id=host_id,
+                                   state_dir=tmp_path / host_id, metrics_port=0)
+        return tghost.Host(config, catalog, listeners=[records[host_id].append])
+
+    async with host("strict", strict_catalog) as strict, host("loose", catalog_of([calculate])) as loose:
+        env = {**os.environ, "TGHOST_PULSAR_URL": pulsar_broker.url, "TGHOST_DESCRIPTORS_TOPIC": topic}
+        yield Fleet(strict, loose, records, alice, env,
+                    policy_fingerprint(strict_catalog.access, strict_catalog.tools, "calculator"))
+
+
+async def raw_outcomes(url: str, descriptor: tghost.ToolServiceDescriptor) -> list[str]:
+    """What :data:`CALLS` unsigned requests sent by hand on the request topic got: the observation
+    or the error type."""
+    got = []
+    async with RawWire(url, descriptor) as raw:
+        for _ in range(CALLS):
+            _, reply = (await raw.request({"expression": "1+1"}))[-1]
+            got.append(reply["error"]["type"] if reply.get("error") else reply["response"])
+    return got
+
+
+async def signed_outcomes(client: tghost.ToolServiceClient) -> list[str]:
+    got = []
+    for _ in range(CALLS):
+        try:
+            got.append(await client.call({}, {"expression": "2+2"}, timeout=10))
+        except ToolCallError as exc:
+            got.append(exc.error_type)
+    return got
+
+
+async def until(condition: object, timeout: float = 10.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not condition():  # type: ignore[operator]
+            await asyncio.sleep(0.02)
+
+
+async def test_a_host_without_the_policy_refuses_what_the_strict_one_forbids_and_every_view_says_so(
+    fleet: Fleet, pulsar_broker: EmbeddedBroker
+) -> None:
+    descriptor = fleet.strict.catalog.descriptors["calculator"]
+    async with ToolDirectory(PulsarSettings(pulsar_broker.url), fleet.strict.config.topic) as directory:
+        await until(lambda: len(directory.tools.get("calculate", None).providers  # type: ignore[union-attr]
+                                if "calculate" in directory.tools else ()) == 2)
+        tool = directory.tools["calculate"]
+        assert tool.service.policies == {fleet.policy: ("strict",), NO_POLICY: ("loose",)}
+        assert tool.service.policy_mismatch and not tool.admits(None) and tool.admits(fleet.alice.key_id)
+        assert tool.access() == "alice"  # the caller's name, as the strict host announces it
+        assert [t.name for t in directory.available()] == []  # not listed for an anonymous caller
+        with pytest.raises(ToolCallError) as refused:
+            await directory.invoke("calculate", {"expression": "1+1"})
+        assert refused.value.error_type == wire.UNAUTHORIZED
+
+    assert set(await raw_outcomes(pulsar_broker.url, descriptor)) == {wire.UNAUTHORIZED}
+    refusals = {host: {r.status for r in records} for host, records in fleet.records.items()}
+    assert refusals == {"strict": {wire.UNAUTHORIZED}, "loose": {wire.UNAUTHORIZED}}, refusals
+    loose_refusal = next(r for r in fleet.records["loose"] if r.status == wire.UNAUTHORIZED)
+    assert loose_refusal.caller is None
+
+    async with ToolServiceClient(fleet.loose.client, descriptor.request_queue, descriptor.response_queue,
+                                 identity=fleet.alice) as alice:
+        got = await signed_outcomes(alice)
+    assert set(got) <= {"= 2+2", wire.UNAUTHORIZED}
+    by_host = {host: {r.status for r in records if r.arguments == {"expression": "2+2"}}
+               for host, records in fleet.records.items()}
+    assert by_host["strict"] <= {"ok"} and by_host["loose"] <= {wire.UNAUTHORIZED}, by_host
+
+    called = await asyncio.to_thread(tghost_cli, "call", "calculate", "expression=1+1", env=fleet.env)
+    assert called.returncode == 1 and "unauthorized" in called.stderr, called.stderr
+    by_service = await asyncio.to_thread(tghost_cli, "call", "--service", "calculator", "expression=1+1",
+                                         env=fleet.env)
+    assert by_service.returncode == 1 and "unauthorized" in by_service.stderr, by_service.stderr
+
+    listed = await asyncio.to_thread(tghost_cli, "tools", "--all", env=fleet.env)
+    assert listed.returncode == 0, listed.stderr
+    assert "calculate POLICY" in listed.stdout and "alice" in listed.stdout, listed.stdout
+    assert "served under different access policies" in listed.stderr, listed.stderr
+    rows = json.loads((await asyncio.to_thread(tghost_cli, "tools", "--all", "--json", env=fleet.env)).stdout)
+    assert rows[0]["policy_mismatch"] == [{"policy": fleet.policy, "hosts": ["strict"]},
+                                          {"policy": NO_POLICY, "hosts": ["loose"]}]
+    status = await asyncio.to_thread(tghost_cli, "status", env=fleet.env)
+    assert status.returncode == 1 and "different access policies" in status.stderr, status.stderr
+    assert fleet.loose.monitor is not None
+    health = await asyncio.to_thread(read_health, fleet.loose.monitor.http.health_url(), 5.0)
+    assert any("served under different access policies" in p for p in health["problems"]), health
+
+
+async def test_once_the_strict_host_stops_anonymous_calls_run_again(
+    fleet: Fleet, pulsar_broker: EmbeddedBroker
+) -> None:
+    descriptor = fleet.strict.catalog.descriptors["calculator"]
+    await until(lambda: fleet.loose._contest is not None and len(
+        fleet.loose._contest.directory.services.get("calculator").providers  # type: ignore[union-attr]
+        if "calculator" in fleet.loose._contest.directory.services else ()) == 2)
+    await fleet.strict.stop()
+    await until(lambda: [p.host["id"] for p in fleet.loose._contest.directory.services["calculator"].providers]
+                == ["loose"])  # type: ignore[union-attr]
+    assert await raw_outcomes(pulsar_broker.url, descriptor) == ["= 1+1"] * CALLS
