@@ -61,11 +61,15 @@ class DirectoryToolset(AbstractToolset[Any]):  # type: ignore[misc]
     Each run gets a fork of the view at ``state`` (:meth:`for_run`), so the state a call moves
     to is carried to the next call of the same run, and each run starts afresh.
 
-    Each tool's definition: its name, description, input schema (:func:`tghost.input_schema`),
-    output schema as ``return_schema``, ``metadata`` ``{"title", "annotations"}`` (the hints in
-    the wire's spelling, e.g. ``{"read-only": True}``), and ``sequential`` when its call moves
-    the state. ``max_retries`` is each tool's retry budget (``None``: the agent's); ``id`` names
-    the toolset among an agent's (durable execution needs one).
+    Each tool's definition has its name, description and input schema
+    (:func:`tghost.input_schema`); its output schema as ``return_schema``, which reaches the
+    model where the agent includes return schemas (``toolset.include_return_schemas()``);
+    ``metadata`` ``{"title", "annotations"}``, the hints in the wire's spelling (e.g.
+    ``{"read-only": True}``); and ``sequential`` when a call moves the state, so the calls the
+    model asked for after it are made in the new state.
+
+    ``max_retries`` is each tool's retry budget (``None``: the agent's); ``id`` names the
+    toolset among an agent's (durable execution needs one).
     """
 
     def __init__(self, directory: tghost.ToolDirectory, *, groups: Sequence[str] | None = None,
@@ -147,4 +151,5 @@ def definition(tool: tghost.ToolDescriptor) -> ToolDefinition:
     hints = tool.annotations.model_dump(by_alias=True, exclude_none=True) if tool.annotations else {}
     return ToolDefinition(name=tool.name, description=tool.description,
                           parameters_json_schema=tghost.input_schema(tool), return_schema=tool.output_schema,
+                          include_return_schema=None if tool.output_schema else False,
                           sequential=tool.state is not None, metadata={"title": tool.title, "annotations": hints})
