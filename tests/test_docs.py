@@ -150,6 +150,8 @@ RUN_BY = {
     ("docs/guides/embedding.md", "# my_app.py"): "test_host",
     ("docs/guides/embedding.md", "# with_my_app.py"): "test_host",
     ("docs/integrations/langchain.md", "# shop_agent.py"): "test_langchain",
+    ("docs/integrations/pydantic-ai.md", "# agent.py: a Pydantic AI agent"): "test_pydantic_ai",
+    ("docs/integrations/pydantic-ai.md", "# many tools: the model finds them"): "test_pydantic_ai",
 }
 
 #: Blocks no test runs here, and why.
@@ -184,6 +186,11 @@ NOT_RUN = {
     ("docs/integrations/langchain.md", 'pip install "tghost[langchain]"'):
         "installs from an index; tox -e frameworks installs the same extra and runs "
         "tests/integrations/test_langchain.py",
+    ("docs/integrations/pydantic-ai.md", 'pip install "tghost[pydantic-ai]"'):
+        "installs from an index; tox -e frameworks installs the same extra and runs the page's agent",
+    ("docs/integrations/pydantic-ai.md", "python agent.py anthropic:"):
+        "needs a model provider's API key; tests/integrations/test_pydantic_ai.py runs the script's main with "
+        "Pydantic AI's FunctionModel",
     ("docs/internals/performance.md", "python3 -m pip install tox && python3 -m tox -e bench"):
         "the benchmarks (minutes, and timing goes into bench/, never into tests)",
     ("docs/internals/scale.md", ".venv/bin/python bench/run.py scale"):

@@ -27,6 +27,7 @@ from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCall
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 import tghost
+from tests.test_docs import block, module_of
 from tghost.broker import EmbeddedBroker
 from tghost.integrations.pydantic_ai import DirectoryToolset, ToolProgress
 from tghost.testing import LocalHost
@@ -232,6 +233,35 @@ async def test_the_directorys_search_finds_deferred_tools(directory: tghost.Tool
     assert script.offered[0] == ["search_tools"] and "forecast" in script.offered[1]
     assert script.read[1][0].content == {"discovered_tools": [{"name": "forecast"}]}
     assert script.read[2][0].content == {"city": "Oslo", "sky": "clear"}
+
+
+PAGE = "docs/integrations/pydantic-ai.md"
+
+
+async def test_the_pages_agent_answers_with_a_live_tool(pulsar_broker: EmbeddedBroker) -> None:
+    @tghost.tool(group=["default", "compute"])
+    def calculate(expression: str) -> str:
+        """Evaluate an arithmetic expression (a stand-in for the example calculator)."""
+        return {"2 * (3 + 4)": "14"}[expression]
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        answers = [part for part in messages[-1].parts if isinstance(part, ToolReturnPart)]
+        if answers:
+            return ModelResponse(parts=[TextPart(str(answers[0].content))])
+        return ModelResponse(parts=[ToolCallPart("calculate", {"expression": "2 * (3 + 4)"})])
+
+    source = block(PAGE, "# agent.py: a Pydantic AI agent whose tools are tghost's live tools")
+    page = module_of(source.replace("pulsar://localhost:6650", pulsar_broker.url), "pydantic_ai_page_agent")
+    async with LocalHost(pulsar_broker.url, [calculate], announce_as="calculator-host"):
+        assert await page.main(FunctionModel(model), "What is 2 * (3 + 4)?") == "14"
+
+
+async def test_the_pages_search_set_up_finds_a_tool(directory: tghost.ToolDirectory) -> None:
+    script = Script([("search_tools", {"queries": ["weather"]})], [("forecast", {"city": "Oslo"})])
+    page: dict[str, Any] = {"directory": directory, "model": FunctionModel(script)}
+    exec(block(PAGE, "# many tools: the model finds them with the directory's search"), page)
+    await page["agent"].run("Weather in Oslo?")
+    assert script.offered[0] == ["search_tools"] and script.read[2][0].content == {"city": "Oslo", "sky": "clear"}
 
 
 def test_without_pydantic_ai_the_import_error_names_the_extra() -> None:
