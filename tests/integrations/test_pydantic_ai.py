@@ -200,6 +200,17 @@ async def test_progress_reaches_the_runs_events(directory: tghost.ToolDirectory)
     assert [(p.done, p.total, p.message, p.tool_name) for p in told] == [(1, 2, "reading the sky", "forecast")]
 
 
+async def test_outside_a_run_a_call_still_answers_and_its_progress_goes_nowhere(
+        directory: tghost.ToolDirectory) -> None:
+    from pydantic_ai import RunContext
+    from pydantic_ai.models.test import TestModel
+    from pydantic_ai.usage import RunUsage
+
+    toolset, ctx = DirectoryToolset(directory), RunContext(deps=None, model=TestModel(), usage=RunUsage())
+    tool = (await toolset.get_tools(ctx))["forecast"]
+    assert await toolset.call_tool("forecast", {"city": "Oslo"}, ctx, tool) == {"city": "Oslo", "sky": "clear"}
+
+
 async def test_a_cancelled_run_cancels_the_call_on_its_host(pulsar_broker: EmbeddedBroker) -> None:
     started, stopped = threading.Event(), threading.Event()
 

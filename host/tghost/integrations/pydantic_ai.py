@@ -7,6 +7,7 @@ Needs the framework: ``pip install "tghost[pydantic-ai]"`` (docs/integrations/py
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ import tghost
 from tghost import protocol
 
 try:
-    from pydantic_ai import CustomEvent, ModelRetry, RunContext, ToolDefinition, ToolFailed
+    from pydantic_ai import CustomEvent, ModelRetry, RunContext, ToolDefinition, ToolFailed, UserError
     from pydantic_ai.toolsets import AbstractToolset, ToolsetTool
 except ImportError as missing:
     needs = 'tghost.integrations.pydantic_ai needs Pydantic AI: pip install "tghost[pydantic-ai]"'
@@ -118,7 +119,8 @@ class DirectoryToolset(AbstractToolset[Any]):  # type: ignore[misc]
         """
 
         async def progress(update: tghost.Progress) -> None:
-            await ctx.emit(ToolProgress(done=update.done, total=update.total, message=update.message))
+            with contextlib.suppress(UserError):  # a context with no event stream (outside a run): no one to tell
+                await ctx.emit(ToolProgress(done=update.done, total=update.total, message=update.message))
 
         try:
             return await self.view.invoke(name, tool_args, progress=progress)
