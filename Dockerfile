@@ -20,8 +20,9 @@ FROM python:${PYTHON}-slim AS build
 ARG PLUGINS="plugins/tghost-joke plugins/tghost-calculator plugins/tghost-knowledge"
 WORKDIR /src
 COPY . .
-# One resolution for tghost and the plugins, so their "tghost" requirement is this checkout.
-RUN pip wheel --no-cache-dir --wheel-dir /wheels . ${PLUGINS}
+# One resolution for tghost and the plugins, so their "tghost" requirement is this checkout; tghost
+# with its mcp extra, as the README's set-up installs it (deploy/kubernetes/mcp.yaml runs tghost mcp).
+RUN pip wheel --no-cache-dir --wheel-dir /wheels '.[mcp]' ${PLUGINS}
 
 FROM python:${PYTHON}-slim
 ENV PYTHONDONTWRITEBYTECODE=1 \

@@ -156,12 +156,12 @@ RUN_BY = {
 
 #: Blocks no test runs here, and why.
 NOT_RUN = {
-    ("README.md", "python3 -m venv .venv && .venv/bin/pip install -e . -e plugins/tghost-joke -e "
+    ("README.md", "python3 -m venv .venv && .venv/bin/pip install -e '.[mcp]' -e plugins/tghost-joke -e "
                   "plugins/tghost-calculator -e plugins/tghost-knowledge && .venv/bin/tghost run"):
         "the set-up command: a new venv and four installs from an index (minutes); the tests run in tox's "
         "venv, which installs the same distributions, and test_readme_try_it runs the 'tghost run' it ends with",
     ("README.md", "python3 -m pip install tox && python3 -m tox"): "the test suite itself (.ci/run runs it)",
-    ("CONTRIBUTING.md", "python3 -m venv .venv && .venv/bin/pip install -e . -e plugins/tghost-joke -e "
+    ("CONTRIBUTING.md", "python3 -m venv .venv && .venv/bin/pip install -e '.[mcp]' -e plugins/tghost-joke -e "
                         "plugins/tghost-calculator -e plugins/tghost-knowledge && .venv/bin/tghost run"):
         "the README's set-up command, repeated for contributors (see the README's reason)",
     ("CONTRIBUTING.md", "python3 -m pip install tox && python3 -m tox"): "the test suite itself (.ci/run runs it)",

@@ -24,15 +24,27 @@ import pytest
 from mcp import ClientSession, StdioServerParameters, types
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.server.transport_security import TransportSecurityMiddleware
 from mcp.shared.exceptions import MCPError
 from mcp.shared.memory import create_client_server_memory_streams
+from starlette.requests import Request
 
 import tghost
 from tests.cli.test_cli import ECHO, SHOUT
 from tests.conftest import HostProcess, PluginDir, tghost_cli
 from tests.test_docs import ROOT, block, commands
 from tghost import ToolDescriptor
-from tghost.adapters.mcp import CALL_TOOL, PAGE_SIZE, SEARCH_TOOLS, Bridge, Selection, meta_tools, page
+from tghost.adapters.mcp import (
+    CALL_TOOL,
+    PAGE_SIZE,
+    SEARCH_TOOLS,
+    Bridge,
+    Selection,
+    meta_tools,
+    page,
+    transport_security,
+)
+from tghost.adapters.web import allowed_host_patterns, is_allowed_host
 from tghost.agent.directory import ToolDirectory
 from tghost.broker import EmbeddedBroker
 from tghost.pulsar.clients import PulsarSettings
@@ -334,6 +346,19 @@ def test_an_allowed_host_given_as_a_url_is_a_usage_error_naming_the_option() -> 
     assert result.returncode == 2, result.stderr
     assert "--allowed-host / TGHOST_MCP_ALLOWED_HOSTS" in result.stderr
     assert "'https://mcp.example.com' is not a Host header value" in result.stderr
+
+
+@pytest.mark.parametrize("allowed", [(), ("mcp.example.com",), ("mcp.example.com:8765",), ("mcp.example.com:*",)])
+async def test_the_bridge_and_the_inspector_answer_the_same_host_headers(allowed: tuple[str, ...]) -> None:
+    """The inspector's check (:func:`tghost.adapters.web.is_allowed_host`, no SDK) accepts what the
+    SDK's checker accepts for the bridge, with the same ``--allowed-host`` names."""
+    sdk = TransportSecurityMiddleware(transport_security(allowed))
+    for host in ("127.0.0.1", "127.0.0.1:8766", "localhost:1", "[::1]:8765", "[::1]", "mcp.example.com",
+                 "mcp.example.com:8765", "mcp.example.com:80", "MCP.example.com", "evil.example.com",
+                 "localhost.evil.com", "127.0.0.1.evil.com:8765", "mcp.example.com.evil.com", ""):
+        request = Request({"type": "http", "method": "GET", "headers": [(b"host", host.encode())] if host else []})
+        assert is_allowed_host(host, allowed_host_patterns(allowed)) == (await sdk.validate_request(request) is None), \
+            (allowed, host)
 
 
 async def test_a_session_is_remembered_from_its_handshake_until_its_connection_closes(

@@ -1,6 +1,7 @@
 """cli.app: the ``tghost`` group (its help lists every command without importing one, and each
-command loads only the libraries it uses) and the console script's ending (exit code kept, no
-finalisation). In process with click's CliRunner, and in forks of one fresh interpreter."""
+command loads only the libraries it uses: the MCP SDK only ``tghost mcp``, an agent framework
+none) and the console script's ending (exit code kept, no finalisation). In process with click's
+CliRunner, and in forks of one fresh interpreter."""
 
 from __future__ import annotations
 
@@ -40,9 +41,12 @@ PROBE = textwrap.dedent("""
         os.waitpid(pid, 0)
 """)
 
+#: The optional libraries: the MCP SDK (the ``mcp`` extra, ``tghost mcp`` alone) and the agent
+#: frameworks of ``tghost.integrations`` (their extras; no command).
+OPTIONAL = ("mcp", "pydantic_ai", "langchain", "langchain_core", "agents")
 #: The libraries that cost start-up.
-HEAVY = ("pydantic", "pulsar", "pluggy", "cryptography", "opentelemetry", "tantivy", "starlette", "uvicorn", "mcp",
-         "jinja2", "prometheus_client")
+HEAVY = ("pydantic", "pulsar", "pluggy", "cryptography", "opentelemetry", "tantivy", "starlette", "uvicorn",
+         "jinja2", "prometheus_client", *OPTIONAL)
 
 
 def loaded_by(argvs: Sequence[Sequence[str]]) -> dict[tuple[str, ...], set[str]]:
@@ -90,6 +94,34 @@ def test_no_command_loads_a_library_it_does_not_use(loads: dict[str, set[str]], 
 
 def test_every_command_has_its_loads_stated() -> None:
     assert set(LOADS) == set(COMMANDS)
+
+
+#: In a fresh interpreter where the optional libraries cannot be imported (as where they are not
+#: installed), import every tghost module but the MCP bridge and the framework modules; print the
+#: ones that fail and the optional libraries loaded.
+WITHOUT_OPTIONAL = textwrap.dedent("""
+    import importlib, json, pkgutil, sys
+    optional = json.loads(sys.argv[1])
+    for name in optional:
+        sys.modules[name] = None
+    import tghost
+    failed = []
+    for module in pkgutil.walk_packages(tghost.__path__, "tghost."):
+        if module.name in ("tghost.__main__", "tghost.adapters.mcp") or module.name.startswith("tghost.integrations."):
+            continue
+        try:
+            importlib.import_module(module.name)
+        except ImportError as exc:
+            failed.append(f"{module.name}: {exc}")
+    print(json.dumps([failed, sorted(name for name in optional if sys.modules.get(name) is not None)]))
+""")
+
+
+def test_only_the_mcp_bridge_and_the_framework_modules_need_an_optional_library() -> None:
+    """So no command but ``tghost mcp`` loads the MCP SDK, and none an agent framework, however it runs."""
+    shown = subprocess.run([sys.executable, "-c", WITHOUT_OPTIONAL, json.dumps(OPTIONAL)], capture_output=True,
+                           text=True, check=True, timeout=120).stdout
+    assert json.loads(shown) == [[], []]
 
 
 def test_version_and_short_help() -> None:

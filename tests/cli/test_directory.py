@@ -1,9 +1,15 @@
 """cli.directory: ``tghost tools``, ``watch``, ``export``, ``mcp`` and ``inspect`` before they
 reach a broker: their usage errors (exit 2), the message when no broker answers (exit 1), the
-web commands' token rule and Host names, and ``watch``'s columns. In process, with no broker."""
+web commands' token rule and Host names, ``tghost mcp`` without the MCP SDK, and ``watch``'s
+columns. In process, with no broker (and in a fresh interpreter without the SDK)."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+import textwrap
+import tomllib
 from pathlib import Path
 from typing import Literal
 
@@ -13,7 +19,7 @@ from click.testing import CliRunner, Result
 
 from tghost.agent.entries import Change, DirectoryTool, ServiceEntry
 from tghost.cli.app import cli
-from tghost.cli.directory import WATCH_WIDTHS, _print_change
+from tghost.cli.directory import MCP_SDK, WATCH_WIDTHS, _print_change
 from tghost.protocol.descriptors import ToolDescriptor, ToolServiceDescriptor
 from tghost.system.net import free_port
 
@@ -102,3 +108,52 @@ def test_watch_lines_keep_their_columns_whatever_the_names(capsys: pytest.Captur
     lines = capsys.readouterr().out.splitlines()
     assert {line.index(service) for line, service in zip(lines, ("s", "joke-service", "summaries"), strict=True)} \
         == {sum(WATCH_WIDTHS[:2]) + 4}
+
+
+#: ``tghost ARGV`` (``sys.argv[2]``, JSON) in a fresh interpreter where ``import mcp`` fails, as
+#: where the SDK is not installed, and whose installed mcp is ``sys.argv[1]`` (JSON: a version,
+#: or null for none).
+WITHOUT_SDK = textwrap.dedent("""
+    import importlib.metadata, json, sys
+    sys.modules["mcp"] = None
+    installed, argv = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+    found = importlib.metadata.version
+
+    def version(name):
+        if name != "mcp":
+            return found(name)
+        if installed is None:
+            raise importlib.metadata.PackageNotFoundError(name)
+        return installed
+
+    importlib.metadata.version = version
+    from tghost.cli import main
+    sys.argv = ["tghost", *argv]
+    main()
+""")
+
+
+def _without_sdk(installed: str | None, *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", WITHOUT_SDK, json.dumps(installed), json.dumps(argv)],
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize(("installed", "found"), [(None, "which is not installed"),
+                                                  ("1.26.0", "and this environment has mcp 1.26.0")])
+def test_mcp_without_the_sdk_is_one_line_exit_2_naming_the_extra(installed: str | None, found: str) -> None:
+    bridge = _without_sdk(installed, "mcp", "--transport", "http", "--host", "0.0.0.0")  # before the token rule
+    assert (bridge.returncode, bridge.stdout, bridge.stderr.count("\n")) == (2, "", 1), bridge.stderr
+    assert bridge.stderr.startswith(f"Error: tghost mcp needs the MCP SDK ({MCP_SDK}), {found}")
+    assert 'pip install "tghost[mcp]"' in bridge.stderr
+
+
+@pytest.mark.parametrize("argv", [("--help",), ("mcp", "--help"), ("inspect", "--help")])
+def test_help_works_without_the_sdk(argv: tuple[str, ...]) -> None:
+    shown = _without_sdk(None, *argv)
+    assert (shown.returncode, shown.stderr) == (0, "") and "Usage: tghost" in shown.stdout
+
+
+def test_the_mcp_extra_is_the_sdk_tghost_mcp_asks_for() -> None:
+    project = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]
+    assert project["optional-dependencies"]["mcp"] == [MCP_SDK]
+    assert not [need for need in project["dependencies"] if need.startswith("mcp")]  # the core install has none

@@ -1,8 +1,8 @@
 """mcp: the live tool directory as a Model Context Protocol server (``tghost mcp``), over
-stdio or streamable HTTP, with the official ``mcp`` SDK's low-level server. Agent side: never
-writes anything but MCP messages to stdout. Over HTTP, the Host and Origin headers are checked
-on every bind (DNS-rebinding protection, :mod:`tghost.adapters.web`), not only on loopback as
-the SDK does by itself.
+stdio or streamable HTTP, with the official ``mcp`` SDK's low-level server (the ``mcp`` extra:
+the only tghost module that imports the SDK). Agent side: never writes anything but MCP messages
+to stdout. Over HTTP, the Host and Origin headers are checked on every bind (DNS-rebinding
+protection, :func:`transport_security`), not only on loopback as the SDK does by itself.
 """
 
 from __future__ import annotations
@@ -25,12 +25,13 @@ from mcp.server.auth.settings import AuthSettings
 from mcp.server.session import ServerSession
 from mcp.server.stdio import stdio_server
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
+from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
 from pydantic import AnyHttpUrl
 
 from tghost._version import __version__
 from tghost.adapters.export import mcp_tool
-from tghost.adapters.web import serve_app, transport_security, warn_if_unreachable_by_name
+from tghost.adapters.web import allowed_host_patterns, serve_app, warn_if_unreachable_by_name
 from tghost.agent.calls import UNKNOWN_TOOL, UnknownTool
 from tghost.agent.client import ToolCallError
 from tghost.agent.directory import DirectoryTool, ToolDirectory
@@ -42,7 +43,7 @@ from tghost.protocol.groups import DEFAULT_GROUPS, WILDCARD
 from tghost.protocol.wire import Progress
 
 __all__ = ["CALL_TOOL", "PAGE_SIZE", "SEARCH_TOOLS", "BearerToken", "Bridge", "Selection", "meta_tools", "page",
-           "serve"]
+           "serve", "transport_security"]
 
 log = logging.getLogger(__name__)
 
@@ -394,6 +395,21 @@ class BearerToken:
         if hmac.compare_digest(token.encode(), self._token.encode()):
             return AccessToken(token=token, client_id="tghost-mcp", scopes=[])
         return None
+
+
+def transport_security(allowed_hosts: Sequence[str] = ()) -> TransportSecuritySettings:
+    """The SDK's DNS-rebinding protection, on whatever address the bridge binds.
+
+    The ``Host`` headers accepted are :func:`tghost.adapters.web.allowed_host_patterns` with
+    ``allowed_hosts`` (the inspector's too). The ``Origin`` headers accepted (a request without
+    one is too) are ``http://`` of the loopback names, as the SDK's own loopback settings, and
+    ``http://`` and ``https://`` of each allowed host. The SDK answers any other ``Host`` with
+    421 and any other ``Origin`` with 403.
+    """
+    origins = [f"http://{name}" for name in allowed_host_patterns()]
+    origins += [f"{scheme}://{name}" for name in allowed_hosts for scheme in ("http", "https")]
+    return TransportSecuritySettings(enable_dns_rebinding_protection=True,
+                                     allowed_hosts=allowed_host_patterns(allowed_hosts), allowed_origins=origins)
 
 
 async def _serve_http(server: Server[Any], host: str, port: int, allowed_hosts: Sequence[str],

@@ -1,9 +1,9 @@
 """web: what every HTTP face of the directory shares (``tghost mcp --transport http`` and
-``tghost inspect``): the ``Host``/``Origin`` checks against DNS rebinding and cross-site
-requests, on every bind, with the MCP SDK's own checker (and, for the inspector, whose only
-client is its own page, the stricter same-origin rule of :func:`is_own_origin`), the warning
-for a bind that no client can name, and the server itself (:func:`serve_app`: bound by tghost, so a port in use is
-a clear error, and announced once it listens).
+``tghost inspect``): which ``Host`` headers they answer, on every bind, against DNS rebinding
+(:func:`allowed_host_patterns`, :func:`is_allowed_host`: the MCP bridge hands the same patterns to
+the MCP SDK's own checker), the inspector's same-origin rule (:func:`is_own_origin`), the warning
+for a bind that no client can name, and the server itself (:func:`serve_app`: bound by tghost, so
+a port in use is a clear error, and announced once it listens). Nothing here needs the MCP SDK.
 """
 
 from __future__ import annotations
@@ -15,33 +15,30 @@ from collections.abc import Callable, Sequence
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from mcp.server.transport_security import TransportSecurityMiddleware, TransportSecuritySettings
-
 from tghost.system.net import is_loopback
 
-__all__ = ["LOOPBACK_HOSTS", "TransportSecurityMiddleware", "bind", "is_own_origin", "serve_app",
-           "transport_security", "warn_if_unreachable_by_name"]
+__all__ = ["LOOPBACK_HOSTS", "allowed_host_patterns", "bind", "is_allowed_host", "is_own_origin", "serve_app",
+           "warn_if_unreachable_by_name"]
 
 log = logging.getLogger(__name__)
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
-"""The ``Host`` names always accepted over HTTP, bare or with any port (the SDK's loopback list)."""
+"""The ``Host`` names always accepted over HTTP, bare or with any port (the MCP SDK's loopback list)."""
 
 
-def transport_security(allowed_hosts: Sequence[str] = ()) -> TransportSecuritySettings:
-    """The SDK's DNS-rebinding protection, on whatever address the server binds.
+def allowed_host_patterns(allowed_hosts: Sequence[str] = ()) -> list[str]:
+    """The ``Host`` patterns a server answers: each of :data:`LOOPBACK_HOSTS` bare and as
+    ``name:*``, then ``allowed_hosts`` (``name``, ``name:port``, or ``name:*`` for ``name`` with
+    any port), as :func:`is_allowed_host` and the MCP SDK's ``TransportSecuritySettings`` read them."""
+    return [f"{name}{port}" for name in LOOPBACK_HOSTS for port in ("", ":*")] + list(allowed_hosts)
 
-    ``allowed_hosts`` are ``Host`` header values (``name``, ``name:port``, or ``name:*`` for
-    ``name`` with any port) accepted besides :data:`LOOPBACK_HOSTS`. The ``Origin`` headers
-    accepted (a request without one is too) are ``http://`` of the loopback names, as the
-    SDK's own loopback settings, and ``http://`` and ``https://`` of each allowed host. The
-    SDK answers any other ``Host`` with 421 and any other ``Origin`` with 403.
-    """
-    loopback = [f"{name}{port}" for name in LOOPBACK_HOSTS for port in ("", ":*")]
-    origins = [f"http://{name}" for name in loopback]
-    origins += [f"{scheme}://{name}" for name in allowed_hosts for scheme in ("http", "https")]
-    return TransportSecuritySettings(enable_dns_rebinding_protection=True,
-                                     allowed_hosts=[*loopback, *allowed_hosts], allowed_origins=origins)
+
+def is_allowed_host(host: str, patterns: Sequence[str]) -> bool:
+    """Whether the ``Host`` header value ``host`` matches one of ``patterns``
+    (:func:`allowed_host_patterns`): equal to one (case-sensitive), or ``NAME:`` and any port
+    for a ``NAME:*``; the MCP SDK's rule, so the bridge and the inspector answer the same names.
+    An empty ``host`` (no header) matches none."""
+    return any(host == pattern or (pattern.endswith(":*") and host.startswith(pattern[:-1])) for pattern in patterns)
 
 
 def is_own_origin(origin: str, host: str) -> bool:

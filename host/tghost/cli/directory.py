@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.metadata
 import json
 import sys
 import webbrowser
@@ -37,6 +38,8 @@ from tghost.pulsar.clients import PulsarSettings
 from tghost.system.net import is_loopback
 
 F = TypeVar("F", bound=Callable[..., Any])
+#: What ``tghost mcp`` needs of the MCP SDK: the ``mcp`` extra of pyproject.toml.
+MCP_SDK = "mcp>=2.3,<3"
 #: ``tghost inspect``'s default port: one above the MCP bridge's 8765, so both run side by side.
 INSPECT_PORT = 8766
 
@@ -315,10 +318,16 @@ def mcp_bridge(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str
     a tool outside the set is refused as an unknown one. Clients get
     notifications/tools/list_changed when that list changes. Over HTTP bound off loopback it
     asks every request for the bearer token in --token-file.
+
+    Needs the MCP SDK, the 'mcp' extra: pip install "tghost[mcp]".
     """
+    try:
+        from tghost.adapters.mcp import Selection, serve  # the mcp SDK is imported only by this command
+    except ImportError as exc:
+        _no_mcp_sdk(exc)
+        raise
     token = _web_token(token_file, transport == "http", http_host, "the MCP bridge", "TGHOST_MCP_TOKEN_FILE")
     setup_logging(log_level)
-    from tghost.adapters.mcp import Selection, serve  # the mcp SDK is imported only by this command
 
     def ready(url: str) -> None:
         where = f"port {http_port} of every address of this machine" if http_host in ("0.0.0.0", "::") else url
@@ -333,6 +342,35 @@ def mcp_bridge(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str
                               token, tool_search, on_ready=ready, selection=Selection(read_only, include, exclude)))
     except OSError as exc:
         raise click.ClickException(str(exc)) from None
+
+
+class MissingExtra(click.ClickException):
+    """An optional part of tghost is not installed (its message names the extra): exit code 2,
+    as for a usage error, and ``--otel`` without its SDK."""
+
+    exit_code = 2
+
+
+def _no_mcp_sdk(exc: ImportError) -> None:
+    """What ``tghost mcp`` says when importing the bridge failed for the MCP SDK (``exc`` names
+    an ``mcp`` module): it is not installed, or it is not of :data:`MCP_SDK`'s versions.
+
+    Raises:
+        MissingExtra: exit code 2, naming the fix, when ``exc`` is about the SDK; else
+            returns, for the caller to raise ``exc``.
+    """
+    if (exc.name or "").partition(".")[0] != "mcp":
+        return
+    fix = 'pip install "tghost[mcp]"'
+    try:
+        found = importlib.metadata.version("mcp")
+    except importlib.metadata.PackageNotFoundError:
+        error = MissingExtra(f"tghost mcp needs the MCP SDK ({MCP_SDK}), which is not installed: {fix}")
+    else:
+        error = MissingExtra(f"tghost mcp needs the MCP SDK ({MCP_SDK}), and this environment has mcp {found}: "
+                             f"{fix}, or, where another package needs an older mcp (langchain-mcp-adapters pins "
+                             "mcp<2), run tghost mcp from a venv of its own")
+    raise error from None
 
 
 @cli.command("inspect")

@@ -19,10 +19,11 @@ Routes:
   with an ``output-schema`` that answered no JSON object, as an agent's call gets). Closing the
   request cancels the call.
 
-Every request, static files and unknown paths included, has its ``Host`` (and a POST its
-JSON content type) checked (:func:`tghost.adapters.web.transport_security`), and its ``Origin``,
-if any, must be the inspector's own (:func:`tghost.adapters.web.is_own_origin`): another page,
-on another loopback port too, is answered 403.
+Every request, static files and unknown paths included, has its ``Host`` checked against
+loopback and the allowed hosts (:func:`tghost.adapters.web.is_allowed_host`, the MCP bridge's
+rule; else 421), a POST its JSON content type (else 400), and its ``Origin``, if any, must be the
+inspector's own (:func:`tghost.adapters.web.is_own_origin`): another page, on another loopback
+port too, is answered 403.
 With a token, every request must carry it: ``Authorization: Bearer <token>``, or the cookie
 that ``GET /?token=<token>`` sets; else 401.
 """
@@ -55,7 +56,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tghost.adapters.inspector.views import hosts_view, snapshot
-from tghost.adapters.web import TransportSecurityMiddleware, is_own_origin, transport_security
+from tghost.adapters.web import allowed_host_patterns, is_allowed_host, is_own_origin
 from tghost.agent.calls import structured
 from tghost.agent.client import ToolCallError
 from tghost.agent.directory import ToolDirectory
@@ -79,13 +80,13 @@ class Inspector:
     """The inspector over ``directory`` (started by the caller, and followed here).
 
     ``token``: the secret every request must carry (``None``: none asked, for loopback).
-    ``allowed_hosts``: ``Host`` names accepted besides loopback (:func:`tghost.adapters.web.transport_security`).
+    ``allowed_hosts``: ``Host`` names accepted besides loopback (:func:`tghost.adapters.web.allowed_host_patterns`).
     """
 
     def __init__(self, directory: ToolDirectory, token: str | None = None, allowed_hosts: Sequence[str] = ()) -> None:
         self.directory = directory
         self.token = token
-        self._security = TransportSecurityMiddleware(transport_security(allowed_hosts))
+        self._hosts = allowed_host_patterns(allowed_hosts)
         self._version = 0
         self._changed = asyncio.Condition()
         routes = Starlette(routes=[
@@ -107,11 +108,10 @@ class Inspector:
                 self._changed.notify_all()
 
     async def _refusal(self, request: Request) -> Response | None:
-        """Why ``request`` is not answered (421 for its Host, 403 for an Origin not the
-        inspector's own, 400 for a POST that is not JSON, 401 without the token), or ``None``.
+        """Why ``request`` is not answered (400 for a POST that is not JSON, 421 for its Host, 403
+        for an Origin not the inspector's own, 401 without the token), or ``None``.
         ``GET /?token=`` with the right token passes, to be given its cookie."""
-        refused = await self._security.validate_request(request, is_post=request.method == "POST")
-        refused = refused or _foreign_origin(request)
+        refused = _not_json(request) or _foreign_host(request, self._hosts) or _foreign_origin(request)
         if refused is not None or self.token is None or self._has_token(request):
             return refused
         if request.url.path == "/" and self._matches(request.query_params.get("token")):
@@ -237,6 +237,24 @@ class _Guarded:
                 await refused(scope, receive, send)
                 return
         await self._app(scope, receive, send)
+
+
+def _not_json(request: Request) -> Response | None:
+    """400 for a POST whose body is not JSON: a form, which any page can send without asking."""
+    if request.method != "POST" or request.headers.get("content-type", "").lower().startswith("application/json"):
+        return None
+    return PlainTextResponse("tghost inspect takes JSON only: POST with 'Content-Type: application/json'",
+                             status_code=400)
+
+
+def _foreign_host(request: Request, hosts: Sequence[str]) -> Response | None:
+    """421 for a request whose ``Host`` is none of ``hosts`` (:func:`tghost.adapters.web.allowed_host_patterns`):
+    a name that is not the inspector's may be an attacker's, rebound to this address (DNS rebinding)."""
+    host = request.headers.get("host", "")
+    if is_allowed_host(host, hosts):
+        return None
+    return PlainTextResponse(f"tghost inspect does not answer to the name {host!r}: open it at localhost, or start "
+                             "it with --allowed-host NAME for each name browsers use", status_code=421)
 
 
 def _foreign_origin(request: Request) -> Response | None:
