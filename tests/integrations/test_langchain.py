@@ -133,9 +133,10 @@ def tool_messages(messages: list[Any]) -> list[tuple[str, str, str]]:
 
 
 @pytest.fixture
-async def directory(pulsar_broker: EmbeddedBroker) -> Any:
-    async with (LocalHost(pulsar_broker.url, [*SERVED, test_view.Shop()], tools=SHOP, announce_as="langchain-host"),
-                tghost.ToolDirectory(tghost.PulsarSettings(pulsar_broker.url)) as directory):
+async def directory(pulsar_broker: EmbeddedBroker, topic: str) -> Any:
+    async with (LocalHost(pulsar_broker.url, [*SERVED, test_view.Shop()], tools=SHOP, announce_as="langchain-host",
+                          topic=topic),
+                tghost.ToolDirectory(tghost.PulsarSettings(pulsar_broker.url), topic) as directory):
         for name in ["calculate", "count-notes", "divide", "echo", "survey", "nap", *(t["name"] for t in SHOP)]:
             await directory.wait_for(name)
         yield directory
@@ -182,13 +183,13 @@ async def test_the_tools_share_one_seed_001_state(directory: Any) -> None:
 
 
 async def test_the_middleware_offers_the_live_tools_at_each_model_call(
-    directory: Any, pulsar_broker: EmbeddedBroker,
+    directory: Any, pulsar_broker: EmbeddedBroker, topic: str,
 ) -> None:
     model = scripted("nothing to do yet", call("late", city="Paris"), "Sunny.", "no weather tool now")
     view = tghost.ToolView(directory, include=["late", "calculate"])
     agent = create_agent(model, middleware=[DirectoryMiddleware(view)])
     assert (await ask(agent))[-1].content == "nothing to do yet" and model.offered == [["calculate"]]
-    async with LocalHost(pulsar_broker.url, [late], announce_as="late-host"):
+    async with LocalHost(pulsar_broker.url, [late], announce_as="late-host", topic=topic):
         await directory.wait_for("late")
         messages = await ask(agent, "Weather in Paris?")
     assert tool_messages(messages) == [("late", "success", "sunny in Paris")] and messages[-1].content == "Sunny."

@@ -70,9 +70,9 @@ TOOLS = [
 
 
 @pytest.fixture
-async def directory(pulsar_broker: EmbeddedBroker) -> AsyncIterator[tghost.ToolDirectory]:
-    async with (LocalHost(pulsar_broker.url, [Shop(), forecast], tools=TOOLS, announce_as="shop-host"),
-                tghost.ToolDirectory(tghost.PulsarSettings(pulsar_broker.url)) as directory):
+async def directory(pulsar_broker: EmbeddedBroker, topic: str) -> AsyncIterator[tghost.ToolDirectory]:
+    async with (LocalHost(pulsar_broker.url, [Shop(), forecast], tools=TOOLS, announce_as="shop-host", topic=topic),
+                tghost.ToolDirectory(tghost.PulsarSettings(pulsar_broker.url), topic) as directory):
         for name in ["forecast", *(tool["name"] for tool in TOOLS)]:
             await directory.wait_for(name)
         yield directory
@@ -156,7 +156,7 @@ async def test_globs_and_the_read_only_hint_narrow_the_tools(directory: tghost.T
 
 
 async def test_a_tool_of_a_host_started_mid_run_is_offered_at_the_next_step(
-        pulsar_broker: EmbeddedBroker, directory: tghost.ToolDirectory) -> None:
+        pulsar_broker: EmbeddedBroker, directory: tghost.ToolDirectory, topic: str) -> None:
     @tghost.tool
     def greet(name: str) -> str:
         """Greet someone."""
@@ -168,7 +168,8 @@ async def test_a_tool_of_a_host_started_mid_run_is_offered_at_the_next_step(
         async def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
             offered.append(sorted(tool.name for tool in info.function_tools))
             if len(offered) == 1:  # a host starts while the agent runs
-                await later.enter_async_context(LocalHost(pulsar_broker.url, [greet], announce_as="late-host"))
+                await later.enter_async_context(
+                    LocalHost(pulsar_broker.url, [greet], announce_as="late-host", topic=topic))
                 await directory.wait_for("greet")
                 return ModelResponse(parts=[ToolCallPart("forecast", {"city": "Rome"})])
             if len(offered) == 2:
@@ -211,7 +212,7 @@ async def test_outside_a_run_a_call_still_answers_and_its_progress_goes_nowhere(
     assert await toolset.call_tool("forecast", {"city": "Oslo"}, ctx, tool) == {"city": "Oslo", "sky": "clear"}
 
 
-async def test_a_cancelled_run_cancels_the_call_on_its_host(pulsar_broker: EmbeddedBroker) -> None:
+async def test_a_cancelled_run_cancels_the_call_on_its_host(pulsar_broker: EmbeddedBroker, topic: str) -> None:
     started, stopped = threading.Event(), threading.Event()
 
     @tghost.tool
@@ -225,8 +226,8 @@ async def test_a_cancelled_run_cancels_the_call_on_its_host(pulsar_broker: Embed
             raise
         return "rested"
 
-    async with (LocalHost(pulsar_broker.url, [nap], announce_as="nap-host"),
-                tghost.ToolDirectory(tghost.PulsarSettings(pulsar_broker.url)) as directory):
+    async with (LocalHost(pulsar_broker.url, [nap], announce_as="nap-host", topic=topic),
+                tghost.ToolDirectory(tghost.PulsarSettings(pulsar_broker.url), topic) as directory):
         await directory.wait_for("nap")
         run = asyncio.create_task(agent(Script([("nap", {"seconds": 600})]), DirectoryToolset(directory)).run("Nap"))
         assert await asyncio.to_thread(started.wait, 30)
@@ -249,7 +250,7 @@ async def test_the_directorys_search_finds_deferred_tools(directory: tghost.Tool
 PAGE = "docs/integrations/pydantic-ai.md"
 
 
-async def test_the_pages_agent_answers_with_a_live_tool(pulsar_broker: EmbeddedBroker) -> None:
+async def test_the_pages_agent_answers_with_a_live_tool(pulsar_broker: EmbeddedBroker, topic: str) -> None:
     @tghost.tool(group=["default", "compute"])
     def calculate(expression: str) -> str:
         """Evaluate an arithmetic expression (a stand-in for the example calculator)."""
@@ -262,8 +263,11 @@ async def test_the_pages_agent_answers_with_a_live_tool(pulsar_broker: EmbeddedB
         return ModelResponse(parts=[ToolCallPart("calculate", {"expression": "2 * (3 + 4)"})])
 
     source = block(PAGE, "# agent.py: a Pydantic AI agent whose tools are tghost's live tools")
-    page = module_of(source.replace("pulsar://localhost:6650", pulsar_broker.url), "pydantic_ai_page_agent")
-    async with LocalHost(pulsar_broker.url, [calculate], announce_as="calculator-host"):
+    settings = 'tghost.PulsarSettings("pulsar://localhost:6650")'
+    assert settings in source
+    page = module_of(source.replace(settings, f"tghost.PulsarSettings({pulsar_broker.url!r}), {topic!r}"),
+                     "pydantic_ai_page_agent")
+    async with LocalHost(pulsar_broker.url, [calculate], announce_as="calculator-host", topic=topic):
         assert await page.main(FunctionModel(model), "What is 2 * (3 + 4)?") == "14"
 
 
