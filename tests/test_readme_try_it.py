@@ -87,7 +87,8 @@ def test_the_agent_snippet_runs_as_a_script_offers_invokes_and_follows(
     source = block(README, "# an agent, as a script: python agent.py")
     script.write_text(source.replace("pulsar://localhost:6650", pulsar_broker.url))
     # -u: print() to a pipe is block-buffered, and the script never ends by itself (a terminal is line-buffered)
-    agent = subprocess.Popen([sys.executable, "-u", str(script)], env=env, stdout=subprocess.PIPE, text=True)
+    agent = subprocess.Popen([sys.executable, "-u", str(script)], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
     assert agent.stdout is not None
     watchdog = threading.Timer(60, agent.kill)  # a script that never prints fails this test, not the run
     watchdog.start()
@@ -96,9 +97,10 @@ def test_the_agent_snippet_runs_as_a_script_offers_invokes_and_follows(
         lines.append(line.rstrip("\n"))
         if line == "added query-customers\n":
             break
+    agent.send_signal(signal.SIGINT)  # Ctrl-C: it ends, quietly
+    _, stderr = agent.communicate(timeout=30)
     watchdog.cancel()
-    agent.kill()
-    agent.wait()
+    assert (agent.returncode, stderr) == (0, "")
     assert "query-customers" in lines[0] and lines[1].startswith("answer: ") and len(lines[1]) > len("answer: ")
     host.process.send_signal(signal.SIGINT)
     assert host.finish() == 0
