@@ -136,6 +136,8 @@ RUN_BY = {
     ("docs/integrations/mcp-servers.md", "[mcp-servers.memory]"): "test_mcp_servers",
     ("docs/integrations/mcp-servers.md", "# time.toml"): "test_mcp_servers",
     ("docs/integrations/mcp-servers.md", "$ tghost run --config time.toml &"): "test_mcp_servers",
+    ("docs/integrations/openai-agents.md", "# calculator_agent.py"): "test_openai_agents",
+    ("docs/integrations/openai-agents.md", "# calculator_agent.py, continued"): "test_openai_agents",
     ("docs/reference/plugin-hooks.md", "# tghost_textkit.py"): "test_docs",
     ("docs/reference/plugin-hooks.md", "# tghost_search.py"): "test_docs",
     ("docs/reference/plugin-hooks.md", "# tghost_access.py"): "test_docs",
@@ -180,6 +182,9 @@ NOT_RUN = {
     ("docs/integrations/amplifier.md", "tools:"):
         "an Amplifier session's mount plan; plugins/tghost-amplifier/tests/test_session.py mounts tool-tghost "
         "with the same config keys",
+    ("docs/integrations/openai-agents.md", 'pip install "tghost[openai-agents]"'):
+        "installs from an index; tox -e frameworks installs the same extra and runs "
+        "tests/integrations/test_openai_agents.py",
     ("docs/integrations/mcp-servers.md", "pip install tghost-mcp mcp-server-time"):
         "installs from an index; tox's venv holds both (tox.ini), and tests/adapters/test_mcp_servers.py runs "
         "the page's time server",
