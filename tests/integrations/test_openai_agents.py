@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import threading
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -23,6 +25,7 @@ from agents.testing import ModelCall, ModelStep, ScriptedModel, assistant_messag
 
 import tghost
 from tests.test_docs import block, module_of
+from tghost.integrations import openai_agents
 from tghost.integrations.openai_agents import DirectoryServer, directory_tools
 from tghost.testing import EmbeddedBroker, LocalHost
 
@@ -62,6 +65,19 @@ TOOLS = [
     {"name": "shop-wait", "description": "Wait until cancelled", "service": "shop", "step": "wait",
      "group": ["shop"]},
 ]
+
+
+def test_the_public_names_are_pinned_and_tghost_never_loads_the_sdk() -> None:
+    assert sorted(openai_agents.__all__) == ["DirectoryServer", "directory_tools"]
+    probe = "import sys, tghost, tghost.integrations\nprint(sorted({'agents', 'openai'} & set(sys.modules)))"
+    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout == "[]\n"
+
+
+def test_without_the_sdk_the_import_error_says_what_to_install() -> None:
+    probe = ("import sys\nsys.modules['agents'] = None\ntry:\n    import tghost.integrations.openai_agents\n"
+             "except ImportError as missing:\n    print(missing)")
+    shown = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert 'pip install "tghost[openai-agents]"' in shown
 
 
 @pytest.fixture(autouse=True)

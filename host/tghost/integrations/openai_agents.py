@@ -1,5 +1,5 @@
 """openai_agents: the live tool directory as the OpenAI Agents SDK's tools. :func:`directory_tools`
-gives one ``FunctionTool`` per tool an agent may use now, each offered only while it still may;
+gives one ``FunctionTool`` per tool an agent may use, each offered to the model only while it may;
 :class:`DirectoryServer` gives the live set at every turn, tools announced later included, as the
 SDK asks a remote MCP server for its tools. Both call through one :class:`tghost.ToolView`, so
 seed 001 state moves from call to call, and a tool error reaches the model as text.
@@ -62,8 +62,8 @@ def reachable(view: tghost.ToolView) -> list[tghost.ToolDescriptor]:
     every tool its calls can make available, sorted by name."""
     probe = view.fork()
     found: dict[str, tghost.ToolDescriptor] = {}
-    moves = {live.descriptor.state for live in view.directory.tools.values()} - {None}
-    for state in [view.state, *sorted(state for state in moves if state is not None)]:
+    moves = {state for live in view.directory.tools.values() if (state := live.descriptor.state) is not None}
+    for state in [view.state, *sorted(moves)]:
         probe.state = state
         found.update((tool.name, tool) for tool in probe.tools())
     return [found[name] for name in sorted(found)]
@@ -91,8 +91,8 @@ def directory_tools(directory: tghost.ToolDirectory, *, groups: Sequence[str] | 
     (``None``: the ``default`` group; ``["*"]``: every group) may use in seed 001 ``state`` or in
     a state its calls can move to, narrowed by ``include``/``exclude`` name globs and
     ``read_only`` (the tool's hint), sorted by name: the arguments of :class:`tghost.ToolView`,
-    one of which the tools share. Give the list to one agent run
-    or conversation (``Agent(tools=...)``); build another for the next.
+    one of which the tools share. Give the list to one conversation's agent (``Agent(tools=...)``);
+    build another for the next.
 
     Each tool has the tghost tool's name, description and input schema (``strict_json_schema``
     is false: a tghost schema need not meet OpenAI's strict mode), and:
