@@ -71,6 +71,7 @@ PROTOCOL = [
 #: The modules of ``tghost.integrations``, each importable only beside its framework (its extra).
 INTEGRATION_MODULES = {
     "tghost.integrations.langchain": ["DirectoryMiddleware", "PROGRESS_EVENT", "directory_tools"],
+    "tghost.integrations.openai_agents": ["DirectoryServer", "directory_tools"],
     "tghost.integrations.pydantic_ai": ["DirectoryToolset", "ToolProgress"],
 }
 
