@@ -46,8 +46,16 @@ def examples(label: str) -> list[str]:
     return found
 
 
+#: The page's fingerprint of the joke plugin's code: the real one changes with every edit of it.
+FINGERPRINT = "3f1c9a0e6b2d4f8a7c5e1b9d0a2f4c6e8b1d3f5a7c9e0b2d4f6a8c1e3b5d7f9a"
+
+
 def plugin(name: str) -> Catalog:
-    return discover([ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == name])
+    catalog = discover([ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == name])
+    for report in catalog.plugins:
+        assert report.fingerprint is not None
+        report.fingerprint = FINGERPRINT
+    return catalog
 
 
 def announcer() -> Announcer:

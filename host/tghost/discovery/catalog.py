@@ -70,6 +70,9 @@ class PluginReport:
     value: str
     distribution: str | None = None
     version: str | None = None
+    fingerprint: str | None = None
+    """The SHA-256 of the code it serves (:func:`tghost.discovery.fingerprint.fingerprint`), or ``None``:
+    a plugin given in process, another plugin added, or no files found."""
     services: list[str] = field(default_factory=list)
     tools: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
@@ -126,13 +129,16 @@ class PluginReport:
         log.error("plugin %r: toolset %r: %s", self.name, entry.toolset.name, message)
 
     def origin_json(self) -> dict[str, Any]:
-        """Where an announced descriptor came from: entry point, distribution, version."""
-        return {"entry_point": self.name, "distribution": self.distribution, "version": self.version}
+        """Where an announced descriptor came from (docs/protocol.md §4.3 ``plugin``): entry point,
+        distribution, version, and ``fingerprint`` when known."""
+        origin = {"entry_point": self.name, "distribution": self.distribution, "version": self.version}
+        return origin | ({"fingerprint": self.fingerprint} if self.fingerprint else {})
 
     def to_json(self) -> dict[str, Any]:
         """The report as a JSON-able dict (``tghost plugins --json``)."""
         return {"name": self.name, "value": self.value, "distribution": self.distribution,
-                "version": self.version, "kind": self.kind, "added_by": self.added_by, "status": self.status,
+                "version": self.version, "fingerprint": self.fingerprint, "kind": self.kind,
+                "added_by": self.added_by, "status": self.status,
                 "blocked": self.blocked, "services": self.services, "tools": self.tools,
                 "toolsets": [toolset.to_json() for toolset in self.toolsets], "errors": self.errors,
                 "tracebacks": self.tracebacks}

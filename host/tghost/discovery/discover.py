@@ -26,6 +26,7 @@ from tghost.author import hookspecs
 from tghost.author.service import ToolService, served_tool
 from tghost.author.toolset import Content, ToolSet
 from tghost.discovery.catalog import Catalog, PluginReport, ToolSetReport
+from tghost.discovery.fingerprint import fingerprint
 from tghost.protocol.callers import Caller
 from tghost.protocol.descriptors import (
     DescriptorError,
@@ -317,7 +318,8 @@ def _mark_entry_point(service: ToolService, root: PluginReport, config: dict[str
 def _register(pm: pluggy.PluginManager, ep: EntryPoint, fatal: str | None = None) -> PluginReport:
     """Import an entry point and register it with ``pm``; ``fatal``: the probe's reason not to."""
     dist = ep.dist
-    report = PluginReport(ep.name, ep.value, dist.name if dist else None, dist.version if dist else None)
+    report = PluginReport(ep.name, ep.value, dist.name if dist else None, dist.version if dist else None,
+                          fingerprint(dist, ep.module))
     if fatal is not None:
         report.fail(fatal)
         return report
