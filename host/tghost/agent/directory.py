@@ -37,7 +37,7 @@ from tghost.agent.calls import (
     described,
 )
 from tghost.agent.client import ToolServiceClient
-from tghost.agent.entries import Change, DirectoryTool, ServiceEntry, Side, policy_mismatch
+from tghost.agent.entries import Change, CodeVersion, DirectoryTool, ServiceEntry, Side, policy_mismatch, skew_of
 from tghost.agent.ledger import (
     DUPLICATE,
     HIJACK,
@@ -452,7 +452,10 @@ class ToolDirectory:
         assert isinstance(first, ToolServiceDescriptor)
         drift = _drift(winners, service_id, first.request_queue)
         self._log_drift(f"tool service {service_id!r}", self.services.get(service_id), drift, winners[0])
-        entry = ServiceEntry(first, tuple(c.provider for c in winners), self._service_rivals(first), drift)
+        providers = tuple(c.provider for c in winners)
+        skew = skew_of(providers)
+        _log_skew(service_id, self.services.get(service_id), skew)
+        entry = ServiceEntry(first, providers, self._service_rivals(first), drift, skew)
         _log_policy_mismatch(service_id, self.services.get(service_id), entry)
         self.services[service_id] = entry
         losing_hosts = sorted({c.provider.host["id"] for c in losers})
@@ -693,6 +696,24 @@ def _admitted(provider: Provider) -> tuple[bool, frozenset[str]] | None:
     return None if access is None else (access.anonymous, frozenset(access.keys))
 
 
+def _log_skew(service_id: str, before: ServiceEntry | None, skew: tuple[CodeVersion, ...]) -> None:
+    """Warn once per skew appearing (a set of code versions the service's providers serve),
+    naming every version and its hosts; say when the providers agree again."""
+    if _versions(skew) == _versions(before.skew if before is not None else ()):
+        return
+    if skew:
+        log.warning("tool service %r is skewed: its hosts serve different code: %s. A call goes to any of them, "
+                    "so the same call may get different answers: finish the upgrade, or restart the hosts on one "
+                    "version ('tghost status' lists them)", service_id, "; ".join(v.describe() for v in skew))
+    else:
+        log.info("tool service %r: its hosts serve one version of its code again", service_id)
+
+
+def _versions(skew: tuple[CodeVersion, ...]) -> set[tuple[str | None, ...]]:
+    """The versions of a skew, without their hosts."""
+    return {(v.distribution, v.version, v.fingerprint) for v in skew}
+
+
 def _rank(groups: Any) -> tuple[list[Claim], list[Claim]]:
     """The claims of the group announced first (lowest rank), in rank order, and all the others."""
     ranked = sorted((sorted(group, key=lambda c: c.rank) for group in groups), key=lambda group: group[0].rank)
@@ -708,6 +729,6 @@ def _set_or_drop(conflicts: dict[str, list[str]], key: str, losers: list[str]) -
 
 def _shape(tool: DirectoryTool | None) -> tuple[Any, ...] | None:
     """What a change event is about: the tool, its providers, its service's descriptor, whether
-    it is contested, its drift, and its service's policy mismatch."""
+    it is contested, its drift, and its service's policy mismatch and skew."""
     return None if tool is None else (tool.descriptor, tool.providers, tool.service.descriptor, tool.contested,
-                                      tool.drift, tool.service.drift, policy_mismatch(tool.service))
+                                      tool.drift, tool.service.drift, policy_mismatch(tool.service), tool.service.skew)

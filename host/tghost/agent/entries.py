@@ -1,6 +1,7 @@
 """entries: what a directory holds once it has resolved the hosts' claims: a live tool service
-(:class:`ServiceEntry`), a live tool (:class:`DirectoryTool`), and a change to the live tool set
-(:class:`Change`). Plain data, shared by the directory and its calls. :meth:`DirectoryTool.to_json`
+(:class:`ServiceEntry`, with the versions of its code when its providers disagree:
+:class:`CodeVersion`, :func:`skew_of`), a live tool (:class:`DirectoryTool`), and a change to the
+live tool set (:class:`Change`). Plain data, shared by the directory and its calls. :meth:`DirectoryTool.to_json`
 is the one JSON shape of a tool for programs (``tghost tools --json``, ``tghost watch --json``,
 the inspector).
 """
@@ -8,6 +9,7 @@ the inspector).
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -15,7 +17,8 @@ from tghost.agent.ledger import Provider
 from tghost.protocol.access import ToolAccess
 from tghost.protocol.descriptors import ToolDescriptor, ToolServiceDescriptor, schema_of_arguments
 
-__all__ = ["Change", "DirectoryTool", "ServiceEntry", "Side", "input_schema", "policy_mismatch"]
+__all__ = ["Change", "CodeVersion", "DirectoryTool", "ServiceEntry", "Side", "input_schema", "policy_mismatch",
+           "skew_of"]
 
 
 def input_schema(tool: ToolDescriptor) -> dict[str, Any]:
@@ -62,17 +65,74 @@ class Side:
 
 
 @dataclass(frozen=True)
+class CodeVersion:
+    """One version of a tool service's code that live providers serve, as their ``plugin`` objects
+    announce it (docs/protocol.md §4.3): the ``distribution`` and its ``version`` (``None``: a
+    service not from a distribution), the ``fingerprint`` of its files (``None``: not announced),
+    and the ids of the ``hosts`` serving it, in the order the directory saw them."""
+
+    distribution: str | None
+    version: str | None
+    fingerprint: str | None
+    hosts: tuple[str, ...]
+
+    def describe(self) -> str:
+        """``tghost-joke 0.1.0 (code 5cd7fb336cb5) on host(s) h1, h2``: the fingerprint's first 12 hex digits."""
+        code = f" (code {self.fingerprint[:12]})" if self.fingerprint else ""
+        name = self.distribution or "no distribution"
+        return f"{name} {self.version or '(no version)'}{code} on host(s) {', '.join(self.hosts)}"
+
+    @classmethod
+    def from_json(cls, version: dict[str, Any]) -> CodeVersion:
+        """The version :meth:`to_json` gave."""
+        return cls(version.get("distribution"), version.get("version"), version.get("fingerprint"),
+                   tuple(version["hosts"]))
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"distribution", "version", "fingerprint", "hosts"}``; a field without a value is left out."""
+        shape = {"distribution": self.distribution, "version": self.version, "fingerprint": self.fingerprint,
+                 "hosts": list(self.hosts)}
+        return {key: value for key, value in shape.items() if value is not None}
+
+
+def _code(provider: Provider) -> tuple[str | None, str | None, str | None]:
+    """What the provider's ``plugin`` object says of its code: (distribution, version, fingerprint)."""
+    plugin = provider.plugin or {}
+    fields = (plugin.get(key) for key in ("distribution", "version", "fingerprint"))
+    distribution, version, fingerprint = (None if value is None else str(value) for value in fields)
+    return distribution, version, fingerprint
+
+
+def skew_of(providers: Iterable[Provider]) -> tuple[CodeVersion, ...]:
+    """The versions of a service's code its ``providers`` serve (docs/protocol.md §4.8 skew),
+    the first provider's first, when they disagree on distribution, version or fingerprint; ``()``
+    when they agree. External providers serve nothing and do not count; one without a
+    fingerprint (a host that predates it) agrees with every fingerprint of its distribution and
+    version."""
+    hosts: dict[tuple[str | None, str | None, str | None], list[str]] = {}
+    for provider in providers:
+        if not provider.external:
+            hosts.setdefault(_code(provider), []).append(str(provider.host.get("id")))
+    fingerprinted = {code[:2] for code in hosts if code[2] is not None}
+    versions = [CodeVersion(*code, tuple(dict.fromkeys(ids))) for code, ids in hosts.items()
+                if code[2] is not None or code[:2] not in fingerprinted]
+    return tuple(versions) if len(versions) > 1 else ()
+
+
+@dataclass(frozen=True)
 class ServiceEntry:
     """A live tool service and every host whose lease on it is alive, in the order the
     directory saw them: its ``descriptor`` is the first one's (the claim of record).
     ``rivals``: the hosts that announce its id, live or lately, with other queues or config
     params. ``drift``: the providers whose descriptor differs from the one applied otherwise
-    (``timeout``, ``description``, ``max-concurrency``; docs/protocol.md §4.8)."""
+    (``timeout``, ``description``, ``max-concurrency``; docs/protocol.md §4.8). ``skew``: every
+    version of its code the providers serve when they disagree (:func:`skew_of`), else empty."""
 
     descriptor: ToolServiceDescriptor
     providers: tuple[Provider, ...]
     rivals: tuple[Side, ...] = ()
     drift: tuple[Side, ...] = ()
+    skew: tuple[CodeVersion, ...] = ()
 
     @functools.cached_property
     def policies(self) -> dict[str, tuple[str, ...]]:
@@ -151,6 +211,12 @@ class DirectoryTool:
         one applied (calls go ahead, with the one applied)."""
         return bool(self.drift or self.service.drift)
 
+    @property
+    def skewed(self) -> bool:
+        """Whether the providers of its service serve different versions of its code (calls go
+        to any of them, so one call may be answered by either version)."""
+        return bool(self.service.skew)
+
     def sides(self) -> list[Side]:
         """Every side of its conflicts: first the live claims that win (the claims seen first),
         then the rivals of the tool and of its service."""
@@ -167,9 +233,10 @@ class DirectoryTool:
         announces its service as served elsewhere), ``access`` (:meth:`access`), ``conflicts``
         (the other side of each conflict over its name or service: :meth:`Side.to_json`) and
         ``drift`` (each provider announcing it or its service with another descriptor, with the
-        fields that differ) and ``policy_mismatch`` (while its service's providers announce different
-        access policies: ``{"policy", "hosts"}`` per policy). No ``null``: a field without a value
-        is left out."""
+        fields that differ), ``policy_mismatch`` (while its service's providers announce different
+        access policies: ``{"policy", "hosts"}`` per policy) and ``skew`` (each version of its
+        service's code when its providers serve more than one: :meth:`CodeVersion.to_json`). No
+        ``null``: a field without a value is left out."""
         d = self.descriptor
         shape: dict[str, Any] = {
             "name": d.name, "title": d.title, "description": d.description, "service": d.service,
@@ -183,6 +250,7 @@ class DirectoryTool:
             "conflicts": [side.to_json() for side in self.sides()[1:]] if self.contested else [],
             "drift": [side.to_json() for side in (*self.drift, *self.service.drift)],
             "policy_mismatch": policy_mismatch(self.service),
+            "skew": [version.to_json() for version in self.service.skew],
         }
         return {key: value for key, value in shape.items() if value is not None}
 

@@ -1,5 +1,5 @@
 """hosts: what a directory knows of every live host (``tghost status``): its instances, lease,
-signature, the tool services and tools it announces, its conflicts and the health URL its host
+signature, the tool services and tools it announces, its conflicts, its skewed services and the health URL its host
 message names (docs/protocol.md §4.3). Pure reads of a started directory: never talks to Pulsar.
 """
 
@@ -25,7 +25,9 @@ class LiveHost:
     against trusted keys if ``verified``; ``services`` the tool services it announces and serves,
     ``external`` those it announces but are served elsewhere, ``tools`` its tools; ``conflicts``
     the names among them that are contested (a tool name, or ``tool-service/<id>``: the keys of
-    :attr:`ToolDirectory.conflicts`); ``health`` the URL of its health JSON, if announced.
+    :attr:`ToolDirectory.conflicts`); ``health`` the URL of its health JSON, if announced;
+    ``skewed`` the services among its own whose providers serve different versions of their code
+    (:attr:`tghost.agent.entries.ServiceEntry.skew`).
     """
 
     id: str
@@ -40,6 +42,7 @@ class LiveHost:
     tools: tuple[str, ...]
     conflicts: tuple[str, ...]
     health: str | None
+    skewed: tuple[str, ...] = ()
 
     def to_json(self, now: float) -> dict[str, Any]:
         """The host for programs at unix time ``now`` (see ``tghost status --help``); no ``null``."""
@@ -49,7 +52,7 @@ class LiveHost:
             "lease_remaining": round(max(0.0, self.lease_end - now), 1), "signed": self.signed_by is not None,
             "signed_by": self.signed_by, "verified": self.verified if self.signed_by is not None else None,
             "services": list(self.services), "external": list(self.external), "tools": len(self.tools),
-            "conflicts": list(self.conflicts), "health_url": self.health,
+            "conflicts": list(self.conflicts), "skewed": list(self.skewed), "health_url": self.health,
         }
         return {key: value for key, value in shape.items() if value is not None}
 
@@ -75,7 +78,8 @@ def _live_host(directory: ToolDirectory, host_id: str, views: list[InstanceView]
         external=tuple(external), tools=tuple(sorted(n for k, n in announced if k == "tool")),
         conflicts=tuple(sorted(name if kind == "tool" else f"{kind}/{name}" for kind, name in announced
                                if _is_contested(directory, kind, name))),
-        health=newest.health)
+        health=newest.health, skewed=tuple(sorted(name for kind, name in announced if kind == "tool-service"
+                                                  and name in directory.services and directory.services[name].skew)))
 
 
 def _is_contested(directory: ToolDirectory, kind: str, name: str) -> bool:

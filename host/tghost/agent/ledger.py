@@ -160,6 +160,8 @@ class _Instance:
     """The key id the signature of its last applied message names (``None``: unsigned)."""
     health: str | None = None
     """The health URL its last host message announced (``None``: none)."""
+    since: float | None = None
+    """When the instance started, as its last host message says (unix seconds; ``None``: not said)."""
     queued: int = -1
     """The sequence number of its one valid entry in the ledger's lease heap (``Ledger._due``)."""
 
@@ -179,7 +181,8 @@ class InstanceView:
     signature names (``None``: unsigned), which ``verified`` says was checked against trusted
     keys; ``entries`` (kind, name, available) of everything it announced, withdrawn included;
     ``external`` the ids of the tool services it announces available but serves elsewhere, and
-    ``health`` the URL of its health JSON, if its host message announces one.
+    ``health`` the URL of its health JSON, if its host message announces one; ``since`` when it
+    started, as its host message says (unix seconds, informational; ``None``: not said).
     """
 
     host: dict[str, Any]
@@ -191,6 +194,7 @@ class InstanceView:
     entries: tuple[tuple[str, str, bool], ...]
     external: tuple[str, ...] = ()
     health: str | None = None
+    since: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         view = {"host": self.host, "lease_end": self.lease_end, "seconds": self.seconds, "state": self.state,
@@ -311,7 +315,7 @@ class Ledger:
                              tuple(sorted((kind, name, e.available) for (kind, name), e in state.entries.items())),
                              tuple(sorted(name for (kind, name), e in state.entries.items()
                                           if kind == "tool-service" and e.available and e.external)),
-                             state.health)
+                             state.health, state.since)
                 for _, state in sorted(self._instances.items())]
 
     @property
@@ -630,7 +634,7 @@ class Ledger:
         """Record what one message says about the instance's entries; returns those that changed."""
         if announcement.kind == "host":
             state.withdrawn = announcement.status == "withdrawn"
-            state.health = announcement.health
+            state.health, state.since = announcement.health, announcement.since
             if state.withdrawn or announcement.entries is None:
                 return set()
             return _apply_manifest(state, announcement.entries)
