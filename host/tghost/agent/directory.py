@@ -37,7 +37,16 @@ from tghost.agent.calls import (
     described,
 )
 from tghost.agent.client import ToolServiceClient
-from tghost.agent.entries import Change, CodeVersion, DirectoryTool, ServiceEntry, Side, policy_mismatch, skew_of
+from tghost.agent.entries import (
+    Change,
+    CodeVersion,
+    DirectoryTool,
+    ServiceEntry,
+    Side,
+    describe_skew,
+    policy_mismatch,
+    skew_of,
+)
 from tghost.agent.ledger import (
     DUPLICATE,
     HIJACK,
@@ -702,9 +711,7 @@ def _log_skew(service_id: str, before: ServiceEntry | None, skew: tuple[CodeVers
     if _versions(skew) == _versions(before.skew if before is not None else ()):
         return
     if skew:
-        log.warning("tool service %r is skewed: its hosts serve different code: %s. A call goes to any of them, "
-                    "so the same call may get different answers: finish the upgrade, or restart the hosts on one "
-                    "version ('tghost status' lists them)", service_id, "; ".join(v.describe() for v in skew))
+        log.warning("%s ('tghost status' lists them)", describe_skew(service_id, skew))
     else:
         log.info("tool service %r: its hosts serve one version of its code again", service_id)
 

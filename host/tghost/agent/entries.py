@@ -17,8 +17,8 @@ from tghost.agent.ledger import Provider
 from tghost.protocol.access import ToolAccess
 from tghost.protocol.descriptors import ToolDescriptor, ToolServiceDescriptor, schema_of_arguments
 
-__all__ = ["Change", "CodeVersion", "DirectoryTool", "ServiceEntry", "Side", "input_schema", "policy_mismatch",
-           "skew_of"]
+__all__ = ["Change", "CodeVersion", "DirectoryTool", "ServiceEntry", "Side", "describe_skew", "input_schema",
+           "policy_mismatch", "skew_of"]
 
 
 def input_schema(tool: ToolDescriptor) -> dict[str, Any]:
@@ -117,6 +117,14 @@ def skew_of(providers: Iterable[Provider]) -> tuple[CodeVersion, ...]:
     versions = [CodeVersion(*code, tuple(dict.fromkeys(ids))) for code, ids in hosts.items()
                 if code[2] is not None or code[:2] not in fingerprinted]
     return tuple(versions) if len(versions) > 1 else ()
+
+
+def describe_skew(service_id: str, skew: Iterable[CodeVersion]) -> str:
+    """The one sentence every view says of a skewed service: each version of its code with its
+    hosts (:meth:`CodeVersion.describe`), and what to do."""
+    return (f"tool service {service_id!r} is skewed: its hosts serve different code: "
+            f"{'; '.join(version.describe() for version in skew)}. A call goes to any of them, so the same call may "
+            "get different answers: finish the upgrade, or restart the hosts on one version")
 
 
 @dataclass(frozen=True)

@@ -63,12 +63,21 @@ def _new_instance() -> str:
     return uuid.uuid4().hex[:16]
 
 
+def _working_directory() -> str:
+    """This process's working directory (``""`` when it was removed)."""
+    try:
+        return os.getcwd()
+    except OSError:
+        return ""
+
+
 @dataclass(frozen=True)
 class HostIdentity:
     """Who serves: ``id`` is stable across restarts of the same host slot on this machine;
     ``instance`` is new for every process (docs/protocol.md §4.3), so a directory can tell a
     restart, and two processes wrongly sharing one id, from one host. ``session``: the key
-    callers open sessions with (a host with an ``[access]`` policy; docs/protocol.md §2.9)."""
+    callers open sessions with (a host with an ``[access]`` policy; docs/protocol.md §2.9).
+    ``cwd``: the process's working directory, so that another host on this machine can name it."""
 
     id: str
     hostname: str
@@ -76,10 +85,14 @@ class HostIdentity:
     version: str = __version__
     instance: str = field(default_factory=_new_instance)
     session: HostSessionKey | None = field(default=None, compare=False, repr=False)
+    cwd: str = ""
+    """The process's working directory (:meth:`claim` sets it; ``""``: not announced), so that
+    another host on this machine can name it."""
 
     def to_json(self) -> dict[str, Any]:
         info = {"id": self.id, "hostname": self.hostname, "pid": self.pid, "version": self.version,
                 "instance": self.instance}
+        info |= {"cwd": self.cwd} if self.cwd else {}
         return info if self.session is None else {**info, SESSION_KEY: self.session.public}
 
     @classmethod
@@ -91,17 +104,17 @@ class HostIdentity:
         With ``explicit_id`` that id is used. Otherwise the first free slot
         ``state_dir/hosts/<n>`` is locked (flock) and its stored uuid reused, so a restarted
         host gets its old id back while two hosts running at once never share one. ``session``
-        is announced as the host's session key.
+        is announced as the host's session key, and the working directory as ``cwd``.
         """
-        hostname = socket.gethostname()
+        hostname, cwd = socket.gethostname(), _working_directory()
         if explicit_id:
-            yield cls(explicit_id, hostname, os.getpid(), session=session)
+            yield cls(explicit_id, hostname, os.getpid(), session=session, cwd=cwd)
             return
         slots = state_dir / "hosts"
         slots.mkdir(parents=True, exist_ok=True)
         handle, slot_id = _host_slot(slots)
         try:
-            yield cls(f"{hostname}-{slot_id}", hostname, os.getpid(), session=session)
+            yield cls(f"{hostname}-{slot_id}", hostname, os.getpid(), session=session, cwd=cwd)
         finally:
             handle.close()
 

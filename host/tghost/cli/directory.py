@@ -18,7 +18,7 @@ import click
 
 from tghost.adapters.export import FORMATS, select_tools
 from tghost.agent.directory import Change
-from tghost.agent.entries import Side
+from tghost.agent.entries import CodeVersion, Side
 from tghost.agent.search import SearchError, check_limit, words_of
 from tghost.cli import output
 from tghost.cli.app import cli
@@ -70,7 +70,9 @@ def tools(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...
     provider announces with another descriptor (timeout, description, access...) is marked DRIFT,
     and listed there too: the descriptor of the host seen first is the one shown. One whose
     service's hosts announce different [access] policies is marked POLICY: each of them admits a
-    caller only where all of them do, and ACCESS shows who that is. With
+    caller only where all of them do, and ACCESS shows who that is. One whose
+    service's hosts serve different versions of its code (distribution, version or fingerprint)
+    is marked SKEW, and the versions are listed there too ("skew" in --json). With
     --search, the same tools are ranked for the request and the best --limit listed, with a
     SCORE column (--json: each row has a "score").
     """
@@ -102,7 +104,7 @@ def tools(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...
     table = [("TOOL", "SERVICE", "PROVIDERS", "GROUPS", "STATES", "-> STATE", *(("ACCESS",) if show_all else ()),
               *(("SCORE",) if scored else ()))] + [
         (r["name"] + (" CONFLICT" if r["conflicts"] else "") + (" DRIFT" if r["drift"] else "")
-         + (" POLICY" if r["policy_mismatch"] else ""),
+         + (" POLICY" if r["policy_mismatch"] else "") + (" SKEW" if r["skew"] else ""),
          r["service"] + (" (external)" if r["external"] else ""),
          ",".join(r["providers"]), ",".join(r["group"]), ",".join(r.get("available_in_states") or ["*"]),
          r.get("state", "-"), *((r["access"],) if show_all else ()), *((f"{r['score']:.2f}",) if scored else ()))
@@ -112,6 +114,7 @@ def tools(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...
     _print_conflicts(rows, refused=trusted is None)
     _print_drift(rows)
     _print_policy_mismatch(rows)
+    _print_skew(rows)
 
 
 def _none_listed(live: int, query: str | None, groups: tuple[str, ...], state: str | None, show_all: bool) -> str:
@@ -185,6 +188,18 @@ def _print_policy_mismatch(rows: list[dict[str, Any]]) -> None:
     for r in mismatched:
         click.echo(f"  {r['name']}: " + "; ".join(f"{side['policy']} on host(s) {','.join(side['hosts'])}"
                                                   for side in r["policy_mismatch"]), err=True)
+
+
+def _print_skew(rows: list[dict[str, Any]]) -> None:
+    """Each service of ``rows`` whose hosts serve different versions of its code, once, on stderr."""
+    skewed = {r["service"]: r["skew"] for r in rows if r["skew"]}
+    if not skewed:
+        return
+    click.secho(f"\n{len(skewed)} service(s) skewed: their hosts serve different versions of the code, and a call "
+                "goes to any of them; finish the upgrade, or restart the hosts on one version", fg="yellow", err=True)
+    for service, versions in sorted(skewed.items()):
+        click.echo(f"  {service}: " + "; ".join(CodeVersion.from_json(version).describe() for version in versions),
+                   err=True)
 
 
 @cli.command()

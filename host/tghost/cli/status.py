@@ -99,14 +99,15 @@ def status(pulsar: PulsarSettings, descriptors_topic: str, trusted: TrustedKeys 
     --metrics-port'). A loopback health URL is asked only on the host's own machine.
 
     With --json: {"topic", "trusted", "clashes", "policy_mismatch" (service id -> the mismatch in
-    words, for each service whose hosts announce different [access] policies), "hosts": [{"id",
-    "instances", "hostname", "version", "lease_seconds", "lease_remaining", "signed", "signed_by",
-    "verified", "services", "external", "tools" (a count), "conflicts", "health_url", "health"}]};
-    a field with no value is left out. "health" is the host's /health JSON, or {"status":
-    "unreachable", "error"}, or {"status": "elsewhere"} for a loopback URL of another machine,
-    or {"status": "unverified"} for a URL that no --trusted-key vouches for (not asked: anyone on
-    the broker may announce a URL), unless it is this machine's loopback in the plain form
-    http://127.0.0.1:PORT/health.
+    words, for each service whose hosts announce different [access] policies), "skewed" (service
+    id -> [{"distribution", "version", "fingerprint", "hosts"}], for each service whose hosts serve
+    different code), "hosts": [{"id", "instances", "hostname", "version", "lease_seconds",
+    "lease_remaining", "signed", "signed_by", "verified", "services", "external", "tools" (a
+    count), "conflicts", "skewed", "health_url", "health"}]}; a field with no value is left out.
+    "health" is the host's /health JSON, or {"status": "unreachable", "error"}, or {"status":
+    "elsewhere"} for a loopback URL of another machine, or {"status": "unverified"} for a URL that
+    no --trusted-key vouches for (not asked: anyone on the broker may announce a URL), unless it
+    is this machine's loopback in the plain form http://127.0.0.1:PORT/health.
 
     With --url (or TGHOST_METRICS_PORT), ask that one host how it is, as 'tghost run
     --metrics-port' serves it: connected to Pulsar or not, the services it serves and their
@@ -118,7 +119,8 @@ def status(pulsar: PulsarSettings, descriptors_topic: str, trusted: TrustedKeys 
       0  live hosts found, none with a problem (with --url: the host is ok)
       1  a host has a problem: its health is not ok or does not answer, a tool or service of
          it is contested, or two processes share its id; the hosts of a service announce
-         different [access] policies; or no broker answers
+         different [access] policies, or serve different versions of its code (skew); or no
+         broker answers
       2  usage error
       3  no live host (is a 'tghost run' up on this broker and --descriptors-topic?)
     """
@@ -137,6 +139,7 @@ def status(pulsar: PulsarSettings, descriptors_topic: str, trusted: TrustedKeys 
         sys.exit(NO_HOSTS)
     problems = [problem for host in report["hosts"] for problem in _problems(host, report["clashes"])]
     problems += report["policy_mismatch"].values()
+    problems += _skew_problems(report["skewed"])
     for problem in problems:
         click.echo(f"Error: {problem}", err=True)
     if problems:
@@ -170,12 +173,14 @@ async def _fleet(pulsar: PulsarSettings, topic: str, trusted: TrustedKeys | None
         clashes = {host: list(instances) for host, instances in directory.clashes.items()}
         mismatched = {sid: entry.mismatch() for sid, entry in sorted(directory.services.items())
                       if entry.policy_mismatch}
+        skewed = {sid: [version.to_json() for version in service.skew]
+                  for sid, service in sorted(directory.services.items()) if service.skew}
     rows = [host.to_json(now) for host in hosts]
     for row, health in zip(rows, await _healths(hosts, timeout), strict=True):
         if health is not None:
             row["health"] = health
     return {"topic": topic, "trusted": trusted is not None, "hosts": rows, "clashes": clashes,
-            "policy_mismatch": mismatched}
+            "policy_mismatch": mismatched, "skewed": skewed}
 
 
 async def _healths(hosts: list[LiveHost], timeout: float) -> list[dict[str, Any] | None]:
@@ -239,6 +244,13 @@ def _problems(host: dict[str, Any], clashes: dict[str, list[str]]) -> list[str]:
         problems.append(f"{who}: {len(clashes[host['id']])} live processes share this host id: give each its own "
                         "--host-id (env TGHOST_HOST_ID)")
     return problems
+
+
+def _skew_problems(skewed: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """One line per skewed service of the ``--json`` report, naming each version and its hosts."""
+    from tghost.agent.entries import CodeVersion, describe_skew
+
+    return [describe_skew(sid, map(CodeVersion.from_json, versions)) for sid, versions in skewed.items()]
 
 
 def _print_fleet(report: dict[str, Any]) -> None:

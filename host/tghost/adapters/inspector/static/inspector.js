@@ -127,6 +127,7 @@
       ...hintChips(tool),
       tool.conflicts.length ? chip("conflict", "warn") : null,
       tool.policy_mismatch.length ? chip("policy mismatch", "warn") : null,
+      (tool.skew || []).length ? chip("skew", "warn") : null,
       tool.admitted ? null : chip("not for you", "warn"));
     return el("li", { className: ["tool", markKind, view.selected === tool.name ? "selected" : ""].join(" ") },
       el("div", { className: "tool-title" },
@@ -138,6 +139,14 @@
       chips,
       el("p", { className: "providers", text: `${tool.providers.length ? tool.providers.join(", ") : "no provider"}` +
                                               (markKind ? ` · ${markKind}` : "") }));
+  }
+
+  // A skewed service's versions of its code, in words: "tghost-joke 0.1.0 (code 5cd7fb336cb5) on a; ... on b".
+  function skewText(skew) {
+    if (!skew || !skew.length) return null;
+    return "hosts serve different code: " + skew.map((v) =>
+      `${v.distribution || "no distribution"} ${v.version || "(no version)"}` +
+      `${v.fingerprint ? ` (code ${v.fingerprint.slice(0, 12)})` : ""} on ${v.hosts.join(", ")}`).join("; ");
   }
 
   function drawHosts(snap) {
@@ -202,7 +211,8 @@
       ...fact("conflicts", tool.conflicts.length ? tool.conflicts.map((c) => c.host || JSON.stringify(c)).join("; ") : null),
       ...fact("access policies", tool.policy_mismatch.length
         ? tool.policy_mismatch.map((p) => `${p.policy} on ${p.hosts.join(", ")}`).join("; ") + ": hosts admit only what all of them admit"
-        : null));
+        : null),
+      ...fact("skew", skewText(tool.skew)));
     view.form = window.SchemaForm.build(tool["input-schema"]);
     $("fields").replaceChildren(view.form.node);
     $("raw-toggle").checked = false;
