@@ -91,3 +91,12 @@ async def test_a_fork_starts_at_the_starting_state_with_the_same_settings(direct
     fresh = view.fork()
     assert (fresh.state, fresh.user, names(fresh)) == (None, "bob", ["shop-login"])
     assert view.state == "in"
+
+
+async def test_reachable_is_every_tool_its_calls_can_make_available(directory: Any) -> None:
+    view = tghost.ToolView(directory, groups=["shop"])
+    assert [d.name for d in view.reachable()] == ["shop-broken", "shop-browse", "shop-buy", "shop-login"]
+    assert view.state is None  # a look ahead, not a move
+    # Only the view's own tools move it: without shop-login, "in" is never reached.
+    narrowed = tghost.ToolView(directory, groups=["shop"], exclude=["shop-login"])
+    assert [d.name for d in narrowed.reachable()] == ["shop-broken"]

@@ -182,6 +182,15 @@ async def test_the_tools_share_one_seed_001_state(directory: Any) -> None:
     assert (await tools["shop-browse"].ainvoke({})).startswith("not-allowed: ")
 
 
+async def test_the_fixed_list_holds_the_tools_a_state_move_makes_available(directory: Any) -> None:
+    model = scripted(call("shop-login"), call("shop-browse"), "Browsed.")
+    tools = directory_tools(directory, groups=["shop"], exclude=["shop-broken"], user="carol")
+    assert [tool.name for tool in tools] == ["shop-browse", "shop-buy", "shop-login", "shop-logout"]
+    messages = await ask(create_agent(model, tools=tools))
+    assert tool_messages(messages) == [("shop-login", "success", "login done for carol"),
+                                       ("shop-browse", "success", "browse done for carol")]
+
+
 async def test_the_middleware_offers_the_live_tools_at_each_model_call(
     directory: Any, pulsar_broker: EmbeddedBroker, topic: str,
 ) -> None:

@@ -96,6 +96,23 @@ class ToolView:
         directory caches the list until the tool set changes."""
         return self.selection.select(self.directory.available(self.groups, self.state, self.selection.read_only))
 
+    def reachable(self) -> list[ToolDescriptor]:
+        """The tools :meth:`tools` offers now or in any seed 001 state that calls of this view's
+        own tools can move it to, from the current :attr:`state` on, sorted by name: every tool an
+        agent with a fixed list of tools may come to call. :attr:`state` stays where it is."""
+        probe = self.fork()
+        found: dict[str, ToolDescriptor] = {}
+        seen: set[str | None] = set()
+        pending: list[str | None] = [self.state]
+        while pending:
+            probe.state = pending.pop()
+            seen.add(probe.state)
+            for tool in probe.tools():
+                found[tool.name] = tool
+                if tool.state not in seen and tool.state not in pending:
+                    pending.append(tool.state)
+        return [found[name] for name in sorted(found)]
+
     def search(self, query: str, limit: int = 10) -> list[Found]:
         """The tools of :meth:`tools` that best match ``query`` (plain language), best first, at
         most ``limit`` (:meth:`tghost.ToolDirectory.search`).

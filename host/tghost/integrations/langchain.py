@@ -36,11 +36,14 @@ def directory_tools(directory: tghost.ToolDirectory, *, groups: Sequence[str] | 
                     state: str | None = None, include: Sequence[str] = (), exclude: Sequence[str] = (),
                     read_only: bool = False, user: str | None = None,
                     timeout: float | None = None) -> list[BaseTool]:
-    """The tools ``directory`` offers now to ``groups`` (``None``: the ``default`` group) in
-    seed 001 ``state``, narrowed by ``include``/``exclude`` name globs and ``read_only``, as
-    async LangChain tools sorted by name (the arguments are :class:`tghost.ToolView`'s). They
-    share one view, so a call that moves the state moves it for the next call of any of them;
-    the list itself is fixed: for the live set, give an agent a :class:`DirectoryMiddleware`.
+    """The live tools of ``directory`` that an agent with ``groups`` (``None``: the ``default``
+    group; ``["*"]``: every group) may use in seed 001 ``state`` or in a state its calls can move
+    to (:meth:`tghost.ToolView.reachable`), narrowed by ``include``/``exclude`` name globs and
+    ``read_only``, as async LangChain tools sorted by name (the arguments are
+    :class:`tghost.ToolView`'s). They share one view, so a call that moves the state moves it for
+    the next call of any of them; a call of one the current state does not allow is refused
+    (``not-allowed``). The list itself is fixed: for the live set, give an agent a
+    :class:`DirectoryMiddleware`, which also offers only what the current state allows.
 
     Each tool: ``name`` and ``description`` the tool's, ``args_schema`` its JSON Schema
     (:func:`tghost.input_schema`), ``metadata`` its ``title`` and ``annotations`` (the hints in
@@ -52,7 +55,7 @@ def directory_tools(directory: tghost.ToolDirectory, *, groups: Sequence[str] | 
     """
     view = tghost.ToolView(directory, groups=groups, state=state, include=include, exclude=exclude,
                            read_only=read_only, user=user, timeout=timeout)
-    return [_tool(view, descriptor) for descriptor in view.tools()]
+    return [_tool(view, descriptor) for descriptor in view.reachable()]
 
 
 def _tool(view: tghost.ToolView, descriptor: tghost.ToolDescriptor) -> StructuredTool:

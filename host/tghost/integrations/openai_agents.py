@@ -57,18 +57,6 @@ def offers(view: tghost.ToolView, name: str) -> bool:
     return any(tool.name == name for tool in view.tools())
 
 
-def reachable(view: tghost.ToolView) -> list[tghost.ToolDescriptor]:
-    """The tools ``view`` offers in its state or in any state a live tool moves to (seed 001):
-    every tool its calls can make available, sorted by name."""
-    probe = view.fork()
-    found: dict[str, tghost.ToolDescriptor] = {}
-    moves = {state for live in view.directory.tools.values() if (state := live.descriptor.state) is not None}
-    for state in [view.state, *sorted(moves)]:
-        probe.state = state
-        found.update((tool.name, tool) for tool in probe.tools())
-    return [found[name] for name in sorted(found)]
-
-
 def function_tool(view: tghost.ToolView, tool: tghost.ToolDescriptor) -> FunctionTool:
     """``tool`` as a ``FunctionTool`` that calls through ``view`` and is enabled while ``view``
     offers it. Its schema is not made "strict" (:func:`directory_tools`)."""
@@ -107,7 +95,7 @@ def directory_tools(directory: tghost.ToolDirectory, *, groups: Sequence[str] | 
     """
     view = tghost.ToolView(directory, groups=groups, state=state, include=include, exclude=exclude,
                            read_only=read_only, user=user, timeout=timeout)
-    return [function_tool(view, tool) for tool in reachable(view)]
+    return [function_tool(view, tool) for tool in view.reachable()]
 
 
 def mcp_tool(tool: tghost.ToolDescriptor) -> Tool:
