@@ -54,8 +54,10 @@ def names(view: tghost.ToolView) -> list[str]:
 async def test_a_successful_call_moves_the_state_and_the_tools_follow(directory: Any) -> None:
     view = tghost.ToolView(directory, groups=["shop"], user="alice")
     assert names(view) == ["shop-broken", "shop-login"]
+    assert not view.offers("shop-browse")
     assert await view.invoke("shop-login", {}) == "login done for alice"
     assert view.state == "in" and names(view) == ["shop-broken", "shop-browse", "shop-buy", "shop-login"]
+    assert view.offers("shop-browse") and not view.offers("weather")
     assert await view.invoke("shop-browse", {}) == "browse done for alice" and view.state == "in"
 
 

@@ -82,6 +82,9 @@ class ToolView:
         self.selection = Selection(read_only, tuple(include), tuple(exclude))
         self.user = user
         self.timeout = timeout
+        self._selected: tuple[list[ToolDescriptor] | None, list[ToolDescriptor], frozenset[str]] = (
+            None, [], frozenset())
+        """The directory's list last seen, what the selection keeps of it, and their names."""
 
     def fork(self) -> ToolView:
         """A new view with the same directory, groups, selection, user and timeout, at the state
@@ -93,8 +96,17 @@ class ToolView:
     def tools(self) -> list[ToolDescriptor]:
         """The tools this view offers now, sorted by name: the live tools the directory makes
         available to its groups, state (and identity), narrowed by its selection. Cheap: the
-        directory caches the list until the tool set changes."""
-        return self.selection.select(self.directory.available(self.groups, self.state, self.selection.read_only))
+        directory caches its list until the tool set changes, and the view what it selects of it."""
+        available = self.directory.available(self.groups, self.state, self.selection.read_only)
+        if self._selected[0] is not available:
+            selected = self.selection.select(available)
+            self._selected = (available, selected, frozenset(tool.name for tool in selected))
+        return self._selected[1]
+
+    def offers(self, name: str) -> bool:
+        """Whether :meth:`tools` holds tool ``name`` now (a set lookup)."""
+        self.tools()
+        return name in self._selected[2]
 
     def reachable(self) -> list[ToolDescriptor]:
         """The tools :meth:`tools` offers now or in any seed 001 state that calls of this view's

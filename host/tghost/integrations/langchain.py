@@ -47,7 +47,7 @@ def directory_tools(directory: tghost.ToolDirectory, *, groups: Sequence[str] | 
 
     Each tool: ``name`` and ``description`` the tool's, ``args_schema`` its JSON Schema
     (:func:`tghost.input_schema`), ``metadata`` its ``title`` and ``annotations`` (the hints in
-    the wire's spelling, e.g. ``{"read-only": True}``) when it has them. Await it
+    the wire's spelling, e.g. ``{"read-only": True}``; ``None`` and ``{}`` without them). Await it
     (``await tool.ainvoke({...})``); it has no sync form. Its observation is the tool's text;
     for a tool with an output schema, the JSON text, and in a ``ToolMessage`` the object as
     its ``artifact``. A failed call (:class:`tghost.ToolCallError`) becomes the text
@@ -91,11 +91,11 @@ class _Tool(StructuredTool):  # type: ignore[misc]  # Any when LangChain is not 
 
 
 def _hints(descriptor: tghost.ToolDescriptor) -> dict[str, Any]:
-    """A tool's ``title`` and ``annotations`` (wire spelling, unset hints left out), those it has."""
+    """``{"title", "annotations"}``: the tool's title (``None`` without one) and its hints in the
+    wire's spelling, unset ones left out (``{}`` without any), as the other integrations give them."""
     annotations = {} if descriptor.annotations is None else descriptor.annotations.model_dump(
         by_alias=True, exclude_none=True)
-    shown = {"title": descriptor.title, "annotations": annotations}
-    return {key: value for key, value in shown.items() if value}
+    return {"title": descriptor.title, "annotations": annotations}
 
 
 class DirectoryMiddleware(AgentMiddleware):  # type: ignore[misc]  # Any when LangChain is not installed

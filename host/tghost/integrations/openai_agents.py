@@ -52,11 +52,6 @@ def text(observation: str | dict[str, Any]) -> str:
     return json.dumps(observation) if isinstance(observation, dict) else observation
 
 
-def offers(view: tghost.ToolView, name: str) -> bool:
-    """Whether ``view`` offers tool ``name`` now (live, and allowed to its groups and state)."""
-    return any(tool.name == name for tool in view.tools())
-
-
 def function_tool(view: tghost.ToolView, tool: tghost.ToolDescriptor) -> FunctionTool:
     """``tool`` as a ``FunctionTool`` that calls through ``view`` and is enabled while ``view``
     offers it. Its schema is not made "strict" (:func:`directory_tools`)."""
@@ -65,7 +60,7 @@ def function_tool(view: tghost.ToolView, tool: tghost.ToolDescriptor) -> Functio
         return text((await observe(view, tool.name, arguments))[0])
 
     def enabled(context: RunContextWrapper[Any], agent: AgentBase[Any]) -> bool:
-        return offers(view, tool.name)
+        return view.offers(tool.name)
 
     return FunctionTool(name=tool.name, description=tool.description, params_json_schema=tghost.input_schema(tool),
                         on_invoke_tool=invoke, strict_json_schema=False, is_enabled=enabled)

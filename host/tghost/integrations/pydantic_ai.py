@@ -74,11 +74,11 @@ class DirectoryToolset(AbstractToolset[Any]):  # type: ignore[misc]
     """
 
     def __init__(self, directory: tghost.ToolDirectory, *, groups: Sequence[str] | None = None,
-                 state: str | None = None, include: Sequence[str] | None = None,
-                 exclude: Sequence[str] | None = None, read_only: bool = False, user: str | None = None,
+                 state: str | None = None, include: Sequence[str] = (),
+                 exclude: Sequence[str] = (), read_only: bool = False, user: str | None = None,
                  timeout: float | None = None, max_retries: int | None = None, id: str | None = None) -> None:
-        self.view = tghost.ToolView(directory, groups=groups, state=state, include=include or (),
-                                    exclude=exclude or (), read_only=read_only, user=user, timeout=timeout)
+        self.view = tghost.ToolView(directory, groups=groups, state=state, include=include,
+                                    exclude=exclude, read_only=read_only, user=user, timeout=timeout)
         self.max_retries = max_retries
         self._id = id
         self._runs: WeakValueDictionary[str, tghost.ToolView] = WeakValueDictionary()
