@@ -442,9 +442,13 @@ def test_status_asks_a_health_url_off_this_machines_loopback_only_when_a_trusted
         assert host.finish() == 0
 
 
-def test_status_with_no_live_host_exits_3_and_without_a_broker_1(env: dict[str, str]) -> None:
+def test_status_and_tools_with_no_live_host_exit_3_and_without_a_broker_1(env: dict[str, str]) -> None:
     none = tghost_cli("status", "--json", env=env)
     assert none.returncode == 3 and json.loads(none.stdout)["hosts"] == [] and "no live host" in none.stderr
+    no_tools = tghost_cli("tools", env=env)
+    assert no_tools.returncode == 3 and no_tools.stdout.startswith("no live tools (is a 'tghost run' up")
+    no_rows = tghost_cli("tools", "--json", env=env)
+    assert no_rows.returncode == 3 and json.loads(no_rows.stdout) == []
     unset = {k: v for k, v in os.environ.items() if not k.startswith("TGHOST_")}
     nowhere = tghost_cli("status", "--pulsar-url", f"pulsar://127.0.0.1:{free_port()}", env=unset)
     assert nowhere.returncode == 1 and "no Pulsar broker answers" in nowhere.stderr

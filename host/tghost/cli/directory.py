@@ -33,6 +33,7 @@ from tghost.cli.options import (
     setup_logging,
     trust_options,
 )
+from tghost.cli.status import NO_HOSTS
 from tghost.protocol.trust import Signer, TrustedKeys
 from tghost.pulsar.clients import PulsarSettings
 from tghost.system.net import is_loopback
@@ -75,15 +76,22 @@ def tools(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...
     is marked SKEW, and the versions are listed there too ("skew" in --json). With
     --search, the same tools are ranked for the request and the best --limit listed, with a
     SCORE column (--json: each row has a "score").
+
+    \b
+    Exit codes:
+      0  live hosts found (even if none of their tools is listed)
+      1  no broker answers
+      2  usage error
+      3  no live host (is a 'tghost run' up on this broker and --descriptors-topic?), as 'tghost status'
     """
     limit = _search_limit(query, limit)
 
-    live = 0
+    live = hosts = 0
 
     async def fetch() -> list[dict[str, Any]]:
-        nonlocal live
+        nonlocal live, hosts
         async with open_directory(pulsar, descriptors_topic, trusted, identity=identity) as directory:
-            live = len(directory.tools)
+            live, hosts = len(directory.tools), len(directory.hosts)
             names = [t.name for t in directory.available(groups or ["*"], state)]
             if not groups and state is None:
                 names = sorted(directory.tools)
@@ -96,9 +104,11 @@ def tools(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...
     rows = asyncio.run(fetch())
     if as_json:
         click.echo(json.dumps(rows, indent=2))
-        return
-    if not rows:
+    elif not rows:
         click.echo(_none_listed(live, query, groups, state, show_all))
+    if not hosts:
+        sys.exit(NO_HOSTS)  # as 'tghost status'
+    if as_json or not rows:
         return
     scored = query is not None
     table = [("TOOL", "SERVICE", "PROVIDERS", "GROUPS", "STATES", "-> STATE", *(("ACCESS",) if show_all else ()),
