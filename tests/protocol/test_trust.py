@@ -295,6 +295,8 @@ def test_keygen_writes_a_key_pair_and_refuses_to_overwrite(tmp_path: Path) -> No
     forced = tghost_cli("keygen", "--out", str(prefix), "--force")
     assert forced.returncode == 0 and "key id:" in forced.stdout
     assert info["key_id"] not in forced.stdout
+    assert f"a host's:    tghost run --signing-key {prefix}.key;" in forced.stdout  # what each use passes
+    assert f"a caller's:  tghost call --identity {prefix}.key;" in forced.stdout
 
 
 def test_a_bad_key_file_is_a_usage_error_that_says_what_to_do(tmp_path: Path) -> None:
@@ -303,6 +305,8 @@ def test_a_bad_key_file_is_a_usage_error_that_says_what_to_do(tmp_path: Path) ->
     assert tools.returncode == 2 and "not a PEM public key" in tools.stderr and "--trusted-key" in tools.stderr
     run = tghost_cli("run", "--signing-key", str(tmp_path / "none.key"), "--pulsar-url", "pulsar://127.0.0.1:1")
     assert run.returncode == 2 and "tghost keygen" in run.stderr and "--signing-key" in run.stderr
+    call = tghost_cli("call", "--identity", str(tmp_path / "none.key"), "x", "--pulsar-url", "pulsar://127.0.0.1:1")
+    assert call.returncode == 2 and "--identity" in call.stderr and "cannot read the caller key" in call.stderr
 
 
 

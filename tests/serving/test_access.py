@@ -157,7 +157,7 @@ async def test_a_caller_over_its_rate_is_answered_rate_limited_saying_when_to_re
 def test_an_access_table_naming_a_missing_key_or_a_bad_rate_says_where(tmp_path: Path) -> None:
     from tghost.protocol.access import AccessError
 
-    with pytest.raises(AccessError, match=r"\[access\] callers.x.public-key: cannot read the trusted key"):
+    with pytest.raises(AccessError, match=r"\[access\] callers.x.public-key: cannot read the caller.s public key"):
         AccessPolicy.from_table({"callers": {"x": {"public-key": "nope.pub"}}}, tmp_path)
     write_key_pair(tmp_path / "k")
     with pytest.raises(AccessError, match=r"\[access\]: callers.x.rate: .*'often' is not a rate"):
@@ -248,7 +248,7 @@ async def test_trustgraphs_own_client_calls_an_anonymous_tool(pulsar_broker: Emb
 
 @pytest.mark.parametrize(("table", "says"), [
     ('anonymous = ["nope"]\n', "[access] names tool(s) ['nope'] that this host does not serve"),
-    ('[callers.x]\npublic-key = "missing.pub"\n', "[access] callers.x.public-key: cannot read the trusted key"),
+    ('[callers.x]\npublic-key = "missing.pub"\n', "[access] callers.x.public-key: cannot read the caller's public key"),
     ('[callers.x]\npublic-key = "k.pub"\nrate = "often"\n', "[access]: callers.x.rate: Value error, 'often' is not"),
 ])
 def test_tghost_run_with_a_bad_access_table_exits_1_naming_the_file_table_and_field(

@@ -1,4 +1,4 @@
-"""cli.keys: ``tghost keygen``, the Ed25519 key pair for signed announcements.
+"""cli.keys: ``tghost keygen``, the Ed25519 key pair for signed announcements or a caller's identity.
 """
 
 from __future__ import annotations
@@ -25,9 +25,11 @@ def _default_key_prefix() -> Path:
 def keygen(prefix: Path | None, force: bool, as_json: bool) -> None:
     """Write an Ed25519 key pair for signed announcements.
 
-    The private key (.key, PKCS#8 PEM, mode 0600) goes to 'tghost run --signing-key'; the
-    public key (.pub) to every directory that should trust this host: '--trusted-key' on
-    tools/watch/call, or ToolDirectory(trusted=...). Refuses to overwrite without --force.
+    A host's key: the private key (.key, PKCS#8 PEM, mode 0600) goes to 'tghost run
+    --signing-key'; the public key (.pub) to every directory that should trust this host:
+    '--trusted-key' on tools/watch/call, or ToolDirectory(trusted=...). A caller's key (its
+    identity): the private key goes to '--identity' on call/tools/mcp/inspect, the public key
+    into the hosts' [access] policy (public-key = "PATH"). Refuses to overwrite without --force.
     """
     try:
         written = write_key_pair(prefix or _default_key_prefix(), force)
@@ -38,5 +40,9 @@ def keygen(prefix: Path | None, force: bool, as_json: bool) -> None:
                                "public_key": str(written.public)}, indent=2))
         return
     click.echo(f"key id:      {written.key_id}")
-    click.echo(f"private key: {written.private}  (keep secret; tghost run --signing-key {written.private})")
-    click.echo(f"public key:  {written.public}  (share; tghost tools --trusted-key {written.public})")
+    click.echo(f"private key: {written.private}  (keep secret)")
+    click.echo(f"public key:  {written.public}  (share)")
+    click.echo(f"a host's:    tghost run --signing-key {written.private}; directories trust it with "
+               f"--trusted-key {written.public}")
+    click.echo(f"a caller's:  tghost call --identity {written.private}; hosts grant it in [access] "
+               f'(public-key = "{written.public}")')

@@ -242,10 +242,10 @@ def identity_options(fn: F) -> F:
     requests with; the command gets ``identity: Signer | None`` (``None``: anonymous)."""
     @functools.wraps(fn)
     def with_identity(*args: Any, identity_key: Path | None, **kwargs: Any) -> Any:
-        from tghost.protocol.trust import KeyFileError, Signer
+        from tghost.protocol.trust import KeyFileError, Signer, load_private_key
 
         try:
-            identity = Signer.from_file(identity_key) if identity_key is not None else None
+            identity = Signer(load_private_key(identity_key, "caller key")) if identity_key is not None else None
         except KeyFileError as exc:
             raise click.BadParameter(str(exc), param_hint="--identity / TGHOST_IDENTITY") from None
         return fn(*args, identity=identity, **kwargs)

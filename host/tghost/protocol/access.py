@@ -246,7 +246,7 @@ def _public_key(value: str, base: Path, where: str) -> Ed25519PublicKey:
             if not isinstance(key, Ed25519PublicKey):
                 raise AccessError(f"{where}: not an Ed25519 public key")
             return key
-        return load_public_key(base / value)
+        return load_public_key(base / value, "caller's public key")
     except KeyFileError as exc:
         raise AccessError(f"{where}: {exc}") from None
     except ValueError as exc:

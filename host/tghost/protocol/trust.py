@@ -247,8 +247,9 @@ def _load(path: Path, what: str, form: str, suffix: str, parse: Callable[[bytes]
                            f"or {_KEYGEN_HINT}") from None
 
 
-def load_private_key(path: Path) -> Ed25519PrivateKey:
-    """The Ed25519 private key in the unencrypted PKCS#8 PEM file ``path``.
+def load_private_key(path: Path, what: str = "signing key") -> Ed25519PrivateKey:
+    """The Ed25519 private key in the unencrypted PKCS#8 PEM file ``path``; ``what`` names its
+    use in errors (``signing key``: a host's; ``caller key``: a caller's ``--identity``).
 
     Raises:
         KeyFileError: the file is missing, unreadable, not PEM, encrypted, or not Ed25519.
@@ -256,15 +257,16 @@ def load_private_key(path: Path) -> Ed25519PrivateKey:
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    key = _load(path, "signing key", "an unencrypted PEM private key", "'.key'",
+    key = _load(path, what, "an unencrypted PEM private key", "'.key'",
                 lambda data: serialization.load_pem_private_key(data, password=None))
     if not isinstance(key, Ed25519PrivateKey):
         raise KeyFileError(f"{path} holds a {type(key).__name__}, not an Ed25519 private key; {_KEYGEN_HINT}")
     return key
 
 
-def load_public_key(path: Path) -> Ed25519PublicKey:
-    """The Ed25519 public key in the SubjectPublicKeyInfo PEM file ``path``.
+def load_public_key(path: Path, what: str = "trusted key") -> Ed25519PublicKey:
+    """The Ed25519 public key in the SubjectPublicKeyInfo PEM file ``path``; ``what`` names its
+    use in errors (``trusted key``: a host's, trusted by a directory; a caller's in an ``[access]`` policy).
 
     Raises:
         KeyFileError: the file is missing, unreadable, not PEM, or not Ed25519.
@@ -272,7 +274,7 @@ def load_public_key(path: Path) -> Ed25519PublicKey:
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-    key = _load(path, "trusted key", "a PEM public key", "'.pub'", serialization.load_pem_public_key)
+    key = _load(path, what, "a PEM public key", "'.pub'", serialization.load_pem_public_key)
     if not isinstance(key, Ed25519PublicKey):
         raise KeyFileError(f"{path} holds a {type(key).__name__}, not an Ed25519 public key; {_KEYGEN_HINT}")
     return key
