@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -18,7 +18,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 import tghost
-from tests.conftest import tghost_cli
+from tests.conftest import HostProcess, tghost_cli
 from tghost.agent.client import ToolCallError
 from tghost.agent.directory import ToolDirectory
 from tghost.broker import EmbeddedBroker
@@ -135,6 +135,21 @@ def test_tracing_off_makes_no_spans_and_asking_for_an_unknown_exporter_says_what
     result = tghost_cli("call", "shout", "text=x", "--otel", env={**os.environ, "TGHOST_PULSAR_URL": pulsar_broker.url,
                                                 "OTEL_TRACES_EXPORTER": "jaeger-thrift"})
     assert result.returncode == 2 and "use console, otlp or none" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_host_with_tracing_on_says_so_once_at_start_and_where_the_spans_go(
+    pulsar_broker: EmbeddedBroker, host_process: Callable[..., HostProcess]
+) -> None:
+    assert tracing.summary() is None  # off: the host log says nothing of it
+    env = {**os.environ, "TGHOST_PULSAR_URL": pulsar_broker.url, "TGHOST_LOAD_PLUGINS": "joke",
+           "TGHOST_DESCRIPTORS_TOPIC": f"persistent://tg/config/trace-{uuid.uuid4().hex[:8]}",
+           "OTEL_TRACES_EXPORTER": "console", "OTEL_SERVICE_NAME": "traced-host"}
+    host = host_process("--otel", env=env)
+    line = host.wait_for("tracing is on")
+    assert "OpenTelemetry spans of every call as service 'traced-host' to stderr (console)" in line
+    host.wait_for("announced")
+    host.process.terminate()
+    assert host.finish() == 0 and host.log.count("tracing is on") == 1
 
 
 async def test_a_collector_that_is_not_there_is_one_line_and_a_missing_protocol_says_what_to_install(

@@ -30,6 +30,7 @@ from tghost.protocol.trust import KeyFileError, Signer
 from tghost.pulsar.clients import BrokerError, PulsarSettings
 from tghost.serving.executors.base import ISOLATIONS, THREAD, WorkerLimits
 from tghost.serving.settings import ServeSettings
+from tghost.system import tracing
 
 log = logging.getLogger("tghost")
 
@@ -104,6 +105,8 @@ def run(pulsar: PulsarSettings, descriptors_topic: str, data_dir: Path | None, t
     when a call crashes, outlives its timeout, or leaks.
     """
     setup_logging(log_level)
+    if (traced := tracing.summary()) is not None:
+        log.info("%s", traced)  # --otel: say so once, and where the spans go
     config = HostConfig(
         pulsar=pulsar, topic=descriptors_topic, lease=lease, host_id=host_id, signer=_signer(signing_key),
         serve=ServeSettings(timeout=timeout, max_concurrency=max_concurrency, max_queue=max_queue, grace=grace,

@@ -28,13 +28,14 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer
 
 __all__ = ["ON", "TracingError", "child", "client_span", "end", "flush", "inject", "server_span", "setup",
-           "trace_id", "use"]
+           "summary", "trace_id", "use"]
 
 #: Whether calls are traced now (:func:`setup` or :func:`use`).
 ON = False
 _provider: Any = None
 _tracer: Tracer = cast("Tracer", None)  # set by use() before ON is ever true
 _api: Any = None  # the OpenTelemetry API's modules and names, once use() has imported them
+_exports = "to the tracer provider given to tracing.use()"  # where spans go, in words (summary())
 log = logging.getLogger(__name__)
 
 
@@ -59,13 +60,32 @@ def setup(service_name: str) -> None:
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
     except ImportError:
         raise TracingError("tracing needs the OpenTelemetry SDK: pip install 'tghost[otel]'") from None
+    global _exports
     attributes = {} if os.environ.get("OTEL_SERVICE_NAME") else {SERVICE_NAME: service_name}
     provider = TracerProvider(resource=Resource.create(attributes))
-    for name in os.environ.get("OTEL_TRACES_EXPORTER", "otlp").split(","):
-        if name.strip() and name.strip() != "none":
-            provider.add_span_processor(BatchSpanProcessor(_exporter(name.strip())))
+    names = [name.strip() for name in os.environ.get("OTEL_TRACES_EXPORTER", "otlp").split(",")
+             if name.strip() and name.strip() != "none"]
+    for name in names:
+        provider.add_span_processor(BatchSpanProcessor(_exporter(name)))
     _quiet_exporters()
+    service = os.environ.get("OTEL_SERVICE_NAME") or service_name
+    _exports = (f"as service {service!r} to {', '.join(_destination(name) for name in names)}" if names
+                else f"as service {service!r}, exported nowhere (OTEL_TRACES_EXPORTER=none)")
     use(provider)
+
+
+def summary() -> str | None:
+    """The line a host logs at start while tracing is on: where the spans go (``None``: off)."""
+    return f"tracing is on: OpenTelemetry spans of every call {_exports}" if ON else None
+
+
+def _destination(exporter: str) -> str:
+    """Where the exporter named ``exporter`` (in ``OTEL_TRACES_EXPORTER``) sends spans, in words."""
+    if exporter == "console":
+        return "stderr (console)"
+    if exporter == "otlp":
+        return f"an OTLP collector at {_otlp_endpoint()}"
+    return exporter
 
 
 #: Seconds an OTLP export may take, retries included, unless ``OTEL_EXPORTER_OTLP_TIMEOUT`` (or
@@ -122,10 +142,14 @@ class _ExportProblems(logging.Handler):
         now = time.monotonic()
         if now - self._said >= 60:
             self._said = now
-            endpoint = (os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-                        or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or "http://localhost:4318")
             log.warning("spans could not be exported to %s: is a collector running there? Set "
-                        "OTEL_EXPORTER_OTLP_ENDPOINT, or OTEL_TRACES_EXPORTER=console or none", endpoint)
+                        "OTEL_EXPORTER_OTLP_ENDPOINT, or OTEL_TRACES_EXPORTER=console or none", _otlp_endpoint())
+
+
+def _otlp_endpoint() -> str:
+    """The OTLP collector's URL, as the ``OTEL_EXPORTER_OTLP_*ENDPOINT`` variables give it (default http/protobuf's)."""
+    return (os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+            or "http://localhost:4318")
 
 
 def _quiet_exporters() -> None:
