@@ -5,6 +5,7 @@ set-up command installs: each command gives the output the page shows under it."
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -30,9 +31,11 @@ HOST_ID = "my-laptop"
 
 def shown_as(output: str) -> list[str]:
     """``output``'s lines as the README shows them: a pun on cats (tghost-joke picks one at random)
-    is any pun on cats, and a line the README cuts with `` ...`` is cut there."""
+    is any pun on cats, a line that starts with a time (``tghost watch``'s) any time, and a line
+    the README cuts with `` ...`` is cut there."""
     puns = set(JOKES["cats"]["pun"])
-    return ["<a pun on cats>" if line in puns else line for line in output.splitlines()]
+    return [re.sub(r"^\d\d:\d\d:\d\d  ", "<HH:MM:SS>  ", "<a pun on cats>" if line in puns else line)
+            for line in output.splitlines()]
 
 
 def fits(shown: str, output: str) -> bool:

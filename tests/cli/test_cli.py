@@ -4,6 +4,7 @@ parses and says before it reaches a broker is tested in process beside it (``tes
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import os
 import queue
@@ -305,7 +306,9 @@ def test_watch_shows_a_second_host_arriving_and_leaving(env: dict[str, str], plu
         added = {row.pop("name"): row for row in rows(4)}
         assert {name: row.pop("change") for name, row in added.items()} == dict.fromkeys(
             ("echo", "unhurried", "failing", "ask-staff"), "added")
-        listed = live_tools(env)  # one shape for a tool: watch adds only "change"
+        seen = [datetime.datetime.fromisoformat(str(row.pop("time"))) for row in added.values()]
+        assert all(when.tzinfo is not None for when in seen)  # local time, with its UTC offset
+        listed = live_tools(env)  # one shape for a tool: watch adds only "change" and "time"
         assert added == {name: {k: v for k, v in row.items() if k != "name"} for name, row in listed.items()}
         plugin_dir.add("shout", SHOUT)  # "pip install" a plugin, then start a second host
         second = host_process("--host-id", "second", env=env)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import importlib.metadata
 import json
 import sys
@@ -217,11 +218,13 @@ def _print_skew(rows: list[dict[str, Any]]) -> None:
 @trust_options
 @click.option("--json", "as_json", is_flag=True,
               help="Print one JSON object per change (JSON Lines): the tool as 'tghost tools --json' gives it, "
-                   "plus \"change\" (added, updated, removed or expired).")
+                   "plus \"change\" (added, updated, removed or expired) and \"time\" (when it was seen, local "
+                   "ISO 8601 with its UTC offset, e.g. 2025-06-01T14:02:07+02:00).")
 def watch(pulsar: PulsarSettings, descriptors_topic: str, trusted: TrustedKeys | None, as_json: bool) -> None:
     """Follow the live tool set: tools added, updated, removed or expired, until Ctrl-C.
 
-    Starts with the tools live now, reported as added, then one line per change: CHANGE (added,
+    Starts with the tools live now, reported as added, then one line per change: the local TIME it
+    was seen (HH:MM:SS), CHANGE (added,
     updated: its descriptor, hosts, conflicts or drift changed; removed: withdrawn; expired: its hosts'
     leases ran out), TOOL, SERVICE and the HOSTS that serve it. Waits for a broker that is not
     up yet (--connect-timeout).
@@ -229,7 +232,7 @@ def watch(pulsar: PulsarSettings, descriptors_topic: str, trusted: TrustedKeys |
     async def follow() -> None:
         async with open_directory(pulsar, descriptors_topic, trusted, wait=True) as directory:
             if not as_json:
-                click.echo(output.columns(("CHANGE", "TOOL", "SERVICE", "HOSTS"), WATCH_WIDTHS))
+                click.echo(output.columns(("TIME", "CHANGE", "TOOL", "SERVICE", "HOSTS"), WATCH_WIDTHS))
             async for change in directory.changes(replay=True):
                 _print_change(change, as_json)
 
@@ -237,20 +240,24 @@ def watch(pulsar: PulsarSettings, descriptors_topic: str, trusted: TrustedKeys |
         asyncio.run(follow())
 
 
-#: ``tghost watch``'s columns (characters): change, tool, service, hosts. Lines print as changes
-#: come, so the widths are fixed; a longer name pushes the rest of its line right.
-WATCH_WIDTHS = (7, 28, 24, 0)
+#: ``tghost watch``'s columns (characters): time, change, tool, service, hosts. Lines print as
+#: changes come, so the widths are fixed; a longer name pushes the rest of its line right.
+WATCH_WIDTHS = (8, 7, 28, 24, 0)
 
 
 def _print_change(change: Change, as_json: bool) -> None:
+    """One ``tghost watch`` line for ``change``, seen now (local time)."""
+    seen = datetime.datetime.now().astimezone()
     if as_json:
-        click.echo(json.dumps(change.to_json()), nl=True)
+        click.echo(json.dumps({**change.to_json(), "time": seen.isoformat(timespec="seconds")}), nl=True)
         return
     tool = change.tool
     service, hosts = (tool.descriptor.service, ",".join(p.host["id"] for p in tool.providers)) if tool else ("", "")
-    line = output.columns((change.kind, change.name, service, hosts), WATCH_WIDTHS)
+    clock = seen.strftime("%H:%M:%S")
+    line = output.columns((clock, change.kind, change.name, service, hosts), WATCH_WIDTHS)
     colour = {"added": "green", "updated": "yellow"}.get(change.kind, "red")
-    click.echo(click.style(change.kind, fg=colour) + line[len(change.kind):])
+    start = len(clock) + 2  # the change after the time, in colour
+    click.echo(line[:start] + click.style(change.kind, fg=colour) + line[start + len(change.kind):])
     sys.stdout.flush()
 
 
