@@ -327,8 +327,37 @@ def test_run_signs_and_tools_trusts_by_key_files(
     assert trusting.returncode == 0, trusting.stderr
     assert [row["name"] for row in json.loads(trusting.stdout)] == ["echo"]
     distrusting = tghost_cli("tools", "--json", "--trusted-key", str(other.public), env=env)
-    assert distrusting.returncode == 0 and json.loads(distrusting.stdout) == []
+    assert distrusting.returncode == 3 and json.loads(distrusting.stdout) == []  # no live host it trusts
     called = tghost_cli("call", "echo", "text=hi", "--trusted-key", str(pair.public), env=env)
     assert called.returncode == 0 and called.stdout == "hi\n"
     host.process.send_signal(signal.SIGINT)
     assert host.finish() == 0
+
+
+def test_trusted_keys_ignore_unsigned_hosts_in_one_line_and_a_call_they_serve_says_so(
+    pulsar_broker: EmbeddedBroker, plugin_dir: PluginDir, tmp_path: Path, host_process: Callable[..., HostProcess]
+) -> None:
+    plugin_dir.add("plain", ECHO)
+    others = ",".join(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name != "plain")
+    env = plugin_dir.env(TGHOST_PULSAR_URL=pulsar_broker.url, XDG_CONFIG_HOME=str(tmp_path / "config"),
+                         TGHOST_DESCRIPTORS_TOPIC=f"persistent://tg/config/cli-{uuid.uuid4().hex[:8]}",
+                         TGHOST_DISABLE_PLUGINS=others)
+    trusted = write_key_pair(tmp_path / "host").public
+    hosts = [host_process("--host-id", host_id, env=env) for host_id in ("plain-1", "plain-2")]
+    for host in hosts:
+        host.wait_for("announced")
+    listed = tghost_cli("tools", "--trusted-key", str(trusted), env=env)
+    assert listed.returncode == 3, listed.stderr  # no host it trusts
+    (line,) = listed.stderr.splitlines()  # one line for every ignored announcement, whatever their number
+    assert "--trusted-key ignored" in line and " unsigned); -v says more" in line
+    detailed = tghost_cli("tools", "-v", "--trusted-key", str(trusted), env=env)
+    assert ": unsigned (e.g. key " in detailed.stderr and "announcement(s) on persistent://tg/config/cli-" in (
+        detailed.stderr)  # each reason, with an example
+    called = tghost_cli("call", "echo", "text=hi", "--trusted-key", str(trusted), env=env)
+    assert called.returncode == 1 and called.stdout == ""
+    assert ("Error: no-provider: no live host serves tool 'echo': 2 unsigned host(s) (plain-1, plain-2) serve it; "
+            "--trusted-key ignores them") in called.stderr
+    assert len(called.stderr.splitlines()) == 2, called.stderr  # the summary line and the error
+    for host in hosts:
+        host.process.send_signal(signal.SIGINT)
+        assert host.finish() == 0

@@ -26,7 +26,7 @@ from tghost.protocol import wire
 from tghost.protocol.descriptors import ToolServiceDescriptor
 from tghost.protocol.groups import DEFAULT_GROUPS, DEFAULT_STATE, WILDCARD, is_available, next_state
 from tghost.protocol.sessions import SESSION_KEY
-from tghost.protocol.trust import Signer, TrustedKeys
+from tghost.protocol.trust import BAD_SIGNATURE, UNKNOWN_KEY, UNSIGNED, Signer, TrustedKeys
 
 __all__ = [
     "CONFLICT", "GROUPS_EXCEED_ALLOWED", "NOT_AVAILABLE", "NO_PROVIDER", "UNAUTHORIZED", "UNKNOWN_TOOL",
@@ -94,16 +94,38 @@ class NoProvider(ToolCallError):
     ``tghost call --wait``).
     """
 
-    def __init__(self, kind: str, name: str, hosts: Sequence[str] = ()) -> None:
+    def __init__(self, kind: str, name: str, hosts: Sequence[str] = (), untrusted: Mapping[str, str] | None = None
+                 ) -> None:
         self.kind = kind
         self.name = name
         self.hosts = tuple(hosts)
         """The ids of the hosts that announced it lately (empty: it is only installed here)."""
+        self.untrusted = dict(untrusted or {})
+        """Host id -> why the trusted keys ignore it (``unsigned``, ``unknown-key``, ``bad-signature``), of
+        the hosts that announce it unverified now (:meth:`tghost.agent.ledger.Ledger.ignored_hosts`)."""
         known = (f"host(s) {', '.join(self.hosts)} announced it lately, and none serves it now" if self.hosts
                  else "its plugin is installed here, but no host runs it")
+        known = _ignored(self.untrusted) if self.untrusted else known
         super().__init__(NO_PROVIDER, f"no live host serves {described(kind, name)}: {known}. Start one ('tghost run' "
                                       "where its plugin is installed), or wait for one that is starting "
                                       "('tghost call --wait SECONDS', ToolDirectory.wait_for)")
+
+
+#: How :func:`_ignored` says why trusted keys ignore a host, by the reason.
+_IGNORED_AS = {UNSIGNED: "unsigned host(s)", UNKNOWN_KEY: "host(s) signed by a key not trusted",
+               BAD_SIGNATURE: "host(s) with a bad signature"}
+
+
+def _ignored(untrusted: Mapping[str, str]) -> str:
+    """``2 unsigned host(s) serve it (a, b); --trusted-key ignores them``, of ``untrusted``
+    (host id -> why the trusted keys ignore it)."""
+    by_reason: dict[str, list[str]] = {}
+    for host_id, reason in untrusted.items():
+        by_reason.setdefault(reason, []).append(host_id)
+    who = " and ".join(f"{len(hosts)} {_IGNORED_AS.get(reason, reason + ' host(s)')} ({', '.join(hosts)})"
+                       for reason, hosts in sorted(by_reason.items()))
+    return (f"{who} serve it; --trusted-key ignores them (sign their announcements with a trusted key: "
+            "'tghost run --signing-key')")
 
 
 @dataclass(frozen=True)
@@ -273,8 +295,9 @@ class ToolCalls:
         if name in self.live(kind):
             return None
         hosts = sorted(self.ledger.remembered((kind, name))) if self.ledger is not None else []
-        if hosts or (kind, name) in installed:
-            return NoProvider(kind, name, hosts)
+        ignored = self.ledger.ignored_hosts((kind, name), time.time()) if self.ledger is not None else {}
+        if hosts or ignored or (kind, name) in installed:
+            return NoProvider(kind, name, hosts, ignored)
         return None
 
     def _unknown(self, name: str, everywhere: Collection[Key]) -> UnknownTool:

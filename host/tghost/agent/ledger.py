@@ -22,6 +22,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from tghost.agent.untrusted import Untrusted
 from tghost.protocol.access import ToolAccess
 from tghost.protocol.announcement import Announcement, Entries, announcement_key, parse_descriptor
 from tghost.protocol.descriptors import ToolDescriptor, ToolServiceDescriptor
@@ -271,6 +272,9 @@ class Ledger:
         """Messages that were not applied, by reason."""
         self.claims: dict[Key, dict[Ref, Claim]] = {}
         """(kind, name) -> (host id, instance) -> the live claim of an active instance."""
+        self.untrusted = Untrusted(max_hosts, max_lease)
+        """What the hosts that ``trusted`` keys ignore announce (bounded; empty in open mode):
+        :meth:`ignored_hosts`."""
         self._rejected = LogSummary(log, f"ignored %(count)d announcement(s) on {topic}: %(reason)s (e.g. %(example)s)",
                                     report_interval, self.rejections, silent=frozenset({DUPLICATE}))
         self._instances: dict[Ref, _Instance] = {}
@@ -457,6 +461,7 @@ class Ledger:
                 target = _target(value)
                 if target is not None and self.is_live(*target):
                     raise _Rejected(HIJACK, f"{reason}, naming the live {target[0]} {target[1]!r}")
+                self.untrusted.note(value, reason, publish_time)
                 raise _Rejected(reason, "not signed by a trusted key")
         self._check_caps(value)
         try:
@@ -743,6 +748,13 @@ class Ledger:
                     found[host_id] = entry.descriptor
                     break
         return found
+
+    def ignored_hosts(self, key: Key, now: float) -> dict[str, str]:
+        """Host id -> why the trusted keys ignore it (``unsigned``, ``unknown-key``,
+        ``bad-signature``), of each host that announces ``key`` available, unverified, with a lease
+        running at ``now`` (unix seconds): who would serve it in open mode. A hint read from
+        messages nothing vouches for (:mod:`tghost.agent.untrusted`); empty in open mode."""
+        return self.untrusted.serving(key, now)
 
     def remembered_names(self, kind: str) -> set[str]:
         """The names of ``kind`` (``tool``, ``tool-service``) that a remembered instance may have

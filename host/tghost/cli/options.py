@@ -9,7 +9,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict, TypeVar, cast, overload
 
@@ -172,8 +172,8 @@ def trust_options(fn: F) -> F:
     """--trusted-key (repeatable; env TGHOST_TRUSTED_KEYS, os.pathsep-separated); the command
     gets one ``trusted: TrustedKeys | None`` (``None``: open mode, every host is believed).
     Every command that reads the directory takes them, and the directory's caps with them
-    (:func:`bounds_options`)."""
-    fn = bounds_options(fn)
+    (:func:`bounds_options`), and -v (:func:`verbose_option`)."""
+    fn = verbose_option(bounds_options(fn))
 
     @functools.wraps(fn)
     def with_trust(*args: Any, trusted_keys: tuple[Path, ...], **kwargs: Any) -> Any:
@@ -195,6 +195,56 @@ def trust_options(fn: F) -> F:
 
 #: Where :func:`bounds_options` keeps the caps for :func:`open_directory`: the click context's ``meta``.
 BOUNDS = "tghost.directory_bounds"
+#: Where :func:`verbose_option` keeps how many times -v was given: the click context's ``meta``.
+VERBOSITY = "tghost.verbosity"
+
+
+def verbose_option(fn: F) -> F:
+    """-v/--verbose, repeatable, kept in the click context for :func:`verbosity`; the command's
+    arguments are unchanged."""
+    @functools.wraps(fn)
+    def with_verbosity(*args: Any, verbose: int, **kwargs: Any) -> Any:
+        click.get_current_context().meta[VERBOSITY] = verbose
+        return fn(*args, **kwargs)
+
+    return cast(F, click.option(
+        "-v", "--verbose", count=True,
+        help="Say more on stderr: each reason announcements were ignored for (--trusted-key), with an example, "
+             "instead of one line, and a failed plugin's traceback; -vv logs each one.")(with_verbosity))
+
+
+def verbosity() -> int:
+    """How many times the command running now was given -v (0 outside such a command)."""
+    context = click.get_current_context(silent=True)
+    return int(context.meta.get(VERBOSITY, 0)) if context is not None else 0
+
+
+class TrustNote(logging.Filter):
+    """The directory's summaries of announcements its trusted keys ignored (unsigned, signed by
+    another key, a bad signature), said in one line for the whole command, the first time any
+    is, from the counts in ``rejections`` (the directory's); without trusted keys nothing is
+    ignored for these reasons. Other log lines pass unchanged."""
+
+    def __init__(self, rejections: Mapping[str, int]) -> None:
+        super().__init__()
+        self.rejections = rejections
+        self.said = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from tghost.protocol.trust import BAD_SIGNATURE, UNKNOWN_KEY, UNSIGNED
+
+        reasons = (UNSIGNED, UNKNOWN_KEY, BAD_SIGNATURE)
+        summary = record.args if isinstance(record.args, Mapping) else {}
+        if summary.get("reason") not in reasons:
+            return True
+        if self.said:
+            return False
+        self.said = True
+        counts = {reason: self.rejections.get(reason, 0) for reason in reasons if self.rejections.get(reason)}
+        record.msg = ("--trusted-key ignored %d announcement(s) of hosts no trusted key signed (%s); "
+                      "-v says more")
+        record.args = (sum(counts.values()), ", ".join(f"{count} {reason}" for reason, count in counts.items()))
+        return True
 
 
 class DirectoryBounds(TypedDict, total=False):
@@ -348,7 +398,16 @@ def open_directory(pulsar: PulsarSettings, topic: str, trusted: TrustedKeys | No
     :class:`~tghost.agent.directory.ToolDirectory`'s."""
     from tghost.agent.directory import ToolDirectory
 
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    verbose = verbosity()
+    logging.basicConfig(level=(logging.WARNING, logging.INFO, logging.DEBUG)[min(verbose, 2)],
+                        format="%(levelname)s %(name)s: %(message)s")
     if not wait:
         require_broker(pulsar.url)
-    return ToolDirectory(pulsar, topic, trusted=trusted, identity=identity, installed=installed, **directory_bounds())
+    directory = ToolDirectory(pulsar, topic, trusted=trusted, identity=identity, installed=installed,
+                              **directory_bounds())
+    ledger_log = logging.getLogger("tghost.agent.ledger")
+    for old in [f for f in ledger_log.filters if isinstance(f, TrustNote)]:
+        ledger_log.removeFilter(old)  # an earlier command's, in the same process (tests)
+    if trusted is not None and not verbose:
+        ledger_log.addFilter(TrustNote(directory.rejections))
+    return directory
