@@ -182,6 +182,28 @@ def test_a_call_that_no_live_host_serves_fails_at_once_saying_how_to_start_one(e
     assert interrupted.wait(30) == 130 and interrupted.communicate()[1].endswith("cancelled before a call was sent\n")
 
 
+def test_a_plugin_that_fails_to_load_is_one_line_where_a_call_names_what_it_may_serve(
+    env: dict[str, str], plugin_dir: PluginDir
+) -> None:
+    plugin_dir.add("broken", "import tghost\n\n\ndef word_count(:\n    pass\n")
+    called = tghost_cli("call", "broken-word-count", "text=hi", env=env)
+    assert called.returncode == 1 and called.stdout == ""
+    (line,) = called.stderr.splitlines()  # no traceback, no log line
+    assert line.startswith("Error: unknown-tool: no live tool named 'broken-word-count': plugin 'broken' failed to "
+                           "load (SyntaxError: "), line
+    assert "tghost_test_broken.py:4), and it may serve it. Fix the plugin; 'tghost plugins' says what loaded " \
+           "(-v: the traceback)" in line
+    verbose = tghost_cli("call", "-v", "broken-word-count", "text=hi", env=env)
+    assert verbose.stderr.startswith("Traceback (most recent call last):") and verbose.stderr.count("Traceback") == 1
+    assert verbose.stderr.splitlines()[-1].startswith("Error: unknown-tool: no live tool named 'broken-word-count'")
+    unrelated = tghost_cli("call", "echo", "text=hi", env=env)  # installed, no host runs it
+    assert unrelated.stderr.splitlines() == [unrelated.stderr.strip()] and "Traceback" not in unrelated.stderr
+    assert unrelated.stderr.startswith("Error: no-provider: no live host serves tool 'echo': its plugin is installed")
+    typo = tghost_cli("call", "ecoh", "text=hi", env=env)
+    assert typo.stderr.strip().endswith("did you mean 'echo' (no live host serves it)? see 'tghost tools' (1 installed "
+                                        "plugin(s) failed to load: 'broken'; 'tghost plugins' says why)")
+
+
 def test_call_with_wait_waits_for_a_host_that_is_starting(env: dict[str, str],
                                                            host_process: Callable[..., HostProcess]) -> None:
     caller = subprocess.Popen([sys.executable, "-m", "tghost", "call", "--wait", "60", "--service", "echo",

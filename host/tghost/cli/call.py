@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
+import re
 import sys
 from collections.abc import AsyncIterator, Collection
 from typing import TYPE_CHECKING, Any, Literal
 
 import click
 
-from tghost.agent.calls import described
+from tghost.agent.calls import NoProvider, UnknownTool, described
 from tghost.agent.client import ToolCallError, call_timeout
 from tghost.cli.app import cli
 from tghost.cli.options import (
@@ -23,6 +25,7 @@ from tghost.cli.options import (
     parse_pairs,
     pulsar_options,
     trust_options,
+    verbosity,
 )
 from tghost.protocol.descriptors import DEFAULT_TIMEOUT, ToolServiceDescriptor, request_queue, response_queue
 from tghost.protocol.groups import DEFAULT_STATE, next_state
@@ -32,6 +35,7 @@ from tghost.pulsar.clients import PulsarSettings
 
 if TYPE_CHECKING:
     from tghost.agent.directory import ToolDirectory
+    from tghost.discovery.catalog import PluginReport
 
 
 @cli.command()
@@ -99,7 +103,7 @@ def call(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...]
     except ToolCallError as exc:
         line.clear()
         line.end_line()
-        click.echo(f"Error: {exc}", err=True)
+        click.echo(f"Error: {_with_broken_plugins(exc, tool_name or service_id or '')}", err=True)
         sys.exit(1)
     except KeyboardInterrupt:  # the call was cancelled on its host as asyncio.run unwound (docs/protocol.md §2.11)
         line.clear()
@@ -235,13 +239,74 @@ def _unannounced(directory: ToolDirectory, service_id: str, topic: str | None) -
         f"the live services), or give --topic T to call it on {request_queue('T')} anyway")
 
 
-@functools.cache
 def _installed() -> Collection[tuple[str, str]]:
     """(kind, name) of every tool and tool service of the plugins installed here (they are loaded
     to tell, once: only when a call names something that is not live)."""
+    return _discovered()[0]
+
+
+@functools.cache
+def _discovered() -> tuple[frozenset[tuple[str, str]], tuple[PluginReport, ...]]:
+    """What :func:`_installed` gives, and the report of each installed plugin that failed to load.
+    Loaded quietly: a plugin's failure is told where a call names what it may serve
+    (:func:`_with_broken_plugins`), never as a traceback in the log."""
     from tghost.discovery.discover import discover
 
-    catalog = discover(strict=False)
+    quiet = logging.getLogger("tghost.discovery")
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL + 1)
+    try:
+        catalog = discover(strict=False)
+    finally:
+        quiet.setLevel(level)
     catalog.shutdown()  # only its descriptors are needed
-    return frozenset({("tool", name) for name in catalog.tools}
-                     | {("tool-service", sid) for sid in catalog.descriptors})
+    served = {("tool", name) for name in catalog.tools} | {("tool-service", sid) for sid in catalog.descriptors}
+    return frozenset(served), tuple(report for report in catalog.plugins if report.status == "failed")
+
+
+def _with_broken_plugins(exc: ToolCallError, name: str) -> str:
+    """``exc`` in words, saying in one line which installed plugin that failed to load may serve
+    ``name`` and why it failed (with -v, its traceback first, on stderr), or, for an unknown tool,
+    which plugins failed to load; ``exc`` alone when none did."""
+    if not isinstance(exc, UnknownTool | NoProvider) or not (broken := _discovered()[1]):
+        return str(exc)
+    suspects = [report for report in broken if _may_serve(report, name)]
+    for report in suspects if verbosity() else ():
+        click.echo("".join(report.tracebacks), err=True, nl=False)
+    failed = "; ".join(f"plugin {report.name!r} failed to load ({_why(report)})" for report in suspects)
+    if suspects and isinstance(exc, NoProvider):  # what the directory knows of its hosts stays the news
+        return f"{exc}. Here, {failed}"
+    if suspects:
+        more = "" if verbosity() else " (-v: the traceback)"
+        return (f"{exc.error_type}: no live tool named {name!r}: {failed}, and it may serve it. Fix the plugin; "
+                f"'tghost plugins' says what loaded{more}")
+    if isinstance(exc, UnknownTool):
+        names = ", ".join(repr(report.name) for report in broken)
+        return f"{exc} ({len(broken)} installed plugin(s) failed to load: {names}; 'tghost plugins' says why)"
+    return str(exc)
+
+
+def _may_serve(report: PluginReport, name: str) -> bool:
+    """Whether the plugin of ``report`` (which failed to load, so its tools are unknown) may serve
+    the tool or tool service ``name``: ``name`` is, or begins with, its entry point's name, its
+    distribution's or its module's, each without a ``tghost`` prefix, ``_`` read as ``-``
+    (the entry point ``broken`` and ``broken-word-count``)."""
+    stems = {_stem(report.name), _stem(report.distribution or ""), _stem(report.value.split(":")[0].split(".")[0])}
+    called = name.lower().replace("_", "-")
+    return any(stem and (called == stem or called.startswith(f"{stem}-")) for stem in stems)
+
+
+def _stem(text: str) -> str:
+    """``tghost_test_broken`` -> ``test-broken``: lower case, ``-`` for ``_``, no ``tghost-`` prefix."""
+    return text.lower().replace("_", "-").removeprefix("tghost-")
+
+
+def _why(report: PluginReport) -> str:
+    """A failed plugin's first error in short: the exception and where the plugin's code raised it
+    (``SyntaxError: invalid syntax at /src/x.py:3``), from its traceback; else its first error line."""
+    if not report.tracebacks:
+        return report.errors[0] if report.errors else "no reason given"
+    text = report.tracebacks[0].rstrip().splitlines()
+    frames = [f"{path}:{line}" for path, line in re.findall(r'File "([^"]+)", line (\d+)', report.tracebacks[0])
+              if not path.startswith("<")]
+    return text[-1] + (f" at {frames[-1]}" if frames else "")
