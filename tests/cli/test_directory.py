@@ -107,7 +107,7 @@ def test_watch_lines_keep_their_columns_whatever_the_names(capsys: pytest.Captur
         _print_change(change(kind, name, service), as_json=False)
     lines = capsys.readouterr().out.splitlines()
     assert {line.index(service) for line, service in zip(lines, ("s", "joke-service", "summaries"), strict=True)} \
-        == {sum(WATCH_WIDTHS[:2]) + 4}
+        == {sum(WATCH_WIDTHS[:3]) + 6}  # after the time, the change and the tool, two spaces apart
 
 
 #: ``tghost ARGV`` (``sys.argv[2]``, JSON) in a fresh interpreter where ``import mcp`` fails, as
