@@ -70,7 +70,8 @@ def call(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...]
     tool. --config and --topic go with --service only (a usage error with a tool name, exit 2). The
     observation is printed as it streams in, and the tool's progress updates (if it reports
     any) on stderr, on one line rewritten in place on a terminal. Exits 1 on a refusal, an error reply or a
-    timeout (the error goes to stderr). A tool or --service that no live host serves fails at
+    timeout (the error goes to stderr, with the answering host's id and the request id that its log names
+    the call by). A tool or --service that no live host serves fails at
     once (exit 1), saying whether a host announced it lately or its plugin is installed here,
     unless --wait gives a host time to start (or --topic says where a --service is). An unknown
     tool name is answered with the closest names. Ctrl-C cancels the call on the host that runs
@@ -99,7 +100,7 @@ def call(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...]
     except ToolCallError as exc:
         line.clear()
         line.end_line()
-        click.echo(f"Error: {exc}", err=True)
+        click.echo(f"Error: {exc}{_where(exc)}", err=True)
         sys.exit(1)
     except KeyboardInterrupt:  # the call was cancelled on its host as asyncio.run unwound (docs/protocol.md §2.11)
         line.clear()
@@ -109,6 +110,13 @@ def call(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...]
         sys.exit(130)
     finally:
         line.clear()
+
+
+def _where(error: ToolCallError) -> str:
+    """`` (host H, request R)``: the host that answered with ``error`` and the call's request id, as
+    far as they are known (the host's log names the request by its id); ``""`` for a refusal."""
+    known = [f"{label} {value}" for label, value in (("host", error.host), ("request", error.request_id)) if value]
+    return f" ({', '.join(known)})" if known else ""
 
 
 def _json_object(text: str) -> dict[str, Any]:
