@@ -114,7 +114,10 @@ def call(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...]
 
 def _where(error: ToolCallError) -> str:
     """`` (host H, request R)``: the host that answered with ``error`` and the call's request id, as
-    far as they are known (the host's log names the request by its id); ``""`` for a refusal."""
+    far as they are known (the host's log names the request by its id); ``""`` for a refusal, or
+    when the message says it already (a host's ``--error-detail type`` or ``none``)."""
+    if error.request_id and error.request_id in error.message:
+        return ""
     known = [f"{label} {value}" for label, value in (("host", error.host), ("request", error.request_id)) if value]
     return f" ({', '.join(known)})" if known else ""
 
