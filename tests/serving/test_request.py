@@ -21,6 +21,7 @@ from tghost.broker import EmbeddedBroker
 from tghost.protocol import wire
 from tghost.protocol.descriptors import ToolServiceDescriptor
 from tghost.pulsar import hop
+from tghost.serving.executors.base import WorkerRaised
 from tghost.serving.request import (
     CallRecord,
     ChunkNotSent,
@@ -30,7 +31,6 @@ from tghost.serving.request import (
     _receipt_of,
     confirmed,
 )
-from tghost.serving.executors.base import WorkerRaised
 
 
 @tghost.tool
