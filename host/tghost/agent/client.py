@@ -42,13 +42,19 @@ log = logging.getLogger(__name__)
 class ToolCallError(Exception):
     """A call answered with an error, or not answered in time.
 
-    ``error_type`` is the wire error type (``tool-service-error``, ``timeout``, ...).
+    ``error_type`` is the wire error type (``tool-service-error``, ``timeout``, ...). ``host`` is
+    the id of the host that answered with the error, when its reply names it, and ``request_id``
+    the call's request id (32 hex digits) once it was sent: the host's log names the request by
+    it (docs/protocol.md §2.6). Both are ``None`` for a call refused before it was sent.
     """
 
-    def __init__(self, error_type: str, message: str) -> None:
+    def __init__(self, error_type: str, message: str, host: str | None = None,
+                 request_id: str | None = None) -> None:
         super().__init__(f"{error_type}: {message}")
         self.error_type = error_type
         self.message = message
+        self.host = host
+        self.request_id = request_id
 
 
 def call_timeout(descriptor: ToolServiceDescriptor | None, given: float | None = None) -> float:
@@ -185,7 +191,8 @@ class ToolServiceClient:
                         continue  # a host we did not know: the same request, signed too
                     if response.error:
                         failed = response.error["type"]
-                        raise ToolCallError(response.error["type"], response.error["message"])
+                        raise ToolCallError(response.error["type"], response.error["message"],
+                                            response.error.get("host"), request_id)
                     if response.response:
                         yield response.response
                     if response.end_of_stream:
@@ -194,7 +201,7 @@ class ToolServiceClient:
         except TimeoutError:
             failed = wire.TIMEOUT
             raise ToolCallError(wire.TIMEOUT, f"no complete answer from {self.request_queue} "
-                                              f"within {timeout}s") from None
+                                              f"within {timeout}s", request_id=request_id) from None
         except Exception as exc:
             failed = failed if failed != "cancelled" else type(exc).__name__
             raise

@@ -30,7 +30,7 @@ from tghost.cli.options import (
 from tghost.protocol.descriptors import DEFAULT_TIMEOUT, ToolServiceDescriptor, request_queue, response_queue
 from tghost.protocol.groups import DEFAULT_STATE, next_state
 from tghost.protocol.trust import Signer, TrustedKeys
-from tghost.protocol.wire import Progress
+from tghost.protocol.wire import TOOL_SERVICE_ERROR, Progress
 from tghost.pulsar.clients import PulsarSettings
 
 if TYPE_CHECKING:
@@ -74,7 +74,8 @@ def call(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...]
     tool. --config and --topic go with --service only (a usage error with a tool name, exit 2). The
     observation is printed as it streams in, and the tool's progress updates (if it reports
     any) on stderr, on one line rewritten in place on a terminal. Exits 1 on a refusal, an error reply or a
-    timeout (the error goes to stderr). A tool or --service that no live host serves fails at
+    timeout (the error goes to stderr; a tool's failure with the answering host's id and the request id
+    that its log names the traceback by). A tool or --service that no live host serves fails at
     once (exit 1), saying whether a host announced it lately or its plugin is installed here,
     unless --wait gives a host time to start (or --topic says where a --service is). An unknown
     tool name is answered with the closest names. Ctrl-C cancels the call on the host that runs
@@ -103,7 +104,7 @@ def call(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...]
     except ToolCallError as exc:
         line.clear()
         line.end_line()
-        click.echo(f"Error: {_with_broken_plugins(exc, tool_name or service_id or '')}", err=True)
+        click.echo(f"Error: {_with_broken_plugins(exc, tool_name or service_id or '')}{_where(exc)}", err=True)
         sys.exit(1)
     except KeyboardInterrupt:  # the call was cancelled on its host as asyncio.run unwound (docs/protocol.md §2.11)
         line.clear()
@@ -113,6 +114,16 @@ def call(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...]
         sys.exit(130)
     finally:
         line.clear()
+
+
+def _where(error: ToolCallError) -> str:
+    """`` (host H, request R)`` after a ``tool-service-error``: the host that answered and the call's
+    request id, under which that host's log has the traceback; ``""`` for any other error, or when
+    the message says it already (a host's ``--error-detail type`` or ``none``)."""
+    if error.error_type != TOOL_SERVICE_ERROR or (error.request_id and error.request_id in error.message):
+        return ""
+    known = [f"{label} {value}" for label, value in (("host", error.host), ("request", error.request_id)) if value]
+    return f" ({', '.join(known)})" if known else ""
 
 
 def _json_object(text: str) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from tghost.protocol.epochs import MAX_LEASE
 from tghost.protocol.trust import KeyFileError, Signer
 from tghost.pulsar.clients import BrokerError, PulsarSettings
 from tghost.serving.executors.base import ISOLATIONS, THREAD, WorkerLimits
-from tghost.serving.settings import ServeSettings
+from tghost.serving.settings import ERROR_DETAILS, FULL, ServeSettings
 from tghost.system import tracing
 
 log = logging.getLogger("tghost")
@@ -69,6 +69,11 @@ log = logging.getLogger("tghost")
               show_default=True, metavar="MIB",
               help="Replace a worker process whose resident memory is above MIB after a call; one call fails with "
                    "MemoryError past twice that. 0: no bound (env TGHOST_MAX_WORKER_MEMORY).")
+@click.option("--error-detail", type=click.Choice(ERROR_DETAILS), envvar="TGHOST_ERROR_DETAIL", default=FULL,
+              show_default=True, help="What callers are told of an exception a tool raises by mistake (env "
+                                      "TGHOST_ERROR_DETAIL): 'full' its class and message, 'type' its class, 'none' "
+                                      "neither; those two name this host and the request id, whose log line has the "
+                                      "traceback. A tghost.ToolError's message is always told.")
 @config_option
 @click.option("--lease", type=click.FloatRange(min=0.5, max=MAX_LEASE), default=30.0, show_default=True,
               help="Seconds an announcement lives without a heartbeat (heartbeat every lease/3). At most "
@@ -89,7 +94,8 @@ log = logging.getLogger("tghost")
 @operations_options
 def run(pulsar: PulsarSettings, descriptors_topic: str, data_dir: Path | None, timeout: float, max_concurrency: int,
         max_queue: int, grace: float, max_payload: int, max_redeliveries: int, stall_threshold: float,
-        isolation: str, max_calls_per_worker: int, max_worker_memory: int, config_path: Path | None, lease: float,
+        isolation: str, max_calls_per_worker: int, max_worker_memory: int, error_detail: str,
+        config_path: Path | None, lease: float,
         host_id: str | None, signing_key: Path | None, watch_plugins: bool, watch_interval: float, log_level: str,
         selection: PluginSelection, metrics_host: str, metrics_port: int | None, audit_log: str | None,
         audit_arguments: bool) -> None:
@@ -112,7 +118,8 @@ def run(pulsar: PulsarSettings, descriptors_topic: str, data_dir: Path | None, t
         serve=ServeSettings(timeout=timeout, max_concurrency=max_concurrency, max_queue=max_queue, grace=grace,
                             max_payload=max_payload, max_redeliveries=max_redeliveries,
                             stall_threshold=stall_threshold, isolation=isolation,
-                            worker_limits=WorkerLimits(max_calls_per_worker, max_worker_memory)),
+                            worker_limits=WorkerLimits(max_calls_per_worker, max_worker_memory),
+                            error_detail=error_detail),
         config_file=config_path, plugins=selection, watch_plugins=watch_plugins, watch_interval=watch_interval,
         metrics_port=metrics_port, metrics_host=metrics_host, audit_log=audit_log, audit_arguments=audit_arguments)
     host = Host(config)

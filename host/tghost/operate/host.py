@@ -56,8 +56,8 @@ class HostConfig:
 
     - ``pulsar``: the broker and its auth/TLS (:class:`tghost.PulsarSettings`); ``topic``: the
       announcement topic (docs/protocol.md §4.1).
-    - ``serve``: host-wide serving limits: timeouts, concurrency, grace, isolation
-      (:class:`tghost.ServeSettings`).
+    - ``serve``: host-wide serving limits: timeouts, concurrency, grace, isolation, and how much
+      of a tool's exception a caller is told (:class:`tghost.ServeSettings`).
     - ``announce``: announce what is served (``False``: serve only, as a host behind a static
       config). ``lease``: seconds an announcement lives without a heartbeat (at most
       ``MAX_LEASE``, 600). ``host_id``: the id announced (default: a stable id per host slot in
@@ -303,7 +303,8 @@ class Host:
         server = self._server = Server(catalog.services, catalog.descriptors, config.serve, self._listeners,
                                        authorize=catalog.authorize,
                                        gate=Gate.of(catalog.access, catalog.tools, session), signer=config.signer,
-                                       in_process=toolset_services(catalog.plugins), fleet=fleet)
+                                       in_process=toolset_services(catalog.plugins), fleet=fleet,
+                                       host_id=self.announcer.identity.id if self.announcer else config.host_id)
         self._client = await config.pulsar.connect()
         await self._follow(fleet)
         await server.start(self._client)

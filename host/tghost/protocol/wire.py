@@ -118,8 +118,9 @@ class Progress(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class Response:
-    """A decoded response envelope. ``error`` is ``{"type", "message"}`` or ``None``;
-    ``progress`` is set on a progress update (an empty chunk, docs/protocol.md §2.12)."""
+    """A decoded response envelope. ``error`` is ``{"type", "message"}`` or ``None``, with the
+    answering host's ``host`` id and the ``request-id`` when the reply names them (docs/protocol.md
+    §2.6); ``progress`` is set on a progress update (an empty chunk, §2.12)."""
 
     response: str
     end_of_stream: bool
@@ -223,9 +224,18 @@ def encode_progress(update: Progress) -> bytes:
     return json.dumps({"error": None, "response": "", "end_of_stream": False, "progress": progress}).encode()
 
 
-def encode_error(error_type: str, message: str) -> bytes:
-    """Encode an error response; always the last message of its stream."""
+#: The keys of an error object that say where it happened (docs/protocol.md §2.6): the answering
+#: host's id and the request's ``id``, beside seed 000's ``type`` and ``message``.
+ERROR_WHERE = ("host", "request-id")
+
+
+def encode_error(error_type: str, message: str, host: str | None = None, request_id: str | None = None) -> bytes:
+    """Encode an error response; always the last message of its stream. ``host`` (the answering
+    host's id) and ``request_id`` (the request's ``id``) go in the error object when given."""
     error = {"type": error_type, "message": message}
+    for key, value in zip(ERROR_WHERE, (host, request_id), strict=True):
+        if value:
+            error[key] = value
     return json.dumps({"error": error, "response": "", "end_of_stream": True}).encode()
 
 
@@ -241,13 +251,25 @@ def decode_response(payload: bytes) -> Response:
         response = Response(
             response=envelope.get("response") or "",
             end_of_stream=bool(envelope.get("end_of_stream", True)),
-            error=None if not error else {"type": str(error.get("type", "")),
-                                          "message": str(error.get("message", ""))},
+            error=_error(error),
             progress=_progress(envelope.get("progress")),
         )
     except (ValueError, AttributeError, TypeError) as exc:
         raise BadRequest(f"response is not a valid envelope: {exc}") from None
     return response
+
+
+def _error(error: Any) -> dict[str, str] | None:
+    """A response's error object as strings: ``type`` and ``message``, and the keys of
+    :data:`ERROR_WHERE` that it gives as strings (``None``: no error).
+
+    Raises:
+        AttributeError: it is not an object.
+    """
+    if not error:
+        return None
+    read = {"type": str(error.get("type", "")), "message": str(error.get("message", ""))}
+    return read | {key: error[key] for key in ERROR_WHERE if isinstance(error.get(key), str)}
 
 
 def _progress(value: Any) -> Progress | None:

@@ -50,7 +50,6 @@ from tghost.serving.request import (
     Request,
     Terms,
     confirmed_on_loop,
-    failure,
 )
 from tghost.serving.settings import ServeSettings
 from tghost.system.logs import LogSummary
@@ -92,13 +91,15 @@ class ServiceEndpoint:
         gate: Gate | None = None,
         signer: Signer | None = None,
         fleet: Fleet | None = None,
+        host_id: str | None = None,
     ) -> None:
         self.service = service
         self.signer = signer
         self.descriptor = descriptor
         self.terms = Terms(service, descriptor, descriptor.timeout or settings.timeout,
                            descriptor.max_concurrency or settings.max_concurrency, settings.max_queue,
-                           settings.max_payload, settings.max_redeliveries, authorize, gate, fleet)
+                           settings.max_payload, settings.max_redeliveries, authorize, gate, fleet, host_id,
+                           settings.error_detail)
         self.persistent = self.terms.persistent
         self.counters = {"received": 0, "unanswerable": 0}
         self._listeners = tuple(listeners)
@@ -288,7 +289,8 @@ class ServiceEndpoint:
         if running is None:
             self._lane.cancel(request)  # type: ignore[union-attr]
         elif request.claim(wire.CANCELLED, self._port):
-            self._port.send(request, wire.encode_error(wire.CANCELLED, self.terms.refusal(wire.CANCELLED)))  # type: ignore[union-attr]
+            self._port.send(request, self.terms.error(request_id, wire.CANCELLED,  # type: ignore[union-attr]
+                                                      self.terms.refusal(wire.CANCELLED)))
             running[0].cancel()  # the call's task: an async invoke stops, a worker process is killed
 
     async def _admit(self, request: Request, task: asyncio.Task[None]) -> None:
@@ -330,7 +332,7 @@ class ServiceEndpoint:
                 raise
             await self._refuse(request, wire.TIMEOUT, self.terms.refusal(wire.TIMEOUT))
         except Exception as exc:
-            await self._refuse(request, *failure(exc, self.descriptor.id))
+            await self._refuse(request, *self.terms.failure(exc, request.request_id))
 
     async def _checked(self, request: Request) -> Call:
         """:meth:`Terms.check`; in a worker thread for a request that names a caller, whose mark
@@ -361,7 +363,7 @@ class ServiceEndpoint:
 
     async def _refuse(self, request: Request, error_type: str, text: str) -> None:
         """Answer the request with an error reply of ``error_type`` saying ``text``."""
-        await self._reply(request, error_type, wire.encode_error(error_type, text))
+        await self._reply(request, error_type, self.terms.error(request.request_id, error_type, text))
 
     async def _reply(self, request: Request, status: str | None, payload: bytes) -> None:
         """Claim the request and send its last reply (``status``: the error type, ``None`` for a

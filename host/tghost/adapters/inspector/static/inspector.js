@@ -329,7 +329,7 @@
           } else if (line.error) {
             entry.status = line.error.type;
             entry.total = line.total_ms;
-            log.append(el("p", { className: "error" }, el("strong", { text: line.error.type }), document.createTextNode(`: ${line.error.message}`)));
+            log.append(el("p", { className: "error" }, el("strong", { text: line.error.type }), document.createTextNode(`: ${line.error.message}`), ...errorWhere(line.error)));
             $("timing").textContent = `failed after ${line.total_ms} ms`;
           }
         }
@@ -365,6 +365,13 @@
     bar.setAttribute("aria-label", "progress");
     const amount = known ? `${update.done}/${update.total} (${Math.round(100 * update.done / update.total)}%)` : `${update.done}`;
     box.querySelector("span").textContent = update.message ? `${amount} ${update.message}` : amount;
+  }
+
+  // Where an error came from (docs/protocol.md §2.6): the host that answered and the request id its log names.
+  function errorWhere(error) {
+    const known = [["host", error.host], ["request", error.request_id]].filter(([, value]) => value);
+    if (!known.length) return [];
+    return [el("small", { className: "where", text: known.map(([label, value]) => `${label} ${value}`).join(" · ") })];
   }
 
   // A structured result: its tree, and "raw JSON" to see the observation as it came instead.
