@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import sys
 from pathlib import Path
 
 import click
@@ -25,6 +27,7 @@ from tghost.cli.options import (
 from tghost.discovery.config import ConfigError
 from tghost.discovery.discover import PluginLoadError, PluginSelection
 from tghost.operate.host import Host, HostConfig, HostError
+from tghost.operate.reload import STALE_EXIT, WORKER_ENV, Reloader, ReloadWorker, broken_after_change
 from tghost.protocol.epochs import MAX_LEASE
 from tghost.protocol.trust import KeyFileError, Signer
 from tghost.pulsar.clients import BrokerError, PulsarSettings
@@ -86,6 +89,10 @@ log = logging.getLogger("tghost")
 @click.option("--watch-plugins", is_flag=True, envvar="TGHOST_WATCH_PLUGINS",
               help="Serve plugins pip-installed while running, and withdraw uninstalled ones, with no restart "
                    "(env TGHOST_WATCH_PLUGINS). An upgraded plugin is logged as 'restart needed'.")
+@click.option("--reload", is_flag=True, envvar="TGHOST_RELOAD",
+              help="For plugin development: restart serving the plugins when their source files change (editable "
+                   "installs included) or a plugin is installed, upgraded or removed, in a new worker process that "
+                   "takes over before the old one stops, so no call is lost (env TGHOST_RELOAD).")
 @click.option("--watch-interval", type=click.FloatRange(min=0, min_open=True), default=2.0, show_default=True,
               help="With --watch-plugins: seconds between two looks at the installed plugins.")
 @click.option("--log-level", type=LogLevel(), default="info", show_default=True,
@@ -95,8 +102,8 @@ log = logging.getLogger("tghost")
 def run(pulsar: PulsarSettings, descriptors_topic: str, data_dir: Path | None, timeout: float, max_concurrency: int,
         max_queue: int, grace: float, max_payload: int, max_redeliveries: int, stall_threshold: float,
         isolation: str, max_calls_per_worker: int, max_worker_memory: int, error_detail: str,
-        config_path: Path | None, lease: float,
-        host_id: str | None, signing_key: Path | None, watch_plugins: bool, watch_interval: float, log_level: str,
+        config_path: Path | None, lease: float, host_id: str | None, signing_key: Path | None, watch_plugins: bool,
+        reload: bool, watch_interval: float, log_level: str,
         selection: PluginSelection, metrics_host: str, metrics_port: int | None, audit_log: str | None,
         audit_arguments: bool) -> None:
     """Serve every installed tool-service plugin on Pulsar.
@@ -109,8 +116,12 @@ def run(pulsar: PulsarSettings, descriptors_topic: str, data_dir: Path | None, t
     With --watch-plugins, plugins installed or uninstalled meanwhile are served or withdrawn live.
     With --isolation process, plugin code runs in worker processes that are killed and replaced
     when a call crashes, outlives its timeout, or leaks.
+    With --reload, an edited plugin is served anew within seconds of the save.
     """
     setup_logging(log_level)
+    worker = os.environ.get(WORKER_ENV)
+    if reload and worker is None:
+        sys.exit(Reloader(sys.argv[1:], host_id).run())
     if (traced := tracing.summary()) is not None:
         log.info("%s", traced)  # --otel: say so once, and where the spans go
     config = HostConfig(
@@ -122,11 +133,13 @@ def run(pulsar: PulsarSettings, descriptors_topic: str, data_dir: Path | None, t
                             error_detail=error_detail),
         config_file=config_path, plugins=selection, watch_plugins=watch_plugins, watch_interval=watch_interval,
         metrics_port=metrics_port, metrics_host=metrics_host, audit_log=audit_log, audit_arguments=audit_arguments)
-    host = Host(config)
+    host = Host(config) if worker is None else ReloadWorker(config, ready_fd=int(worker))
     try:
         catalog = host.load()  # a plugin or config error is told before a broker is started
     except (ConfigError, PluginLoadError) as exc:
         raise click.ClickException(str(exc)) from None
+    if broken_after_change(catalog):
+        sys.exit(STALE_EXIT)  # a reload's new worker: the previous one serves on
     try:
         _start_broker_if_needed(pulsar.url, data_dir)
         asyncio.run(host.serve())
