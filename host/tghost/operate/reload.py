@@ -21,7 +21,6 @@ import json
 import logging
 import os
 import signal
-import site
 import subprocess
 import sys
 import threading
@@ -320,7 +319,7 @@ def _plugin_source() -> tuple[set[Path], set[Path]]:
                 packages.update(Path(location) for location in spec.submodule_search_locations)
             elif spec is not None and spec.origin:
                 modules.add(Path(spec.origin))
-    return {p for p in packages if p.is_dir()}, modules
+    return {p.resolve() for p in packages if p.is_dir()}, {m.resolve() for m in modules}
 
 
 def _edited_since(started: float, packages: Iterable[Path], modules: Iterable[Path]) -> list[str]:
@@ -337,5 +336,6 @@ def _mtime(path: Path) -> float:
 
 
 def _site_dirs() -> list[Path]:
-    """This interpreter's site-packages directories, where installs add and remove ``.dist-info``."""
-    return sorted({Path(d) for d in [*site.getsitepackages(), site.getusersitepackages()] if os.path.isdir(d)})
+    """The directories on ``sys.path`` (site-packages, ``PYTHONPATH``), watched on their own, not
+    their sub-directories: where installs add and remove ``.dist-info`` and ``.pth`` files."""
+    return sorted({Path(entry).resolve() for entry in sys.path if entry and os.path.isdir(entry)})
