@@ -102,7 +102,9 @@ def test_a_new_instance_replaces_the_old_one_and_an_old_one_speaking_again_is_a_
     assert ledger.clashes == {} and live(ledger)[("tool", "count")] == ["new"]
 
 
-def test_a_replaced_instance_holds_its_entries_until_the_new_one_claims_them_and_may_withdraw_with_no_clash(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_replaced_instance_holds_its_entries_until_the_new_one_claims_them_and_may_withdraw_with_no_clash(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     ledger = Ledger("t")
     old, new = announcer(instance="old"), announcer(instance="new")
     feed(ledger, *old._messages("available"))

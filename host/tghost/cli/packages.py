@@ -96,9 +96,11 @@ def installed_plugins() -> dict[str, Installed]:
 
 def _written(dist: Distribution) -> float:
     """When the distribution's metadata was written (a reinstall writes it again); 0 if unknown."""
-    metadata = next((f for f in dist.files or () if f.name == "METADATA"), None)
+    listed = next((f for f in dist.files or () if f.name == "METADATA"), None)
+    folder = getattr(dist, "_path", None)  # a PathDistribution's .dist-info, when no RECORD lists its files
+    metadata = Path(str(dist.locate_file(listed))) if listed is not None else Path(str(folder)) / "METADATA"
     try:
-        return Path(str(dist.locate_file(metadata))).stat().st_mtime if metadata is not None else 0.0
+        return metadata.stat().st_mtime if listed is not None or folder is not None else 0.0
     except OSError:
         return 0.0
 
