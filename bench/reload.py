@@ -10,6 +10,7 @@ no answer within the caller's ``timeout``). Nothing here asserts anything about 
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import sys
 import time
@@ -35,6 +36,7 @@ def tghost_register_services(register):
     register(loud)
 '''
 CALLERS = 4
+VERBOSE = bool(os.environ.get("BENCH_VERBOSE"))
 #: Seconds between two saves: long enough for the old process to drain and exit.
 PAUSE = 6.0
 
@@ -45,6 +47,8 @@ async def _call(directory: tghost.ToolDirectory, ended: Counter[str], stop: asyn
             ended[str(await directory.invoke("loud", {"text": "hi"}, timeout=20))] += 1
         except tghost.ToolCallError as exc:
             ended[f"error {exc.error_type}"] += 1
+            if VERBOSE:
+                print(exc, file=sys.stderr)
             await asyncio.sleep(0.01)
 
 
@@ -82,6 +86,6 @@ def main(quick: bool = False) -> None:
     rows: list[dict[str, Any]] = [{"save": i, "seconds_to_new_code": s} for i, s in enumerate(seconds, 1)]
     rows.append({"save": "all", "calls": sum(ended.values()),
                  "answered": sum(n for k, n in ended.items() if k.startswith("HI")),
-                 "errors": sum(n for k, n in ended.items() if k.startswith("error")) or 0})
+                 **{k: n for k, n in sorted(ended.items()) if k.startswith("error")}})
     report("reload", "tghost run --reload: save to new code answering, and calls lost", rows,
            {"saves": saves, "callers": CALLERS, "pause_s": PAUSE})

@@ -27,7 +27,7 @@ from tghost.cli.options import (
 from tghost.discovery.config import ConfigError
 from tghost.discovery.discover import PluginLoadError, PluginSelection
 from tghost.operate.host import Host, HostConfig, HostError
-from tghost.operate.reload import STALE_EXIT, WORKER_ENV, Reloader, ReloadWorker, broken_after_change
+from tghost.operate.reload import STALE_EXIT, WORKER_ENV, Reloader, ReloadWorker, broken_after_change, standing_by
 from tghost.protocol.epochs import MAX_LEASE
 from tghost.protocol.trust import KeyFileError, Signer
 from tghost.pulsar.clients import BrokerError, PulsarSettings
@@ -92,7 +92,7 @@ log = logging.getLogger("tghost")
 @click.option("--reload", is_flag=True, envvar="TGHOST_RELOAD",
               help="For plugin development: restart serving the plugins when their source files change (editable "
                    "installs included) or a plugin is installed, upgraded or removed, in a new worker process that "
-                   "takes over before the old one stops, so no call is lost (env TGHOST_RELOAD).")
+                   "takes over before the old one stops, so no call is refused (env TGHOST_RELOAD).")
 @click.option("--watch-interval", type=click.FloatRange(min=0, min_open=True), default=2.0, show_default=True,
               help="With --watch-plugins: seconds between two looks at the installed plugins.")
 @click.option("--log-level", type=LogLevel(), default="info", show_default=True,
@@ -122,6 +122,8 @@ def run(pulsar: PulsarSettings, descriptors_topic: str, data_dir: Path | None, t
     worker = os.environ.get(WORKER_ENV)
     if reload and worker is None:
         sys.exit(Reloader(sys.argv[1:], host_id).run())
+    if worker is not None and not standing_by():
+        return  # a reload's worker on standby, not needed after all
     if (traced := tracing.summary()) is not None:
         log.info("%s", traced)  # --otel: say so once, and where the spans go
     config = HostConfig(

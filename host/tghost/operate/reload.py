@@ -3,7 +3,8 @@ source files and, on a change, starts a new ``tghost run`` worker process, waits
 then has the old one hand its services over and stop. Python cannot safely replace a module in
 place (see :mod:`tghost.operate.plugin_watch`), so a reload is always a new process.
 
-The worker's side (:class:`ReloadWorker`): it writes one JSON line to the file descriptor in
+The worker's side (:class:`ReloadWorker`): started ahead, it waits on standby for ``go`` on its
+stdin (:func:`standing_by`) before it imports the plugins; it writes one JSON line to the file descriptor in
 ``TGHOST_RELOAD_WORKER`` once it serves and announces (what it serves), and reads one from its
 stdin, ``{"hand_over": [service ids]}``, when its successor serves: those services' request
 consumers close at once and the requests still reaching them are served, not refused, then the
@@ -39,7 +40,7 @@ from tghost.operate.plugin_watch import installed_plugins
 from tghost.system.paths import app_dir
 from tghost.system.processes import describe_exit
 
-__all__ = ["EXPECT_ENV", "STALE_EXIT", "WORKER_ENV", "ReloadWorker", "Reloader", "broken_after_change"]
+__all__ = ["EXPECT_ENV", "STALE_EXIT", "WORKER_ENV", "ReloadWorker", "Reloader", "broken_after_change", "standing_by"]
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,12 @@ STALE_EXIT = 3
 DEBOUNCE_MS = 300
 #: Seconds the file watches get to be set up before the source is checked for saves meanwhile.
 SETTLE = 1.0
+
+
+def standing_by() -> bool:
+    """A worker's first step: wait until the supervisor says go (``True``), or closes stdin
+    (``False``: it is not needed, and exits quietly)."""
+    return sys.stdin.readline().strip() == "go"
 
 
 def broken_after_change(catalog: Catalog) -> list[str]:
@@ -113,17 +120,32 @@ class _Worker:
 
     process: asyncio.subprocess.Process
     ready: asyncio.Task[dict[str, Any] | None]
-    started: float
+    expect: list[str]
+    started: float = 0.0
+    """When it was told to go: it imports the plugins after that."""
     served: dict[str, Any] | None = None
+
+    async def go(self) -> None:
+        """Tell the worker on standby to load the plugins and serve."""
+        self.started = time.time()
+        await self._say("go")
 
     async def hand_over(self, services: Sequence[str]) -> None:
         """Tell the worker its successor serves ``services``: it hands them over and stops."""
+        await self._say(json.dumps({"hand_over": list(services)}))
+        self.dismiss()
+
+    def dismiss(self) -> None:
+        """Close the worker's stdin: one on standby exits, one serving stops."""
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+
+    async def _say(self, line: str) -> None:
         stdin = self.process.stdin
         if stdin is not None and not stdin.is_closing():
-            stdin.write((json.dumps({"hand_over": list(services)}) + "\n").encode())
+            stdin.write((line + "\n").encode())
             with contextlib.suppress(ConnectionError):
                 await stdin.drain()
-            stdin.close()
 
     def signal(self, sig: int) -> None:
         if self.process.returncode is None:
@@ -148,6 +170,7 @@ class Reloader:
     _workers: list[_Worker] = field(default_factory=list)
     _stopping: asyncio.Event = field(default_factory=asyncio.Event)
     _retiring: set[asyncio.Future[None]] = field(default_factory=set)
+    _standby: _Worker | None = None
 
     def run(self) -> int:
         """Supervise until a signal or the worker's own exit; returns the worker's exit code."""
@@ -162,7 +185,7 @@ class Reloader:
             loop.add_signal_handler(sig, self._on_signal, sig)
         worker = await self._start([])
         if worker.served is None:
-            return await worker.process.wait()
+            return await self._finish(worker)
         log.info("reload: watching %s for changes", ", ".join(str(p) for p in sorted(set().union(*_plugin_source())))
                  or "the installed plugins")
         while True:
@@ -173,6 +196,9 @@ class Reloader:
 
     async def _finish(self, worker: _Worker) -> int:
         code = await worker.process.wait()
+        if self._standby is not None:
+            self._standby.dismiss()
+            await self._standby.process.wait()
         await asyncio.gather(*self._retiring)
         return code
 
@@ -182,9 +208,34 @@ class Reloader:
             worker.signal(sig)
 
     async def _start(self, expect: Iterable[str]) -> _Worker:
-        """Start a worker and wait until it serves or exits."""
+        """Start a worker (the one on standby, if it expects the same plugins) and wait until it
+        serves or exits; then start the next one on standby."""
+        standby, self._standby = self._standby, None
+        if standby is None or standby.expect != sorted(expect) or standby.process.returncode is not None:
+            if standby is not None:
+                standby.dismiss()
+            standby = await self._spawn(expect)
+        worker = await self._serve(standby)
+        self._standby = await self._spawn(worker.served["plugins"] if worker.served else expect)
+        return worker
+
+    async def _serve(self, worker: _Worker) -> _Worker:
+        """Tell a worker to go, and wait until it serves or exits."""
+        self._workers.append(worker)
+        await worker.go()
+        exited = asyncio.ensure_future(worker.process.wait())
+        await asyncio.wait({worker.ready, exited}, return_when=asyncio.FIRST_COMPLETED)
+        exited.cancel()
+        worker.served = await worker.ready  # the pipe ends when the worker exits
+        if worker.served is None:
+            await worker.process.wait()
+            self._workers.remove(worker)
+        return worker
+
+    async def _spawn(self, expect: Iterable[str]) -> _Worker:
+        """A worker process on standby: Python and tghost imported, waiting to be told to go
+        before it imports the plugins (so a reload costs their import, not the interpreter's start)."""
         read_fd, write_fd = os.pipe()
-        started = time.time()
         env = {**os.environ, WORKER_ENV: str(write_fd), EXPECT_ENV: json.dumps(sorted(expect)),
                "TGHOST_HOST_ID": self.host_id or ""}
         try:
@@ -193,16 +244,7 @@ class Reloader:
                 start_new_session=True)  # a terminal's Ctrl-C reaches it once, through this supervisor
         finally:
             os.close(write_fd)
-        worker = _Worker(process, asyncio.ensure_future(asyncio.to_thread(_read_ready, read_fd)), started)
-        self._workers.append(worker)
-        exited = asyncio.ensure_future(process.wait())
-        await asyncio.wait({worker.ready, exited}, return_when=asyncio.FIRST_COMPLETED)
-        exited.cancel()
-        worker.served = await worker.ready  # the pipe ends when the worker exits
-        if worker.served is None:
-            await process.wait()
-            self._workers.remove(worker)
-        return worker
+        return _Worker(process, asyncio.ensure_future(asyncio.to_thread(_read_ready, read_fd)), sorted(expect))
 
     async def _reload(self, worker: _Worker, changes: list[str]) -> _Worker:
         """Start the successor; if it serves, the old worker hands over to it, else it serves on."""
