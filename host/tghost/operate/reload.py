@@ -4,9 +4,9 @@ then has the old one hand its services over and stop. Python cannot safely repla
 place (see :mod:`tghost.operate.plugin_watch`), so a reload is always a new process.
 
 The worker's side (:class:`ReloadWorker`): started ahead, it waits on standby for ``go`` on its
-stdin (:func:`standing_by`) before it imports the plugins; it writes one JSON line to the file descriptor in
-``TGHOST_RELOAD_WORKER`` once it serves and announces (what it serves), and reads one from its
-stdin, ``{"hand_over": [service ids]}``, when its successor serves: those services' request
+stdin (:func:`standing_by`) before it imports the plugins; it writes one JSON line to the file
+descriptor in ``TGHOST_RELOAD_WORKER`` once it serves and announces (what it serves), and reads
+one from its stdin, ``{"hand_over": [service ids]}``, when its successor serves: those services' request
 consumers close at once and the requests still reaching them are served, not refused, then the
 host stops as on SIGTERM. Stdin closing (the supervisor died) stops it too. Both processes
 announce under one host id for a moment; the old one only withdraws, which directories never
@@ -84,6 +84,7 @@ class ReloadWorker(Host):
         self._ready_fd = ready_fd
 
     async def start(self) -> Self:
+        """:meth:`tghost.Host.start`, then the ready line."""
         await super().start()
         served = {"services": [endpoint.descriptor.id for endpoint in self.server.endpoints],
                   "plugins": {r.name: r.version for r in self.catalog.plugins if r.status == "loaded"}}
@@ -92,17 +93,20 @@ class ReloadWorker(Host):
         return self
 
     async def serve(self, *, handle_signals: bool = True) -> int:
+        """:meth:`tghost.Host.serve`, stopping also when the supervisor says so on stdin."""
         loop = asyncio.get_running_loop()
         threading.Thread(target=self._read_stdin, args=(loop,), name="reload hand-over", daemon=True).start()
         return await super().serve(handle_signals=handle_signals)
 
     def _read_stdin(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Wait for the supervisor's word (or stdin's end), then stop, handing over what it names."""
         line = sys.stdin.readline()
-        with contextlib.suppress(ValueError):
-            services = json.loads(line).get("hand_over", []) if line.strip() else []
-            loop.call_soon_threadsafe(self._hand_over, services)
-            return
-        loop.call_soon_threadsafe(self._hand_over, [])
+        try:
+            said = json.loads(line) if line.strip() else {}
+        except ValueError:
+            said = {}
+        services = said.get("hand_over", []) if isinstance(said, dict) else []
+        loop.call_soon_threadsafe(self._hand_over, services)
 
     def _hand_over(self, services: Collection[str]) -> None:
         if services:
