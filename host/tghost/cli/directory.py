@@ -10,8 +10,9 @@ import datetime
 import importlib.metadata
 import json
 import sys
+import time
 import webbrowser
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -19,7 +20,8 @@ import click
 
 from tghost.adapters.export import FORMATS, select_tools
 from tghost.agent.directory import Change
-from tghost.agent.entries import CodeVersion, Side
+from tghost.agent.entries import CodeVersion, DirectoryTool, Side
+from tghost.agent.hosts import late_hosts
 from tghost.agent.search import SearchError, check_limit, words_of
 from tghost.cli import output
 from tghost.cli.app import cli
@@ -97,9 +99,10 @@ def tools(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...
             if not groups and state is None:
                 names = sorted(directory.tools)
             listed = [n for n in names if show_all or directory.calls.admits(directory.tools[n])]
+            late = late_hosts(directory, time.time())
             if query is None:
-                return [directory.tools[name].to_json() for name in listed]
-            return [{**directory.tools[name].to_json(), "score": round(score, 4)}
+                return [_tool_row(directory.tools[name], late) for name in listed]
+            return [{**_tool_row(directory.tools[name], late), "score": round(score, 4)}
                     for name, score in directory.index.ranked(query, set(listed).__contains__, limit)]
 
     rows = asyncio.run(fetch())
@@ -117,7 +120,7 @@ def tools(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...
         (r["name"] + (" CONFLICT" if r["conflicts"] else "") + (" DRIFT" if r["drift"] else "")
          + (" POLICY" if r["policy_mismatch"] else "") + (" SKEW" if r["skew"] else ""),
          r["service"] + (" (external)" if r["external"] else ""),
-         ",".join(r["providers"]), ",".join(r["group"]), ",".join(r.get("available_in_states") or ["*"]),
+         _providers_cell(r), ",".join(r["group"]), ",".join(r.get("available_in_states") or ["*"]),
          r.get("state", "-"), *((r["access"],) if show_all else ()), *((f"{r['score']:.2f}",) if scored else ()))
         for r in rows]
     for line in output.table(table):
@@ -126,6 +129,17 @@ def tools(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...
     _print_drift(rows)
     _print_policy_mismatch(rows)
     _print_skew(rows)
+
+
+def _tool_row(tool: DirectoryTool, late: Mapping[str, float]) -> dict[str, Any]:
+    """A tool's JSON with ``late``: its providers that are late (docs/protocol.md §4.9)."""
+    row = tool.to_json()
+    return {**row, "late": [host for host in row["providers"] if host in late]}
+
+
+def _providers_cell(row: dict[str, Any]) -> str:
+    """The providers, each late one marked ``(late)``."""
+    return ",".join(host + (" (late)" if host in row["late"] else "") for host in row["providers"])
 
 
 def _none_listed(live: int, query: str | None, groups: tuple[str, ...], state: str | None, show_all: bool) -> str:
