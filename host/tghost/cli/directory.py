@@ -20,7 +20,7 @@ import click
 
 from tghost.adapters.export import FORMATS, select_tools
 from tghost.agent.directory import Change
-from tghost.agent.entries import CodeVersion, DirectoryTool, Side
+from tghost.agent.entries import CodeVersion, Side
 from tghost.agent.hosts import late_hosts
 from tghost.agent.search import SearchError, check_limit, words_of
 from tghost.cli import output
@@ -76,7 +76,8 @@ def tools(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...
     service's hosts announce different [access] policies is marked POLICY: each of them admits a
     caller only where all of them do, and ACCESS shows who that is. One whose
     service's hosts serve different versions of its code (distribution, version or fingerprint)
-    is marked SKEW, and the versions are listed there too ("skew" in --json). With
+    is marked SKEW, and the versions are listed there too ("skew" in --json). A provider silent
+    for half its lease (perhaps killed) is marked "(late)". With
     --search, the same tools are ranked for the request and the best --limit listed, with a
     SCORE column (--json: each row has a "score").
 
@@ -90,9 +91,10 @@ def tools(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...
     limit = _search_limit(query, limit)
 
     live = hosts = 0
+    late: Mapping[str, float] = {}
 
     async def fetch() -> list[dict[str, Any]]:
-        nonlocal live, hosts
+        nonlocal live, hosts, late
         async with open_directory(pulsar, descriptors_topic, trusted, identity=identity) as directory:
             live, hosts = len(directory.tools), len(directory.hosts)
             names = [t.name for t in directory.available(groups or ["*"], state)]
@@ -101,8 +103,8 @@ def tools(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...
             listed = [n for n in names if show_all or directory.calls.admits(directory.tools[n])]
             late = late_hosts(directory, time.time())
             if query is None:
-                return [_tool_row(directory.tools[name], late) for name in listed]
-            return [{**_tool_row(directory.tools[name], late), "score": round(score, 4)}
+                return [directory.tools[name].to_json() for name in listed]
+            return [{**directory.tools[name].to_json(), "score": round(score, 4)}
                     for name, score in directory.index.ranked(query, set(listed).__contains__, limit)]
 
     rows = asyncio.run(fetch())
@@ -120,7 +122,8 @@ def tools(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...
         (r["name"] + (" CONFLICT" if r["conflicts"] else "") + (" DRIFT" if r["drift"] else "")
          + (" POLICY" if r["policy_mismatch"] else "") + (" SKEW" if r["skew"] else ""),
          r["service"] + (" (external)" if r["external"] else ""),
-         _providers_cell(r), ",".join(r["group"]), ",".join(r.get("available_in_states") or ["*"]),
+         _providers_cell(r["providers"], late), ",".join(r["group"]),
+         ",".join(r.get("available_in_states") or ["*"]),
          r.get("state", "-"), *((r["access"],) if show_all else ()), *((f"{r['score']:.2f}",) if scored else ()))
         for r in rows]
     for line in output.table(table):
@@ -131,15 +134,9 @@ def tools(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...
     _print_skew(rows)
 
 
-def _tool_row(tool: DirectoryTool, late: Mapping[str, float]) -> dict[str, Any]:
-    """A tool's JSON with ``late``: its providers that are late (docs/protocol.md §4.9)."""
-    row = tool.to_json()
-    return {**row, "late": [host for host in row["providers"] if host in late]}
-
-
-def _providers_cell(row: dict[str, Any]) -> str:
-    """The providers, each late one marked ``(late)``."""
-    return ",".join(host + (" (late)" if host in row["late"] else "") for host in row["providers"])
+def _providers_cell(providers: list[str], late: Mapping[str, float]) -> str:
+    """The providers, each ``late`` one (docs/protocol.md §4.9) marked ``(late)``."""
+    return ",".join(host + (" (late)" if host in late else "") for host in providers)
 
 
 def _none_listed(live: int, query: str | None, groups: tuple[str, ...], state: str | None, show_all: bool) -> str:

@@ -15,7 +15,6 @@ import json
 import re
 from dataclasses import dataclass
 
-from tghost.protocol.descriptors import request_queue, response_queue
 from tghost.protocol.epochs import DEFAULT_TOPIC, EPOCH_SECONDS, RESTATEMENT_MARGIN
 
 __all__ = ["DEFAULT_NAMESPACE", "GRANTS", "REQUEST_NAMESPACE", "RESPONSE_NAMESPACE", "Policies", "admin_commands",
@@ -42,10 +41,12 @@ def namespace_of(topic: str) -> str:
 
 #: The namespace of the default announcement topic: ``tg/config``.
 DEFAULT_NAMESPACE = namespace_of(DEFAULT_TOPIC)
-#: The namespace of the services' request topics, their control and replay topics (seed 000): ``tg/request``.
-REQUEST_NAMESPACE = namespace_of(request_queue("any"))
-#: The namespace of the services' response topics (seed 000): ``tg/response``.
-RESPONSE_NAMESPACE = namespace_of(response_queue("any"))
+#: The namespace of the services' request topics, their control and replay topics (seed 000), as
+#: :func:`tghost.protocol.descriptors.request_queue` names them.
+REQUEST_NAMESPACE = "tg/request"
+#: The namespace of the services' response topics (seed 000), as
+#: :func:`tghost.protocol.descriptors.response_queue` names them.
+RESPONSE_NAMESPACE = "tg/response"
 
 #: What each role needs on each namespace, by ``config``, ``request`` and ``response``: hosts
 #: announce and read announcements, take requests, cancels and probes, mark replays, and answer;
