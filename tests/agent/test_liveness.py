@@ -21,6 +21,7 @@ from tghost.agent.calls import NoProvider
 from tghost.agent.client import ToolCallError
 from tghost.agent.directory import ToolDirectory
 from tghost.agent.hosts import late_hosts, live_hosts
+from tghost.agent.liveness import PROBE_AFTER, PROBE_EVERY, PROBE_WAIT, Silent, Watch
 from tghost.broker import EmbeddedBroker
 from tghost.discovery.discover import discover
 from tghost.protocol import wire
@@ -136,3 +137,33 @@ async def test_a_killed_host_is_late_before_its_lease_ends_in_the_directory_and_
     assert status.returncode == 1
     assert re.search(r"^doomed .* LATE ", status.stdout, re.MULTILINE), status.stdout
     assert "host doomed: late: not heard for" in status.stderr
+
+
+# -- the probes' schedule, without a broker --
+
+
+def test_a_watch_probes_after_a_second_of_silence_and_ends_the_call_after_two_unanswered_probes() -> None:
+    sent: list[str] = []
+    watch = Watch(sent.append)
+    assert watch.heard() == PROBE_AFTER == 1.0 and sent == []  # a call that hears its answer sends nothing
+    assert watch.silent() == PROBE_WAIT and len(sent) == 1
+    assert watch.silent() == PROBE_WAIT and len(sent) == 2  # one lost probe is not a dead host
+    with pytest.raises(Silent, match=r"no host of the service answered 2 liveness probes within 2s"):
+        watch.silent()
+    assert watch.probes == sent and watch.told() == ""
+
+
+def test_while_a_host_answers_the_probes_come_ever_less_often_and_say_whether_it_holds_the_call() -> None:
+    sent: list[str] = []
+    watch = Watch(sent.append)
+    rests = []
+    for _ in range(6):
+        assert watch.silent() == PROBE_WAIT  # a probe goes out
+        watch.answer({wire.ALIVE: "1", wire.HOLDS: "0"})
+        rests.append(watch.silent())  # answered: rest before the next
+    assert rests == [2.0, 4.0, 8.0, PROBE_EVERY, PROBE_EVERY, PROBE_EVERY] and len(sent) == 6
+    assert "none holds the call" in watch.told()
+    watch.answer({wire.ALIVE: "1", wire.HOLDS: "1"})
+    assert "the tool is slow" in watch.told()
+    watch.heard()  # a chunk came: the next probe after a second again
+    assert watch.silent() == PROBE_WAIT and len(sent) == 7
