@@ -119,21 +119,23 @@ async def test_a_timeout_names_the_tool_and_service_and_what_the_probes_found(
     assert "a host answered a liveness probe holding the call: the tool is slow" in timed_out.value.message
 
 
-async def test_a_killed_host_is_late_before_its_lease_ends_in_the_directory_and_tghost_status(
+async def test_a_killed_host_is_late_before_its_lease_ends_in_the_directory_tghost_status_and_tools(
     pulsar_broker: EmbeddedBroker, topic: str, plugin_dir: PluginDir, host_process: Any
 ) -> None:
     env = host_env(pulsar_broker, topic, plugin_dir)
-    host = host_process("--host-id", "doomed", "--lease", "8", env=env)
+    host = host_process("--host-id", "doomed", "--lease", "20", env=env)
     await asyncio.to_thread(host.wait_for, "announced")
     async with ToolDirectory(PulsarSettings(pulsar_broker.url), topic) as directory:
         await directory.wait_for("doze", 30)
         assert late_hosts(directory, time.time()) == {}
         os.kill(host.process.pid, signal.SIGKILL)
         host.process.wait()
-        await until(lambda: late_hosts(directory, time.time()), timeout=8)
+        await until(lambda: late_hosts(directory, time.time()), timeout=20)
         [live] = live_hosts(directory)  # late, and still live: its lease runs
         assert live.id == "doomed" and live.late(time.time()) and live.lease_end > time.time()
         status = await asyncio.to_thread(tghost_cli, "status", env=env)
+        tools = await asyncio.to_thread(tghost_cli, "tools", env=env)
+    assert re.search(r"^doze +doze +doomed \(late\) ", tools.stdout, re.MULTILINE), tools.stdout
     assert status.returncode == 1
     assert re.search(r"^doomed .* LATE ", status.stdout, re.MULTILINE), status.stdout
     assert "host doomed: late: not heard for" in status.stderr
