@@ -87,6 +87,7 @@ async def test_a_call_whose_only_host_was_killed_ends_no_provider_naming_tool_ho
         assert "doomed" in directory.hosts
     for error in (died_with_it.value, after.value):
         assert error.error_type == "no-provider" and error.hosts == ("doomed",) and set(error.heard) == {"doomed"}
+        assert re.fullmatch(r"[0-9a-f]{32}", error.request_id or ""), error.request_id  # it was sent
         assert re.search(r"no live host serves tool 'doze' \(tool service 'doze'\): host\(s\) doomed \(last heard "
                          r"[\d.]+s ago\) answered none of its liveness probes: stopped without withdrawing",
                          error.message)
