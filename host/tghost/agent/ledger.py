@@ -34,6 +34,7 @@ __all__ = [
     "DUPLICATE",
     "HIJACK",
     "INVALID",
+    "LATE",
     "MAX_ANNOUNCEMENT_BYTES",
     "MAX_DEPTH",
     "MAX_ENTRIES",
@@ -50,6 +51,7 @@ __all__ = [
     "Ledger",
     "Provider",
     "Ref",
+    "is_late",
 ]
 
 log = logging.getLogger(__name__)
@@ -119,6 +121,11 @@ class Provider:
     no policy); ``None``: not announced (a host that predates it, or a tool's provider)."""
 
 
+#: The part of its lease a host may stay silent before it is late (:meth:`HostLease.late`): half,
+#: 15 s of the default 30 s lease, whose heartbeats come every 10 s.
+LATE = 0.5
+
+
 @dataclass(frozen=True)
 class HostLease:
     """A live host: when its lease ends (unix seconds), its length (seconds) and the live
@@ -127,6 +134,23 @@ class HostLease:
     expires_at: float
     seconds: float
     instances: tuple[str, ...]
+
+    @property
+    def heard(self) -> float:
+        """When (unix seconds) the host was last heard: its lease last renewed, by the broker's
+        publish time of its latest message (``expires_at - seconds``)."""
+        return self.expires_at - self.seconds
+
+    def late(self, now: float) -> bool:
+        """Whether the host is late at ``now`` (unix seconds): :func:`is_late`."""
+        return is_late(self.heard, self.seconds, now)
+
+
+def is_late(heard: float, seconds: float, now: float) -> bool:
+    """Whether a host last heard at ``heard`` with a lease of ``seconds`` is **late** at ``now``
+    (unix seconds): silent for more than :data:`LATE` of its lease, so its heartbeat (every third
+    of the lease) is overdue by half a beat while its lease still runs (docs/protocol.md §4.9)."""
+    return now - heard > LATE * seconds
 
 
 @dataclass

@@ -10,8 +10,9 @@ import datetime
 import importlib.metadata
 import json
 import sys
+import time
 import webbrowser
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -20,6 +21,7 @@ import click
 from tghost.adapters.export import FORMATS, select_tools
 from tghost.agent.directory import Change
 from tghost.agent.entries import CodeVersion, Side
+from tghost.agent.hosts import late_hosts
 from tghost.agent.search import SearchError, check_limit, words_of
 from tghost.cli import output
 from tghost.cli.app import cli
@@ -74,7 +76,8 @@ def tools(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...
     service's hosts announce different [access] policies is marked POLICY: each of them admits a
     caller only where all of them do, and ACCESS shows who that is. One whose
     service's hosts serve different versions of its code (distribution, version or fingerprint)
-    is marked SKEW, and the versions are listed there too ("skew" in --json). With
+    is marked SKEW, and the versions are listed there too ("skew" in --json). A provider silent
+    for half its lease (perhaps killed) is marked "(late)". With
     --search, the same tools are ranked for the request and the best --limit listed, with a
     SCORE column (--json: each row has a "score").
 
@@ -88,15 +91,17 @@ def tools(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...
     limit = _search_limit(query, limit)
 
     live = hosts = 0
+    late: Mapping[str, float] = {}
 
     async def fetch() -> list[dict[str, Any]]:
-        nonlocal live, hosts
+        nonlocal live, hosts, late
         async with open_directory(pulsar, descriptors_topic, trusted, identity=identity) as directory:
             live, hosts = len(directory.tools), len(directory.hosts)
             names = [t.name for t in directory.available(groups or ["*"], state)]
             if not groups and state is None:
                 names = sorted(directory.tools)
             listed = [n for n in names if show_all or directory.calls.admits(directory.tools[n])]
+            late = late_hosts(directory, time.time())
             if query is None:
                 return [directory.tools[name].to_json() for name in listed]
             return [{**directory.tools[name].to_json(), "score": round(score, 4)}
@@ -117,7 +122,8 @@ def tools(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...
         (r["name"] + (" CONFLICT" if r["conflicts"] else "") + (" DRIFT" if r["drift"] else "")
          + (" POLICY" if r["policy_mismatch"] else "") + (" SKEW" if r["skew"] else ""),
          r["service"] + (" (external)" if r["external"] else ""),
-         ",".join(r["providers"]), ",".join(r["group"]), ",".join(r.get("available_in_states") or ["*"]),
+         _providers_cell(r["providers"], late), ",".join(r["group"]),
+         ",".join(r.get("available_in_states") or ["*"]),
          r.get("state", "-"), *((r["access"],) if show_all else ()), *((f"{r['score']:.2f}",) if scored else ()))
         for r in rows]
     for line in output.table(table):
@@ -126,6 +132,11 @@ def tools(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...
     _print_drift(rows)
     _print_policy_mismatch(rows)
     _print_skew(rows)
+
+
+def _providers_cell(providers: list[str], late: Mapping[str, float]) -> str:
+    """The providers, each ``late`` one (docs/protocol.md §4.9) marked ``(late)``."""
+    return ",".join(host + (" (late)" if host in late else "") for host in providers)
 
 
 def _none_listed(live: int, query: str | None, groups: tuple[str, ...], state: str | None, show_all: bool) -> str:

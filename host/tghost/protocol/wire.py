@@ -13,10 +13,12 @@ from typing import Any, NamedTuple, TypeGuard
 from tghost.protocol.descriptors import ADDED_TOOL_KEYS
 
 __all__ = [
+    "ALIVE",
     "BAD_REQUEST",
     "CANCEL",
     "CANCELLED",
     "CONTENT_TYPE",
+    "HOLDS",
     "INVALID_ARGUMENTS",
     "JSON_CONTENT",
     "MAX_MESSAGE",
@@ -24,6 +26,8 @@ __all__ = [
     "NOT_ALLOWED",
     "OK",
     "OVERLOADED",
+    "PROBE",
+    "PROBES",
     "PROGRESS",
     "RATE_LIMITED",
     "REDELIVERY_LIMIT",
@@ -67,6 +71,18 @@ RATE_LIMITED = "rate-limited"
 CANCELLED = "cancelled"
 #: The property that marks a message on a service's control topic as a cancel (docs/protocol.md §2.11).
 CANCEL = "tghost-cancel"
+#: The property that marks a message on a service's control topic as a liveness probe; its value
+#: is the ``id`` of the request the caller waits on (docs/protocol.md §2.15).
+PROBE = "tghost-probe"
+#: The property that marks a response-topic message as a host's answer to a liveness probe, whose
+#: ``id`` it carries (docs/protocol.md §2.15).
+ALIVE = "tghost-alive"
+#: The key of a host message's ``host`` object by which a host says it answers liveness probes
+#: (``true``; docs/protocol.md §4.3): callers probe only services whose hosts all do.
+PROBES = "probes"
+#: On a probe's answer: ``1`` if the host holds the request the probe names (waiting or running),
+#: else ``0``.
+HOLDS = "tghost-holds"
 #: The request property by which a caller asks for progress updates (docs/protocol.md §2.12).
 PROGRESS = "tghost-progress"
 #: The reply property that says how to read the observation (docs/protocol.md §2.14): only
@@ -288,7 +304,7 @@ def _number(value: Any) -> TypeGuard[float]:
 
 
 def control_topic(request_queue: str) -> str:
-    """The topic where callers send cancels for a service's calls: non-persistent, in the
-    request topic's namespace, named ``<request topic name>.control``; e.g.
-    ``non-persistent://tg/request/joke-service.control`` (docs/protocol.md §2.11)."""
+    """The topic where callers send cancels and liveness probes for a service's calls:
+    non-persistent, in the request topic's namespace, named ``<request topic name>.control``;
+    e.g. ``non-persistent://tg/request/joke-service.control`` (docs/protocol.md §2.11, §2.15)."""
     return "non-persistent://" + request_queue.split("://", 1)[-1] + ".control"

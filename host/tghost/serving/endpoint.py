@@ -110,7 +110,7 @@ class ServiceEndpoint:
         self._admitted = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._calls: dict[str, tuple[asyncio.Task[None], Request]] = {}  # loop-path calls by request id
-        self._control = ControlTopic(descriptor, self._cancel)
+        self._control = ControlTopic(descriptor, self._cancel, self._answer_probe)
         self._replays: SharedReplays | None = None
         self._loop_task: asyncio.Task[None] | None = None
         self._consumer: pulsar.asyncio.Consumer | None = None
@@ -292,6 +292,15 @@ class ServiceEndpoint:
             self._port.send(request, self.terms.error(request_id, wire.CANCELLED,  # type: ignore[union-attr]
                                                       self.terms.refusal(wire.CANCELLED)))
             running[0].cancel()  # the call's task: an async invoke stops, a worker process is killed
+
+    def _answer_probe(self, probe_id: str, request_id: str) -> None:
+        """The control topic's listener thread: a caller asks whether this host lives (docs/protocol.md
+        §2.15). Answer on the response topic with the probe's ``id``, and whether this host holds
+        ``request_id`` (admitted, waiting or running; not one still in the receive queue)."""
+        if self._producer is None:
+            return
+        holds = request_id in self._calls or (self._lane is not None and self._lane.running(request_id) is not None)
+        hop.send(self._producer, b"", {"id": probe_id, wire.ALIVE: "1", wire.HOLDS: "1" if holds else "0"})
 
     async def _admit(self, request: Request, task: asyncio.Task[None]) -> None:
         self._admitted += 1

@@ -155,10 +155,12 @@
       const services = h.entries.filter((e) => e.kind === "tool-service");
       const withdrawn = h.entries.filter((e) => !e.available);
       const signed = h.signed_by ? (h.verified ? `signed by ${h.signed_by}, verified` : `signed by ${h.signed_by}, not checked`) : "unsigned";
+      const late = h.state === "active" && h.host.id in snap.late;
       return el("li", { className: `host ${h.state}` },
         el("div", { className: "host-head" },
           el("strong", { className: "host-id", text: h.host.id }),
-          chip(h.state, h.state === "active" ? "ok" : "warn")),
+          late ? chip("late", "warn", "no heartbeat for half its lease: it may have stopped without withdrawing")
+            : chip(h.state, h.state === "active" ? "ok" : "warn")),
         el("p", { className: "host-meta", text: `instance ${h.host.instance || "?"} · ${h.host.hostname || ""} pid ${h.host.pid ?? "?"}` }),
         el("p", { className: "host-meta" },
           el("span", { className: "lease", "data-lease-end": h.lease_end, "data-state": h.state, text: `lease ${h.seconds}s · ${remaining(h.lease_end)}` }),
@@ -169,6 +171,7 @@
     const notes = [];
     for (const [name, losers] of Object.entries(snap.conflicts)) notes.push(`conflict over ${name}: ${losers.join(", ")} lost`);
     for (const [host, instances] of Object.entries(snap.clashes)) notes.push(`host id ${host} is announced by ${instances.length} live processes`);
+    for (const [host, heard] of Object.entries(snap.late)) notes.push(`host ${host} is late: not heard for ${Math.round(now() - heard)}s`);
     for (const [reason, count] of Object.entries(snap.rejections)) notes.push(`${count} announcement(s) rejected: ${reason}`);
     for (const [reason, count] of Object.entries(snap.refusals)) notes.push(`${count} call(s) refused here: ${reason}`);
     $("directory-notes").replaceChildren(...notes.map((text) => el("p", { text })));
