@@ -156,3 +156,38 @@ async def test_once_the_strict_host_stops_anonymous_calls_run_again(
     await until(lambda: [p.host["id"] for p in fleet.loose._contest.directory.services["calculator"].providers]
                 == ["loose"])  # type: ignore[union-attr]
     assert await raw_outcomes(pulsar_broker.url, descriptor) == ["= 1+1"] * CALLS
+
+
+@pytest.mark.xfail(strict=True, reason="hosts read announcements in open mode: a rogue publisher can lift the rule "
+                   "(docs/protocol.md §2.8 says so); fixing it needs hosts to take trusted keys")
+async def test_a_forged_word_of_the_strict_host_never_lets_the_loose_one_admit_what_it_forbids(
+    fleet: Fleet, pulsar_broker: EmbeddedBroker
+) -> None:
+    """A rogue on the broker re-announces the strict host's service and tool under its host id
+    and instance, as if it had no policy: the loose host must go on refusing."""
+    import pulsar
+
+    from tghost.protocol.announcement import current_topic
+
+    descriptor = fleet.strict.catalog.descriptors["calculator"]
+    watch = fleet.loose._contest
+    assert watch is not None and fleet.strict.announcer is not None
+    await until(lambda: "calculator" in watch.directory.services
+                and len(watch.directory.services["calculator"].providers) == 2)
+    forged = []
+    for key, value in fleet.strict.announcer._messages("available"):
+        if value["kind"] == "tool-service":
+            value = {**value, "access-policy": NO_POLICY}
+        elif value["kind"] == "tool":
+            value = {key: field for key, field in value.items() if key != "access"}
+        forged.append((key, {**value, "lease": {**value["lease"], "sent_at": value["lease"]["sent_at"] + 1}}))
+    client = pulsar.asyncio.Client(pulsar_broker.url)
+    try:
+        producer = await client.create_producer(current_topic(fleet.strict.config.topic), batching_enabled=False)
+        for key, value in forged:
+            await producer.send(json.dumps(value).encode(), partition_key=key)
+        await producer.close()
+    finally:
+        await client.close()
+    await asyncio.sleep(1.0)  # let the loose host's directory read the forgery
+    assert set(await raw_outcomes(pulsar_broker.url, descriptor)) == {wire.UNAUTHORIZED}
