@@ -190,10 +190,16 @@ class DirectoryTool:
     @property
     def _announced(self) -> ToolAccess | None:
         """Who may call the tool (``None``: everyone): as the host seen first announces it, or,
-        while its service's providers announce different policies, those every provider admits."""
+        while its service's providers announce different policies, those every provider admits
+        (a provider with no policy admits a caller with a key only where all admit anonymous ones)."""
         if not self.service.policy_mismatch:
             return self.providers[0].access if self.providers else None
-        return _common([p.access for p in self.providers if p.access is not None])
+        common = _common([p.access for p in self.providers if p.access is not None])
+        if common is None or all(p.access is not None for p in self.providers if not p.external):
+            return common
+        # a provider without a policy takes every caller as anonymous (docs/protocol.md §2.8): it
+        # admits a caller with a key only where every provider admits anonymous callers
+        return common if common.anonymous else ToolAccess(False)
 
     def admits(self, key_id: str | None) -> bool:
         """Whether a caller with this key id (``None``: anonymous) may call the tool, as the host

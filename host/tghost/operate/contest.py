@@ -76,8 +76,8 @@ class ContestWatch:
     @classmethod
     def of(cls, announcer: Announcer, settings: PulsarSettings, names: Callable[[], Collection[str]]) -> ContestWatch:
         """A watch over what ``announcer`` announces: its topic and host id, in open mode (every
-        host's word counts: another provider's access policy can only make this host refuse more,
-        never admit more; docs/protocol.md §2.8)."""
+        host's word counts, so a host that signs with its own key still sees the others' policies;
+        whoever may publish on the topics can also forge one away: docs/protocol.md §2.8)."""
         return cls(settings, announcer.topic, announcer.identity.id, names, identity=announcer.identity,
                    services=lambda: announcer.catalog.descriptors.keys())
 
