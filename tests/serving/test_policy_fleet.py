@@ -8,6 +8,7 @@ stops, anonymous calls run again."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import uuid
@@ -26,7 +27,7 @@ from tghost.conformance import RawWire
 from tghost.discovery.discover import catalog_of
 from tghost.protocol import wire
 from tghost.protocol.access import NO_POLICY, AccessPolicy, policy_fingerprint
-from tghost.protocol.trust import Signer, write_key_pair
+from tghost.protocol.trust import Signer, TrustedKeys, write_key_pair
 from tghost.pulsar.clients import PulsarSettings
 from tghost.serving.request import CallRecord
 
@@ -48,24 +49,41 @@ class Fleet:
         self.policy = policy
 
 
-@pytest.fixture
-async def fleet(pulsar_broker: EmbeddedBroker, tmp_path: Path) -> AsyncIterator[Fleet]:
+@contextlib.asynccontextmanager
+async def two_hosts(broker: EmbeddedBroker, tmp_path: Path, signed: bool) -> AsyncIterator[Fleet]:
+    """The strict and the loose host on a fresh topic; ``signed``: each signs its announcements
+    and believes only the fleet's two keys (``tghost run --signing-key --trusted-key``)."""
     topic = f"persistent://tg/config/policy-{uuid.uuid4().hex[:8]}"
     alice = Signer.from_file(write_key_pair(tmp_path / "keys" / "alice").private)
+    keys = {host_id: write_key_pair(tmp_path / "keys" / host_id) for host_id in ("strict", "loose")}
+    trusted = TrustedKeys.from_files([pair.public for pair in keys.values()]) if signed else None
     strict_catalog = catalog_of([calculate])
     strict_catalog.access = AccessPolicy.from_table(
         {"callers": {"alice": {"public-key": "keys/alice.pub", "tools": ["calculate"]}}}, tmp_path)
     records: dict[str, list[CallRecord]] = {"strict": [], "loose": []}
 
     def host(host_id: str, catalog: tghost.Catalog) -> tghost.Host:
-        config = tghost.HostConfig(pulsar=PulsarSettings(pulsar_broker.url), topic=topic, host_id=host_id,
-                                   state_dir=tmp_path / host_id, metrics_port=0)
+        signer = Signer.from_file(keys[host_id].private) if signed else None
+        config = tghost.HostConfig(pulsar=PulsarSettings(broker.url), topic=topic, host_id=host_id,
+                                   state_dir=tmp_path / host_id, metrics_port=0, signer=signer, trusted=trusted)
         return tghost.Host(config, catalog, listeners=[records[host_id].append])
 
     async with host("strict", strict_catalog) as strict, host("loose", catalog_of([calculate])) as loose:
-        env = {**os.environ, "TGHOST_PULSAR_URL": pulsar_broker.url, "TGHOST_DESCRIPTORS_TOPIC": topic}
+        env = {**os.environ, "TGHOST_PULSAR_URL": broker.url, "TGHOST_DESCRIPTORS_TOPIC": topic}
         yield Fleet(strict, loose, records, alice, env,
                     policy_fingerprint(strict_catalog.access, strict_catalog.tools, "calculator"))
+
+
+@pytest.fixture
+async def fleet(pulsar_broker: EmbeddedBroker, tmp_path: Path) -> AsyncIterator[Fleet]:
+    async with two_hosts(pulsar_broker, tmp_path, signed=False) as hosts:
+        yield hosts
+
+
+@pytest.fixture
+async def signed_fleet(pulsar_broker: EmbeddedBroker, tmp_path: Path) -> AsyncIterator[Fleet]:
+    async with two_hosts(pulsar_broker, tmp_path, signed=True) as hosts:
+        yield hosts
 
 
 async def raw_outcomes(url: str, descriptor: tghost.ToolServiceDescriptor) -> list[str]:
@@ -164,13 +182,21 @@ async def test_once_the_strict_host_stops_anonymous_calls_run_again(
     assert await raw_outcomes(pulsar_broker.url, descriptor) == ["= 1+1"] * CALLS
 
 
-@pytest.mark.xfail(strict=True, reason="hosts read announcements in open mode: a rogue publisher can lift the rule "
-                   "(docs/protocol.md §2.8 says so); fixing it needs hosts to take trusted keys")
+@pytest.mark.parametrize("signed", [
+    pytest.param(False, marks=pytest.mark.xfail(strict=True, reason="open mode: hosts believe every host's word, so a "
+                 "rogue publisher can lift the rule (docs/protocol.md §2.8); --trusted-key closes it")),
+    True], ids=["open-mode", "trusted-keys"])
 async def test_a_forged_word_of_the_strict_host_never_lets_the_loose_one_admit_what_it_forbids(
-    fleet: Fleet, pulsar_broker: EmbeddedBroker
+    signed: bool, pulsar_broker: EmbeddedBroker, tmp_path: Path
 ) -> None:
     """A rogue on the broker re-announces the strict host's service and tool under its host id
-    and instance, as if it had no policy: the loose host must go on refusing."""
+    and instance, as if it had no policy (unsigned: it has not the strict host's key): the loose
+    host must go on refusing."""
+    async with two_hosts(pulsar_broker, tmp_path, signed) as fleet:
+        await _forge_the_strict_hosts_word(fleet, pulsar_broker)
+
+
+async def _forge_the_strict_hosts_word(fleet: Fleet, pulsar_broker: EmbeddedBroker) -> None:
     import pulsar
 
     from tghost.protocol.announcement import current_topic

@@ -29,7 +29,7 @@ from tghost.discovery.discover import PluginLoadError, PluginSelection
 from tghost.operate.host import Host, HostConfig, HostError
 from tghost.operate.reload import STALE_EXIT, WORKER_ENV, Reloader, ReloadWorker, broken_after_change, standing_by
 from tghost.protocol.epochs import MAX_LEASE
-from tghost.protocol.trust import KeyFileError, Signer
+from tghost.protocol.trust import KeyFileError, Signer, TrustedKeys
 from tghost.pulsar.clients import BrokerError, PulsarSettings
 from tghost.serving.executors.base import ISOLATIONS, THREAD, WorkerLimits
 from tghost.serving.settings import ERROR_DETAILS, FULL, ServeSettings
@@ -86,6 +86,11 @@ log = logging.getLogger("tghost")
 @click.option("--signing-key", type=click.Path(path_type=Path, dir_okay=False), envvar="TGHOST_SIGNING_KEY",
               default=None, help="Ed25519 private key (.key from 'tghost keygen') to sign announcements with "
                                  "(env TGHOST_SIGNING_KEY) [default: unsigned].")
+@click.option("--trusted-key", "trusted_keys", multiple=True, type=click.Path(path_type=Path, dir_okay=False),
+              envvar="TGHOST_TRUSTED_KEYS",
+              help="Public key (.pub from 'tghost keygen') of a host whose signed announcements this host believes "
+                   "of its peers (their access policies, code versions, contests); repeatable, this host's own "
+                   f"included (env TGHOST_TRUSTED_KEYS, '{os.pathsep}'-separated) [default: every host's word].")
 @click.option("--watch-plugins", is_flag=True, envvar="TGHOST_WATCH_PLUGINS",
               help="Serve plugins pip-installed while running, and withdraw uninstalled ones, with no restart "
                    "(env TGHOST_WATCH_PLUGINS). An upgraded plugin is logged as 'restart needed'.")
@@ -102,7 +107,8 @@ log = logging.getLogger("tghost")
 def run(pulsar: PulsarSettings, descriptors_topic: str, data_dir: Path | None, timeout: float, max_concurrency: int,
         max_queue: int, grace: float, max_payload: int, max_redeliveries: int, stall_threshold: float,
         isolation: str, max_calls_per_worker: int, max_worker_memory: int, error_detail: str,
-        config_path: Path | None, lease: float, host_id: str | None, signing_key: Path | None, watch_plugins: bool,
+        config_path: Path | None, lease: float, host_id: str | None, signing_key: Path | None,
+        trusted_keys: tuple[Path, ...], watch_plugins: bool,
         reload: bool, watch_interval: float, log_level: str,
         selection: PluginSelection, metrics_host: str, metrics_port: int | None, audit_log: str | None,
         audit_arguments: bool) -> None:
@@ -128,6 +134,7 @@ def run(pulsar: PulsarSettings, descriptors_topic: str, data_dir: Path | None, t
         log.info("%s", traced)  # --otel: say so once, and where the spans go
     config = HostConfig(
         pulsar=pulsar, topic=descriptors_topic, lease=lease, host_id=host_id, signer=_signer(signing_key),
+        trusted=_trusted(trusted_keys),
         serve=ServeSettings(timeout=timeout, max_concurrency=max_concurrency, max_queue=max_queue, grace=grace,
                             max_payload=max_payload, max_redeliveries=max_redeliveries,
                             stall_threshold=stall_threshold, isolation=isolation,
@@ -168,6 +175,13 @@ def _signer(path: Path | None) -> Signer | None:
         return None if path is None else Signer.from_file(path)
     except KeyFileError as exc:
         raise click.BadParameter(str(exc), param_hint="--signing-key / TGHOST_SIGNING_KEY") from None
+
+
+def _trusted(paths: tuple[Path, ...]) -> TrustedKeys | None:
+    try:
+        return TrustedKeys.from_files(paths) if paths else None
+    except KeyFileError as exc:
+        raise click.BadParameter(str(exc), param_hint="--trusted-key / TGHOST_TRUSTED_KEYS") from None
 
 
 def _start_broker_if_needed(url: str, data_dir: Path | None) -> None:
