@@ -128,6 +128,23 @@ async def test_a_result_json_cannot_hold_names_the_type_the_tool_returned(
                               "dict, number, bool or None")
 
 
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+async def test_every_tool_service_error_a_caller_is_pointed_to_has_its_line_in_the_hosts_log(
+    pulsar_broker: EmbeddedBroker, caplog: pytest.LogCaptureFixture, isolation: str
+) -> None:
+    # 'tghost call' sends the reader of a tool-service-error to the host's log under its request id: a result
+    # JSON cannot hold (a fault of the plugin's, once logged as a TypeError) and a ToolError are found there too
+    caplog.set_level(logging.WARNING, logger="tghost.serving.request")
+    async with host(pulsar_broker.url, ServeSettings(isolation=isolation)) as local:
+        unsent = await failed(local, "distinct", words="a b a")
+        meant = await failed(local, "convert", amount=3, currency="XXX")
+    for error in (unsent, meant):
+        assert error.request_id is not None
+        line = logged(caplog, error.request_id).getMessage()
+        assert line.startswith(f"service {'distinct' if error is unsent else 'convert'}: request {error.request_id}: "
+                               f"tool-service-error: ") and line.endswith(error.message)
+
+
 async def test_trustgraphs_own_client_reads_the_type_and_the_message_of_an_error_that_says_where(
     pulsar_broker: EmbeddedBroker
 ) -> None:

@@ -286,15 +286,19 @@ class Terms:
     def failure(self, exc: Exception, request_id: str) -> tuple[str, str]:
         """The error type and text of the reply to request ``request_id``, whose checks or
         ``invoke`` raised ``exc``. A :class:`ToolError` keeps its type and message (the plugin
-        meant them for the caller), and the host's own failures (a reply too large, a chunk the
-        broker did not take) say what they are. Any other exception is unexpected: logged with its
-        traceback and the request id, and answered ``tool-service-error`` with as much of it as
-        ``error_detail`` tells (``full``: ``<class>: <message>``; ``type``: the class; ``none``:
-        nothing), and, withheld, where the host's log has it."""
-        if isinstance(exc, ToolError):
-            return exc.error_type, str(exc)
-        if isinstance(exc, wire.TooLarge | ChunkNotSent):
-            return wire.TOOL_SERVICE_ERROR, str(exc)
+        meant them for the caller), and the host's own failures (a result JSON cannot hold, a
+        reply too large, a chunk the broker did not take) say what they are; a
+        ``tool-service-error`` of these is logged in one line with the request id, as the caller
+        is told. Any other exception is unexpected: logged with its traceback and the request id,
+        and answered ``tool-service-error`` with as much of it as ``error_detail`` tells
+        (``full``: ``<class>: <message>``; ``type``: the class; ``none``: nothing), and, withheld,
+        where the host's log has it. So every ``tool-service-error`` has its line in the log,
+        under the request id its reply names."""
+        if isinstance(exc, ToolError | wire.TooLarge | ChunkNotSent):
+            error_type = exc.error_type if isinstance(exc, ToolError) else wire.TOOL_SERVICE_ERROR
+            if error_type == wire.TOOL_SERVICE_ERROR:
+                log.warning("service %s: request %s: %s: %s", self.service_id, request_id, error_type, exc)
+            return error_type, str(exc)
         if isinstance(exc, WorkerRaised):
             name, text = exc.name, exc.text
             log.error("service %s: request %s: invoke raised (in worker process %s)\n%s", self.service_id,
