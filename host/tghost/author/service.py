@@ -573,13 +573,17 @@ def observation(service_id: str, result: Any) -> str:
     """
     if isinstance(result, str):
         return result
+    try:
+        return json.dumps(result)  # the encoder json keeps ready: no cost on the common path
+    except (TypeError, ValueError):
+        pass
 
     def refuse(value: Any) -> Any:
         held = "" if value is result else f"{_a(type(result).__name__)} holding "
         raise ToolError(f"service {service_id!r}: the tool returned {held}{_a(type(value).__name__)}, which is not "
                         "JSON: return a str, list, dict, number, bool or None")
 
-    try:
+    try:  # again, to say what it holds that JSON cannot
         return json.dumps(result, default=refuse)
     except (TypeError, ValueError) as exc:  # a key JSON cannot hold, a cycle
         raise _not_json(service_id, exc) from None

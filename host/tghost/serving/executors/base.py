@@ -132,7 +132,7 @@ class Executor(abc.ABC):
 
     @abc.abstractmethod
     async def run(self, call: Call, span: Span | None = None) -> Outcome:
-        """Run ``invoke(*call)``; returns the observation (``wire.observation`` of the result) or,
+        """Run ``invoke(*call)``; returns the observation (:func:`tghost.author.service.observation` of the result) or,
         for a generator, an async iterator of one observation per chunk, produced as the plugin
         yields them. Close the iterator (``aclosing``) when not reading it to the end. ``span`` is
         the call's ``invoke`` span while tracing is on: a worker process's part of the call gets a
