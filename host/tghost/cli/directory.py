@@ -9,7 +9,9 @@ import contextlib
 import datetime
 import importlib.metadata
 import json
+import shutil
 import sys
+import textwrap
 import time
 import webbrowser
 from collections.abc import Callable, Mapping
@@ -79,7 +81,8 @@ def tools(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...
     is marked SKEW, and the versions are listed there too ("skew" in --json). A provider silent
     for half its lease (perhaps killed) is marked "(late)". With
     --search, the same tools are ranked for the request and the best --limit listed, with a
-    SCORE column (--json: each row has a "score").
+    SCORE column (--json: each row has a "score"). A terminal wide enough gets a DESCRIPTION
+    column last, each cut to fit (COLUMNS sets the width; --json has each whole).
 
     \b
     Exit codes:
@@ -126,12 +129,29 @@ def tools(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...
          ",".join(r.get("available_in_states") or ["*"]),
          r.get("state", "-"), *((r["access"],) if show_all else ()), *((f"{r['score']:.2f}",) if scored else ()))
         for r in rows]
-    for line in output.table(table):
+    for line in output.table(described(table, [r["description"] for r in rows], shutil.get_terminal_size().columns)):
         click.echo(line)
     _print_conflicts(rows, refused=trusted is None)
     _print_drift(rows)
     _print_policy_mismatch(rows)
     _print_skew(rows)
+
+
+#: The fewest characters of a description worth a DESCRIPTION column.
+MIN_DESCRIPTION = 20
+
+
+def described(table: list[tuple[str, ...]], descriptions: list[str], width: int) -> list[tuple[str, ...]]:
+    """``table`` (a header row, then one row per tool) with a last DESCRIPTION column, each
+    description's first line cut at a word to what the terminal's ``width`` (characters) leaves,
+    ending in ``…`` when cut; ``table`` itself when fewer than :data:`MIN_DESCRIPTION` characters are left."""
+    used = sum(max(len(row[i]) for row in table) + 2 for i in range(len(table[0])))
+    room = width - used
+    if room < MIN_DESCRIPTION:
+        return table
+    cells = [text.strip().splitlines()[0] if text.strip() else "" for text in descriptions]
+    cut = [textwrap.shorten(cell, room, placeholder="…") for cell in cells]  # at a word
+    return [(*table[0], "DESCRIPTION"), *((*row, cell) for row, cell in zip(table[1:], cut, strict=True))]
 
 
 def _providers_cell(providers: list[str], late: Mapping[str, float]) -> str:
