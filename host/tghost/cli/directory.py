@@ -82,7 +82,7 @@ def tools(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...
     for half its lease (perhaps killed) is marked "(late)". With
     --search, the same tools are ranked for the request and the best --limit listed, with a
     SCORE column (--json: each row has a "score"). A terminal wide enough gets a DESCRIPTION
-    column last, each cut to fit (COLUMNS sets the width; --json has each whole).
+    column last, each cut to fit (a pipe never does; --json has each whole).
 
     \b
     Exit codes:
@@ -129,7 +129,8 @@ def tools(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...
          ",".join(r.get("available_in_states") or ["*"]),
          r.get("state", "-"), *((r["access"],) if show_all else ()), *((f"{r['score']:.2f}",) if scored else ()))
         for r in rows]
-    for line in output.table(described(table, [r["description"] for r in rows], shutil.get_terminal_size().columns)):
+    width = shutil.get_terminal_size().columns if sys.stdout.isatty() else 0  # a pipe gets the same columns
+    for line in output.table(described(table, [r["description"] for r in rows], width)):
         click.echo(line)
     _print_conflicts(rows, refused=trusted is None)
     _print_drift(rows)
