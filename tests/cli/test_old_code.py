@@ -62,8 +62,8 @@ def test_a_host_serving_a_plugin_from_before_its_edit_is_named_until_it_is_resta
                                                "fingerprint": before["fingerprint"], "hosts": [host_id]}]
     said = f"host {host_id} serves it at its old code (before your edit): restart it or run it with --reload"
     assert f"\n  old code:    {said}\n" in tghost_cli("plugins", env=env).stdout
-    hint = f". Host {host_id} serves plugin 'count' at its old code (before your edit): restart it or run it with " \
-           "--reload"
+    hint = (f". Host {host_id} serves plugin 'count' at its old code (before your edit): restart it or run it "
+            "with --reload")
     new_argument = tghost_cli("call", "count", "text=a b a", "unique:=true", env=env)
     assert new_argument.returncode == 1
     assert new_argument.stderr.startswith("Error: invalid-arguments: argument 'unique'"), new_argument.stderr
