@@ -2,18 +2,25 @@
 plugin, whose source is then edited (an argument and a tool added). ``tghost plugins`` marks the
 plugin as served at its old code by that host, and ``tghost call`` says so after the
 ``invalid-arguments`` of the new argument and the ``no-provider`` of the new tool; once the host
-is restarted, neither does, and the new argument is served."""
+is restarted, neither does, and the new argument is served. Where no broker answers, or what
+answers is not one, ``tghost plugins`` lists the plugins unchecked."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
+import socket
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from click.testing import CliRunner
+
 from tests.conftest import HostProcess, PluginDir, live_tools, tghost_cli
 from tghost.broker import EmbeddedBroker
+from tghost.cli.app import cli
 
 PLUGIN = '''
 import tghost
@@ -80,3 +87,24 @@ def test_a_host_serving_a_plugin_from_before_its_edit_is_named_until_it_is_resta
     assert "old code" not in tghost_cli("plugins", env=env).stdout
     served = tghost_cli("call", "count", "text=a b a", "unique:=true", env=env)
     assert (served.returncode, served.stdout) == (0, "3\n"), served.stderr
+
+
+def hold_connections(server: socket.socket) -> None:
+    """Accept connections and never answer, as no Pulsar broker does, until ``server`` is closed."""
+    held = []
+    with contextlib.suppress(OSError):
+        while True:
+            held.append(server.accept()[0])
+
+
+def test_plugins_are_listed_unchecked_when_what_answers_at_the_url_is_no_broker(plugin_dir: PluginDir) -> None:
+    plugin_dir.add("count", ORIGINAL)
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        threading.Thread(target=hold_connections, args=(server,), daemon=True).start()
+        url = f"pulsar://127.0.0.1:{server.getsockname()[1]}"
+        result = CliRunner().invoke(cli, ["plugins", "--json", "--pulsar-url", url],
+                                    env={"TGHOST_LOAD_PLUGINS": "count"})
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)[0]["old_code"] is None
+    assert result.stderr.startswith(f"note: cannot read the live hosts at {url} (not a Pulsar broker at {url}")
+    assert result.stderr.endswith("): not checked whether one serves a plugin at its old code\n")

@@ -22,7 +22,7 @@ from tghost.cli.status import default_status_url, describe_workers, read_health
 from tghost.discovery.catalog import PluginReport, ToolSetReport
 from tghost.discovery.config import ConfigError, read_config
 from tghost.discovery.discover import PluginSelection, discover
-from tghost.pulsar.clients import PulsarSettings, is_reachable
+from tghost.pulsar.clients import BrokerError, PulsarSettings, is_reachable
 
 #: By plugin name, the versions of its code other than the installed one that live hosts on this
 #: machine serve; ``None``: not checked (no broker answers).
@@ -102,11 +102,17 @@ def _live_workers(url: str | None) -> dict[str, Any]:
 
 def _old_code(reports: Sequence[PluginReport], pulsar: PulsarSettings, topic: str) -> OldCode:
     """What :data:`OldCode` says of each of ``reports``' plugins, from the live hosts' announcements
-    on ``topic`` (:func:`tghost.agent.entries.old_code`); ``None`` when no broker answers, or no
-    plugin comes from a distribution (nothing to compare)."""
+    on ``topic`` (:func:`tghost.agent.entries.old_code`); ``None`` when no broker answers, the
+    broker refuses the directory (a note says why), or no plugin comes from a distribution
+    (nothing to compare)."""
     if not any(report.distribution for report in reports) or not is_reachable(pulsar.url):
         return None
-    services = asyncio.run(_live_services(pulsar, topic))
+    try:
+        services = asyncio.run(_live_services(pulsar, topic))
+    except BrokerError as exc:
+        click.echo(f"note: cannot read the live hosts at {pulsar.url} ({exc}): not checked whether one serves "
+                   "a plugin at its old code", err=True)
+        return None
     return {report.name: old_code(services, report.origin_json()) for report in reports}
 
 
