@@ -27,21 +27,11 @@ from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCall
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 import tghost
+from tests.agent.test_view import Shop
 from tests.test_docs import block, module_of
 from tghost.broker import EmbeddedBroker
 from tghost.integrations.pydantic_ai import DirectoryToolset, ToolProgress
 from tghost.testing import LocalHost
-
-
-class Shop(tghost.ToolService):
-    id = "shop"
-    description = "A tiny shop."
-    config_params = (tghost.ConfigParam(name="step", required=True),)
-
-    def invoke(self, user: str, config: dict[str, Any], arguments: dict[str, Any]) -> str:
-        if config["step"] == "fail":
-            raise tghost.ToolError("the till is closed")
-        return f"{config['step']} done for {user or 'nobody'}"
 
 
 @dataclass
