@@ -194,55 +194,48 @@ def _search_limit(query: str | None, limit: int | None) -> int:
         raise click.BadParameter(str(exc), param_hint="--limit") from None
 
 
+def _report(details: dict[str, str], headline: str, colour: str) -> None:
+    """On stderr: ``headline`` in ``colour`` (its ``{n}`` the number of ``details``), then one
+    ``  name: detail`` line each; nothing when ``details`` is empty."""
+    if not details:
+        return
+    click.secho("\n" + headline.format(n=len(details)), fg=colour, err=True)
+    for name, detail in details.items():
+        click.echo(f"  {name}: {detail}", err=True)
+
+
 def _print_conflicts(rows: list[dict[str, Any]], refused: bool) -> None:
     """Each contested tool of ``rows`` and the other side of its conflicts, on stderr."""
-    contested = [r for r in rows if r["conflicts"]]
-    if not contested:
-        return
     effect = ("calls to them are refused ('conflict') until the other claims end; sign announcements "
               "(tghost keygen) on a shared broker" if refused else "calls go to the claims seen first")
-    click.secho(f"\n{len(contested)} tool(s) contested by another host: {effect}", fg="red", err=True)
-    for r in contested:
-        first = Side(",".join(r["providers"]), r["service"])
-        others = "; ".join(Side.from_json(side).describe() for side in r["conflicts"])
-        click.echo(f"  {r['name']}: {first.describe()} (seen first) vs {others}", err=True)
+    _report({r["name"]: f"{Side(','.join(r['providers']), r['service']).describe()} (seen first) vs "
+                        + "; ".join(Side.from_json(side).describe() for side in r["conflicts"])
+             for r in rows if r["conflicts"]},
+            "{n} tool(s) contested by another host: " + effect, "red")
 
 
 def _print_drift(rows: list[dict[str, Any]]) -> None:
     """Each tool of ``rows`` that a provider announces with another descriptor, on stderr."""
-    drifted = [r for r in rows if r["drift"]]
-    if not drifted:
-        return
-    click.secho(f"\n{len(drifted)} tool(s) announced with another descriptor by a provider (drift): calls go ahead "
-                "with the descriptor seen first; expected during a rolling upgrade, otherwise stop that provider",
-                fg="yellow", err=True)
-    for r in drifted:
-        click.echo(f"  {r['name']}: " + "; ".join(Side.from_json(side).describe() for side in r["drift"]), err=True)
+    _report({r["name"]: "; ".join(Side.from_json(side).describe() for side in r["drift"]) for r in rows if r["drift"]},
+            "{n} tool(s) announced with another descriptor by a provider (drift): calls go ahead with the "
+            "descriptor seen first; expected during a rolling upgrade, otherwise stop that provider", "yellow")
 
 
 def _print_policy_mismatch(rows: list[dict[str, Any]]) -> None:
     """Each tool of ``rows`` whose service's providers announce different access policies, on stderr."""
-    mismatched = [r for r in rows if r["policy_mismatch"]]
-    if not mismatched:
-        return
-    click.secho(f"\n{len(mismatched)} tool(s) served under different access policies (POLICY): each host admits only "
-                "what all of them admit until they agree; give every host of the service the same [access] policy",
-                fg="yellow", err=True)
-    for r in mismatched:
-        click.echo(f"  {r['name']}: " + "; ".join(f"{side['policy']} on host(s) {','.join(side['hosts'])}"
-                                                  for side in r["policy_mismatch"]), err=True)
+    _report({r["name"]: "; ".join(f"{side['policy']} on host(s) {','.join(side['hosts'])}"
+                                  for side in r["policy_mismatch"]) for r in rows if r["policy_mismatch"]},
+            "{n} tool(s) served under different access policies (POLICY): each host admits only what all of "
+            "them admit until they agree; give every host of the service the same [access] policy", "yellow")
 
 
 def _print_skew(rows: list[dict[str, Any]]) -> None:
     """Each service of ``rows`` whose hosts serve different versions of its code, once, on stderr."""
     skewed = {r["service"]: r["skew"] for r in rows if r["skew"]}
-    if not skewed:
-        return
-    click.secho(f"\n{len(skewed)} service(s) skewed: their hosts serve different versions of the code, and a call "
-                "goes to any of them; finish the upgrade, or restart the hosts on one version", fg="yellow", err=True)
-    for service, versions in sorted(skewed.items()):
-        click.echo(f"  {service}: " + "; ".join(CodeVersion.from_json(version).describe() for version in versions),
-                   err=True)
+    _report({service: "; ".join(CodeVersion.from_json(version).describe() for version in skewed[service])
+             for service in sorted(skewed)},
+            "{n} service(s) skewed: their hosts serve different versions of the code, and a call goes to any of "
+            "them; finish the upgrade, or restart the hosts on one version", "yellow")
 
 
 @cli.command()
