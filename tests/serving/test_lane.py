@@ -20,15 +20,16 @@ from tghost.agent.client import ToolCallError
 from tghost.broker import EmbeddedBroker
 from tghost.discovery.discover import catalog_of
 from tghost.protocol import wire
+from tghost.serving.lane import ThreadLane
 from tghost.serving.request import CallRecord
 from tghost.serving.settings import ServeSettings
 from tghost.testing import LocalHost, RawWire
 
 
 def lane_of(host: LocalHost) -> Any:
-    """The only service's thread lane (None: it is served on the loop)."""
+    """The only service's thread lane (None: another driver serves it)."""
     [endpoint] = host.server.endpoints
-    return endpoint._lane
+    return endpoint._driver if isinstance(endpoint._driver, ThreadLane) else None
 
 
 async def test_a_plain_def_is_served_by_the_lane_and_an_async_def_is_not(pulsar_broker: EmbeddedBroker) -> None:

@@ -6,7 +6,7 @@ subscription to the non-persistent control topic, and stops the call if it runs 
 for an id this host does not run (another host's call, a finished or unknown one) costs one
 dictionary lookup and is dropped.
 
-Reads and checks cancels; what stopping a call means is the endpoint's and the lane's.
+Reads and checks cancels; what stopping a call means is the endpoint's and its driver's.
 """
 
 from __future__ import annotations
@@ -34,22 +34,22 @@ OnCancel = Callable[[str, Mapping[str, str]], None]
 
 class ControlTopic:
     """This host's reader of one service's control topic: each cancel (a message with the
-    ``tghost-cancel`` property and an ``id``) is handed to ``on_cancel`` on the event loop."""
+    ``tghost-cancel`` property and an ``id``) is handed to ``on_cancel`` on the event loop
+    (through ``mailbox``)."""
 
-    def __init__(self, descriptor: ToolServiceDescriptor, on_cancel: OnCancel) -> None:
+    def __init__(self, descriptor: ToolServiceDescriptor, on_cancel: OnCancel, mailbox: hop.Mailbox) -> None:
         self.topic = wire.control_topic(descriptor.request_queue)
         self._subscription = f"{descriptor.id}-control-{uuid.uuid4().hex[:12]}"
         self._on_cancel = on_cancel
-        self._consumer: pulsar.asyncio.Consumer | None = None
-        self._mailbox: hop.Mailbox | None = None
+        self._mailbox = mailbox
+        self._consumer: pulsar.asyncio.Consumer | None = None  # subscribed by start()
 
-    async def start(self, client: pulsar.asyncio.Client, mailbox: hop.Mailbox) -> None:
+    async def start(self, client: pulsar.asyncio.Client) -> None:
         """Subscribe (Exclusive, this host's own subscription).
 
         Raises:
             pulsar.asyncio.PulsarException: the broker refused the subscription.
         """
-        self._mailbox = mailbox
         self._consumer = await hop.subscribe_listening(client, self.topic, self._subscription,
                                                        pulsar.ConsumerType.Exclusive, self._on_message)
 
@@ -59,7 +59,7 @@ class ControlTopic:
         properties = message.properties()
         request_id = properties.get("id")
         if request_id and wire.CANCEL in properties:
-            self._mailbox.put(self._on_cancel, request_id, properties)  # type: ignore[union-attr]
+            self._mailbox.put(self._on_cancel, request_id, properties)
 
     async def close(self) -> None:
         if self._consumer is not None:

@@ -123,8 +123,9 @@ class ThreadExecutor(Executor):
         if (starved := self.starved()) is not None:
             raise ToolError(starved, wire.OVERLOADED)
         job = self.submit(fn, *args, wanted=True)
+        assert job.future is not None
         try:
-            return await asyncio.wrap_future(job.future)  # type: ignore[arg-type]
+            return await asyncio.wrap_future(job.future)
         except asyncio.CancelledError:
             self.abandon(job)
             raise
