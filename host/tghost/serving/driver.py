@@ -5,7 +5,7 @@ A driver takes each answerable request along the one request state machine
 neither imports the other: the event loop (:class:`tghost.serving.loop.LoopDriver`) and the
 thread lane (:class:`tghost.serving.lane.ThreadLane`). The endpoint
 (:class:`tghost.serving.endpoint.ServiceEndpoint`) picks one per service when it opens
-(:func:`tghost.serving.endpoint.driver_for`), hands it every answerable request, and never asks
+(:func:`driver_for`), hands it every answerable request, and never asks
 which kind it is.
 """
 
@@ -13,9 +13,14 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from tghost.serving.request import Request
+from tghost.pulsar import hop
+from tghost.serving.executors.base import Executor
+from tghost.serving.executors.thread import ThreadExecutor
+from tghost.serving.lane import ThreadLane
+from tghost.serving.loop import LoopDriver
+from tghost.serving.request import Port, Request, Terms
 
-__all__ = ["Driver"]
+__all__ = ["Driver", "driver_for"]
 
 
 class Driver(Protocol):
@@ -53,3 +58,11 @@ class Driver(Protocol):
 
     def close(self) -> None:
         """Let go of what the driver runs on its own (a timer thread); calls are no longer timed."""
+
+
+def driver_for(terms: Terms, port: Port, executor: Executor, mailbox: hop.Mailbox) -> Driver:
+    """The driver of a service: the thread lane for a plain ``def`` in the host's worker threads on
+    a non-persistent topic, else the event loop (on the loop itself for a persistent topic)."""
+    if isinstance(executor, ThreadExecutor) and terms.service.runs_in_thread and not terms.persistent:
+        return ThreadLane(terms, port, executor, mailbox.loop)
+    return LoopDriver(terms, port, executor, mailbox, on_loop=terms.persistent, threaded_checks=terms.gate is not None)

@@ -5,7 +5,7 @@ its control topic, and the driver that takes its requests along the request stat
 The hot path (docs/internals/performance.md §1): a request on a non-persistent topic arrives
 through a C++ message listener, which hands it to the service's driver
 (:class:`tghost.serving.driver.Driver`), picked once when the endpoint opens
-(:func:`driver_for`): the thread lane for a plain ``def`` under thread isolation, else the event
+(:func:`tghost.serving.driver.driver_for`): the thread lane for a plain ``def`` under thread isolation, else the event
 loop. A persistent topic is read with ``receive`` instead, one request per free slot, and a
 request there is acknowledged only once the broker has its reply. What no driver answers is the
 endpoint's own: a request without an ``id``, and one that reaches a stopping service.
@@ -33,37 +33,24 @@ from tghost.pulsar import hop
 from tghost.serving import executors, handoff
 from tghost.serving.access import Fleet, Gate
 from tghost.serving.cancels import ControlTopic
-from tghost.serving.driver import Driver
+from tghost.serving.driver import Driver, driver_for
 from tghost.serving.executors.base import Executor
-from tghost.serving.executors.thread import ThreadExecutor
-from tghost.serving.lane import ThreadLane
 from tghost.serving.loop import LoopDriver
 from tghost.serving.replays import SharedReplays
 from tghost.serving.request import UNANSWERABLE, CallListener, CallRecord, Port, Prover, Request, Terms
 from tghost.serving.settings import ServeSettings
 from tghost.system.logs import LogSummary
 
-__all__ = ["RECEIVER_QUEUE", "ServiceEndpoint", "driver_for"]
+__all__ = ["RECEIVER_QUEUE", "ServiceEndpoint"]
 
 log = logging.getLogger(__name__)
 
-#: Messages the client may buffer per consumer of a non-persistent request topic: the burst
-#: one host absorbs per service. The driver answers ``overloaded`` beyond the service's bound,
-#: so the host itself drops nothing. But the broker drops a non-persistent message when no
-#: consumer has a free permit (Pulsar's semantics): a larger burst, arriving faster than the
-#: host takes it, partly never reaches the host and its callers time out; use a persistent topic
-#: for such bursts. (tests/serving/test_faults.py sends 2000 at once; pulsar-client's default of
-#: 1000 lost a third of them.) A persistent topic keeps what no host has taken, so its consumer
-#: buffers nothing (size 0) and receives only when a slot is free.
+#: Messages the client may buffer per consumer of a non-persistent request topic: the burst one
+#: host absorbs per service (beyond the service's bound, the driver answers ``overloaded``). A
+#: larger burst, faster than the host takes it, is partly dropped by the broker (no free permit):
+#: use a persistent topic for such bursts, whose consumer buffers nothing and receives only when
+#: a slot is free. (tests/serving/test_faults.py sends 2000 at once; the default 1000 lost a third.)
 RECEIVER_QUEUE = 10_000
-
-
-def driver_for(terms: Terms, port: Port, executor: Executor, mailbox: hop.Mailbox) -> Driver:
-    """The driver of a service: the thread lane for a plain ``def`` in the host's worker threads on
-    a non-persistent topic, else the event loop (on the loop itself for a persistent topic)."""
-    if isinstance(executor, ThreadExecutor) and terms.service.runs_in_thread and not terms.persistent:
-        return ThreadLane(terms, port, executor, mailbox.loop)
-    return LoopDriver(terms, port, executor, mailbox, on_loop=terms.persistent, threaded_checks=terms.gate is not None)
 
 
 class ServiceEndpoint:
@@ -142,7 +129,7 @@ class ServiceEndpoint:
             self.descriptor.request_queue, self.subscription, consumer_type=pulsar.ConsumerType.Shared,
             **self._consumer_options())
         if isinstance(self._driver, LoopDriver) and self.persistent:
-            self._receiving = asyncio.create_task(self._receive(self._consumer, self._driver),
+            self._receiving = asyncio.create_task(self._driver.receive(self._consumer, self._take),
                                                   name=f"receive {self.descriptor.id}")
 
     @property
@@ -185,20 +172,6 @@ class ServiceEndpoint:
             self._mailbox.put(self._turn_away, message, request_id)
         else:
             self._driver.take(Request(CallRecord(self.descriptor.id, request_id), message))
-
-    async def _receive(self, consumer: pulsar.asyncio.Consumer, driver: LoopDriver) -> None:
-        """A persistent topic: take a request only when a slot is free for it."""
-        while True:
-            await driver.vacancy()
-            try:
-                message = await consumer.receive()
-            except pulsar.asyncio.PulsarException as exc:
-                if exc.error() == pulsar.Result.AlreadyClosed:
-                    return
-                log.warning("service %s: receive failed (%s); retrying", self.descriptor.id, exc)
-                await asyncio.sleep(0.5)
-                continue
-            self._take(message._message)
 
     def _turn_away(self, message: Any, request_id: str | None) -> None:
         """On the loop: acknowledge a request without an ``id`` unanswered (and count it); answer
@@ -255,22 +228,10 @@ class ServiceEndpoint:
         elif self._handed_off and self._unsubscribing is None:
             self._unsubscribing = asyncio.create_task(self._unsubscribe())
             await self._unsubscribing  # what it receives until then is in flight, for the drain
-        elif self._consumer is not None:
-            await self._look_for_peers()
-
-    async def _look_for_peers(self) -> None:
-        """Without a lookout (no broker now, or it does not answer in time) the consumer stays
-        subscribed and answers ``unavailable`` until :meth:`close`."""
-        if not self.is_connected():
-            return
-        self._peers = peers = handoff.PeerLookout(self._hand_off)  # told of every request from now on
-        try:
-            async with asyncio.timeout(handoff.LOOKOUT_TIMEOUT):
-                await peers.start(self._client, self.descriptor.request_queue, self.subscription)
-        except Exception as exc:
-            self._peers = None
-            await peers.close()
-            log.debug("service %s: cannot look out for other hosts while draining: %r", self.descriptor.id, exc)
+        elif self._consumer is not None and self.is_connected():  # else 'unavailable' until close()
+            self._peers = handoff.PeerLookout(self._hand_off)  # told of every request from now on
+            if not await self._peers.try_start(self._client, self.descriptor.request_queue, self.subscription):
+                self._peers = None
 
     def _hand_off(self) -> None:
         """Another host shares the subscription: close the request consumer now (once)."""

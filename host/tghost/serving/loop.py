@@ -17,7 +17,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
+from typing import Any
 
+import pulsar
 import pulsar.asyncio
 
 from tghost.author.service import Call
@@ -69,12 +72,23 @@ class LoopDriver:
         else:
             self._mailbox.put(self._start, request)
 
-    async def vacancy(self) -> None:
-        """Wait until fewer than ``max_concurrency`` calls are in flight: a persistent topic's
-        receive loop takes a request only when it can run."""
-        while self.in_flight >= self._terms.max_concurrency:
-            self._freed.clear()
-            await self._freed.wait()
+    async def receive(self, consumer: pulsar.asyncio.Consumer, take: Callable[[Any], None]) -> None:
+        """A persistent topic's receive loop: receive a request only when fewer than
+        ``max_concurrency`` calls are in flight, and hand it (a raw ``_pulsar.Message``) to
+        ``take``; until the consumer closes (or the task is cancelled)."""
+        while True:
+            while self.in_flight >= self._terms.max_concurrency:
+                self._freed.clear()
+                await self._freed.wait()
+            try:
+                message = await consumer.receive()
+            except pulsar.asyncio.PulsarException as exc:
+                if exc.error() == pulsar.Result.AlreadyClosed:
+                    return
+                log.warning("service %s: receive failed (%s); retrying", self._terms.service_id, exc)
+                await asyncio.sleep(0.5)
+                continue
+            take(message._message)
 
     def _start(self, request: Request) -> None:
         task = asyncio.create_task(self._handle(request))
