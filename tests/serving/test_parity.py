@@ -2,9 +2,11 @@
 (tghost/serving/driver.py), on the embedded broker.
 
 One fixture, :func:`mode`, serves the same plugin, :data:`PARITY`, each way a host can serve a
-service: a plain ``def`` on the thread lane, an ``async def`` on the event loop, a plain ``def``
-in worker processes, and a plain ``def`` on a persistent topic (the loop driver, receiving one
-request per free slot). Each test causes one case (timeout, overloaded, cancel, drain, stream
+service: a plain ``def`` on the inline driver (its calls measured slow run on the lane's worker
+threads; tests/serving/test_inline.py runs them on the receive thread), the same under an access
+policy (the thread lane), an ``async def`` on the event loop, a plain ``def`` in worker processes,
+and a plain ``def`` on a persistent topic (the loop driver, receiving one request per free
+slot). Each test causes one case (timeout, overloaded, cancel, drain, stream
 pacing, progress, authorize, access refusals, persistent acknowledgement) and counts the replies
 on the wire, so a rule changed for one driver is checked for all. Where a persistent topic's
 rule differs (the broker keeps what the host has not taken), the test says so.
@@ -33,6 +35,7 @@ from tghost.protocol import wire
 from tghost.protocol.access import AccessPolicy
 from tghost.serving.driver import Driver
 from tghost.serving.executors.base import PROCESS, THREAD
+from tghost.serving.inline import InlineDriver
 from tghost.serving.lane import ThreadLane
 from tghost.serving.loop import LoopDriver
 from tghost.serving.request import RETURNED, CallRecord
@@ -153,6 +156,7 @@ class Mode:
     plain: bool
     isolation: str
     persistent: bool
+    gated: bool
     driver: type[Any]
     plugin_dir: PluginDir = field(repr=False)
     url: str = ""
@@ -164,16 +168,22 @@ class Mode:
                                   "options": ", persistent=True" if self.persistent else "",
                                   "tag": uuid.uuid4().hex[:8]})
         self.plugin_dir.add(f"parity-{uuid.uuid4().hex[:6]}", source)
-        return discover(self.plugin_dir.entry_points()[-1:], strict=True)
+        catalog = discover(self.plugin_dir.entry_points()[-1:], strict=True)
+        if self.gated:  # every caller may call every tool: the checks go through the gate all the same
+            catalog.access = AccessPolicy.from_table({"anonymous": sorted(catalog.tools)}, self.tmp)
+        return catalog
 
     @asynccontextmanager
     async def host(self, catalog: Catalog | None = None, records: list[CallRecord] | None = None,
                    **settings: Any) -> AsyncIterator[LocalHost]:
-        """A host serving :data:`PARITY` this way; asserts every service has this mode's driver."""
+        """A host serving :data:`PARITY` this way; asserts every service has this mode's driver (a
+        plain ``def`` under an access policy: the thread lane)."""
         serve = ServeSettings(isolation=self.isolation, **settings)
-        async with LocalHost(self.url, catalog or self.catalog(), serve,
+        catalog = catalog or self.catalog()
+        driver = ThreadLane if catalog.access is not None and self.driver is InlineDriver else self.driver
+        async with LocalHost(self.url, catalog, serve,
                              listeners=[records.append] if records is not None else ()) as host:
-            assert {type(endpoint._driver) for endpoint in host.server.endpoints} == {self.driver}
+            assert {type(endpoint._driver) for endpoint in host.server.endpoints} == {driver}
             yield host
 
     def mark(self, name: str) -> Path:
@@ -182,19 +192,20 @@ class Mode:
         return folder
 
 
-MODES = {
-    "lane": (True, THREAD, False, ThreadLane),
-    "loop": (False, THREAD, False, LoopDriver),
-    "process": (True, PROCESS, False, LoopDriver),
-    "persistent": (True, THREAD, True, LoopDriver),
+MODES = {  # plain def, isolation, persistent topic, access policy, driver
+    "inline": (True, THREAD, False, False, InlineDriver),
+    "lane": (True, THREAD, False, True, ThreadLane),
+    "loop": (False, THREAD, False, False, LoopDriver),
+    "process": (True, PROCESS, False, False, LoopDriver),
+    "persistent": (True, THREAD, True, False, LoopDriver),
 }
 
 
 @pytest.fixture(params=list(MODES))
 def mode(request: pytest.FixtureRequest, plugin_dir: PluginDir, pulsar_broker: EmbeddedBroker,
          tmp_path: Path) -> Mode:
-    plain, isolation, persistent, driver = MODES[request.param]
-    return Mode(request.param, plain, isolation, persistent, driver, plugin_dir, pulsar_broker.url, tmp_path)
+    plain, isolation, persistent, gated, driver = MODES[request.param]
+    return Mode(request.param, plain, isolation, persistent, gated, driver, plugin_dir, pulsar_broker.url, tmp_path)
 
 
 async def until(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
@@ -210,7 +221,7 @@ def endpoint_of(host: LocalHost, tool: str) -> Any:
 
 
 def test_every_driver_is_a_driver() -> None:
-    drivers: list[type[Driver]] = [ThreadLane, LoopDriver]  # mypy holds each to the protocol
+    drivers: list[type[Driver]] = [ThreadLane, LoopDriver, InlineDriver]  # mypy holds each to the protocol
     assert all(callable(getattr(driver, "take", None)) for driver in drivers)
 
 

@@ -33,9 +33,8 @@ from tghost.pulsar import hop
 from tghost.serving import executors, handoff
 from tghost.serving.access import Fleet, Gate
 from tghost.serving.cancels import ControlTopic
-from tghost.serving.driver import Driver, driver_for
+from tghost.serving.driver import Driver, Receiving, driver_for
 from tghost.serving.executors.base import Executor
-from tghost.serving.loop import LoopDriver
 from tghost.serving.replays import SharedReplays
 from tghost.serving.request import UNANSWERABLE, CallListener, CallRecord, Port, Prover, Request, Terms
 from tghost.serving.settings import ServeSettings
@@ -77,7 +76,7 @@ class ServiceEndpoint:
         self._control = ControlTopic(self.descriptor, self._cancel, mailbox)
         self._consumer: pulsar.asyncio.Consumer | None = None  # subscribed in open()
         self._replays: SharedReplays | None = None  # with an access policy
-        self._receiving: asyncio.Task[None] | None = None  # a persistent topic's receive loop
+        self._receiving: asyncio.Task[None] | None = None  # a driver that receives by itself
         self._peers: handoff.PeerLookout | None = None  # while draining alone
         self._unsubscribing: asyncio.Task[None] | None = None
         self._stopping = self._handed_off = self._released = False
@@ -91,8 +90,7 @@ class ServiceEndpoint:
                    gate: Gate | None = None, signer: Signer | None = None,
                    fleet: Fleet | None = None) -> ServiceEndpoint:
         """Serve ``service``: create the response producer, start the executor, pick the driver,
-        then subscribe and start receiving. (``listeners``, ``authorize``, ``gate``, ``signer``
-        and ``fleet``: see :class:`tghost.serving.server.Server`.)
+        subscribe and receive (the other arguments: :class:`tghost.serving.server.Server`'s).
 
         Raises:
             pulsar.asyncio.PulsarException: the broker refused the producer or a subscription
@@ -125,10 +123,15 @@ class ServiceEndpoint:
         if gate is not None:
             self._replays = await SharedReplays.open(self._client, self.descriptor.request_queue, gate.window)
             gate.share(self.descriptor.request_queue, self._replays)
+        options: dict[str, Any] = {"receiver_queue_size": RECEIVER_QUEUE}
+        if self._driver.listens:
+            options["message_listener"] = self._on_message
+        elif self.persistent:  # received only when a slot is free; past the redeliveries, to the dead letters
+            options = {"receiver_queue_size": 0,
+                       "dead_letter_policy": pulsar.ConsumerDeadLetterPolicy(self.terms.max_redeliveries + 1)}
         self._consumer = self._port.consumer = await self._client.subscribe(
-            self.descriptor.request_queue, self.subscription, consumer_type=pulsar.ConsumerType.Shared,
-            **self._consumer_options())
-        if isinstance(self._driver, LoopDriver) and self.persistent:
+            self.descriptor.request_queue, self.subscription, consumer_type=pulsar.ConsumerType.Shared, **options)
+        if isinstance(self._driver, Receiving) and not self._driver.listens:
             self._receiving = asyncio.create_task(self._driver.receive(self._consumer, self._take),
                                                   name=f"receive {self.descriptor.id}")
 
@@ -150,12 +153,6 @@ class ServiceEndpoint:
     def stopping(self) -> bool:
         """Whether the service stopped taking new calls (:meth:`stop_receiving`)."""
         return self._stopping
-
-    def _consumer_options(self) -> dict[str, Any]:
-        if not self.persistent:
-            return {"receiver_queue_size": RECEIVER_QUEUE, "message_listener": self._on_message}
-        return {"receiver_queue_size": 0,
-                "dead_letter_policy": pulsar.ConsumerDeadLetterPolicy(self.terms.max_redeliveries + 1)}
 
     def _on_message(self, consumer: Any, message: Any) -> None:
         """The C++ listener thread: a request (a raw ``_pulsar.Message``) is in."""
@@ -221,7 +218,7 @@ class ServiceEndpoint:
         self._stopping = True
         if not self._handed_off:
             self._driver.stop()
-        if self._receiving is not None:
+        if self.persistent and self._receiving is not None:
             self._receiving.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._receiving
@@ -240,10 +237,8 @@ class ServiceEndpoint:
             self._unsubscribing = asyncio.create_task(self._unsubscribe())
 
     async def _unsubscribe(self) -> None:
-        """Close the request consumer, then the lookout. On a hand-off this runs as the draining
-        consumer has just received a request: a Shared subscription deals requests out in turn,
-        so the next ones go to the other hosts while the close reaches the broker (a request the
-        broker sends to a consumer that is closing is dropped by the client, unanswered)."""
+        """Close the request consumer, then the lookout (on a hand-off, as the draining consumer
+        has just received a request: the Shared subscription deals the next ones to other hosts)."""
         if self._consumer is not None:
             await self._quietly("close the consumer", self._consumer.close())
         if self._peers is not None:
@@ -283,6 +278,8 @@ class ServiceEndpoint:
         if self._unsubscribing is None:
             self._unsubscribing = asyncio.create_task(self._unsubscribe())
         await self._unsubscribing
+        if self._receiving is not None:
+            self._receiving.cancel()
         with contextlib.suppress(TimeoutError):  # the answers to requests that arrived while stopping
             async with asyncio.timeout(1.0):
                 await self._driver.idle()

@@ -55,6 +55,8 @@ class ThreadLane:
     :meth:`cut_off` and :meth:`close` on the event loop the lane was created on.
     """
 
+    listens = True
+
     def __init__(self, terms: Terms, port: Port, executor: ThreadExecutor, loop: asyncio.AbstractEventLoop) -> None:
         self._terms = terms
         self._port = port

@@ -52,6 +52,7 @@ class LoopDriver:
         self._executor = executor
         self._mailbox = mailbox
         self._on_loop = on_loop
+        self.listens = not on_loop
         self._threaded_checks = threaded_checks
         self._slots = asyncio.Semaphore(terms.max_concurrency)
         self._admitted = 0
