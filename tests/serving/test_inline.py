@@ -130,12 +130,18 @@ async def test_an_inline_call_running_when_the_grace_ends_is_answered_unavailabl
     async with LocalHost(pulsar_broker.url, [endless]) as host:
         call = asyncio.create_task(host.call("endless", timeout=30))
         await asyncio.to_thread(running.wait, 30)
-        assert host.server.endpoints[0].in_flight == 1
+        [endpoint] = host.server.endpoints
+        assert endpoint.in_flight == 1 and endpoint._driver._current is not None  # running inline
         assert await host.server.stop(grace=0.2) == 1
+        stuck = endpoint.executor.stats()
         with pytest.raises(ToolCallError) as info:
             await call
         release.set()
+        async with asyncio.timeout(10):  # its thread is freed when the plugin returns
+            while endpoint.executor.stats().stuck:
+                await asyncio.sleep(0.01)
     assert info.value.error_type == "unavailable" and "before the call finished" in info.value.message
+    assert (stuck.stuck, stuck.busy) == (1, 0)  # counted stuck, as a worker thread would be
 
 
 async def test_an_inline_call_that_blocks_never_delays_another_services_replies(

@@ -17,8 +17,8 @@ Everything else is the lane's: the checks, the timer that answers ``timeout``, `
 ``overloaded``, ``unavailable`` at a drain or when the grace ends, the call listeners. A
 stream's chunks go on a worker thread (the receive thread must not wait for a stream). An inline
 call its caller was answered for (a timeout, a cancel, the grace's end) leaves the receive thread
-with the plugin; a new receive thread takes over at once, the old one ends when the plugin
-returns, and until then no call runs inline.
+with the plugin, counted one of the service's stuck threads; a new receive thread takes over at
+once, the old one ends when the plugin returns, and until then no call runs inline.
 """
 
 from __future__ import annotations
@@ -94,7 +94,10 @@ class InlineDriver(ThreadLane):
             self._took.append(took)
             if request is self._current:
                 self._current = None
+            left = request in self._left
             self._left.discard(request)  # its plugin returned: inline calls may run again
+        if left:
+            self._executor.hold(-1)
 
     def _stream(self, request: Request, chunks: Any) -> None:
         if request.job is _INLINE:  # the receive thread never waits for a stream
@@ -122,6 +125,7 @@ class InlineDriver(ThreadLane):
             self._left.add(request)
             self._generation += 1
             generation = self._generation
+        self._executor.hold(1)
         self._start_receiving(generation)
 
     async def receive(self, consumer: pulsar.asyncio.Consumer, take: Callable[[Any], None]) -> None:

@@ -215,6 +215,14 @@ class ThreadExecutor(Executor):
         warning.daemon = True
         warning.start()
 
+    def hold(self, calls: int) -> None:
+        """``calls`` (1) calls on a thread not the executor's own (the inline driver's receive
+        thread) were left with their plugin at their caller's answer, or (-1) returned: counted
+        running and stuck meanwhile, as the executor's own stuck threads are."""
+        with self._lock:
+            self._running += calls
+            self._stuck += calls
+
     def _warn_stuck(self, job: Job) -> None:
         """:data:`STUCK_WARNING_AFTER` seconds after ``job`` was abandoned: a warning if it still
         runs (a plain def that watches ``ctx.cancelled`` has returned by then)."""
