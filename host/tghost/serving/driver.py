@@ -32,12 +32,14 @@ class Driver(Protocol):
     """Takes one service's answerable requests along the request state machine.
 
     ``listens``: the endpoint subscribes with a C++ message listener and calls :meth:`take` from
-    it; else the driver receives by itself (:class:`Receiving`). :meth:`take` is called on the
-    thread that received the request; every other method on the event loop the service's
-    endpoint runs on.
+    it; else the driver receives by itself (:class:`Receiving`). ``on_loop``: :meth:`take` is
+    called on the event loop (the endpoint hops there first, and decides there what the driver
+    does not take); else on the thread that received the request. Every other method is called
+    on the event loop the service's endpoint runs on.
     """
 
     listens: bool
+    on_loop: bool
 
     @property
     def in_flight(self) -> int:
@@ -87,4 +89,4 @@ def driver_for(terms: Terms, port: Port, executor: Executor, mailbox: hop.Mailbo
         if terms.gate is None:
             return InlineDriver(terms, port, executor, mailbox.loop)
         return ThreadLane(terms, port, executor, mailbox.loop)
-    return LoopDriver(terms, port, executor, mailbox, on_loop=terms.persistent, threaded_checks=terms.gate is not None)
+    return LoopDriver(terms, port, executor, listens=not terms.persistent, threaded_checks=terms.gate is not None)

@@ -155,8 +155,12 @@ class ServiceEndpoint:
         return self._stopping
 
     def _on_message(self, consumer: Any, message: Any) -> None:
-        """The C++ listener thread: a request (a raw ``_pulsar.Message``) is in."""
-        self._take(message)
+        """The C++ listener thread: a request (a raw ``_pulsar.Message``) is in; to the loop first
+        for a driver that takes on the loop."""
+        if self._driver.on_loop:
+            self._mailbox.put(self._take, message)
+        else:
+            self._take(message)
 
     def _take(self, message: Any) -> None:
         """Hand an answerable request to the driver; one without an ``id``, or one that reaches a

@@ -60,6 +60,7 @@ class InlineDriver(ThreadLane):
     """
 
     listens = False
+    on_loop = False
 
     def __init__(self, terms: Terms, port: Port, executor: ThreadExecutor, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__(terms, port, executor, loop)

@@ -56,6 +56,7 @@ class ThreadLane:
     """
 
     listens = True
+    on_loop = False
 
     def __init__(self, terms: Terms, port: Port, executor: ThreadExecutor, loop: asyncio.AbstractEventLoop) -> None:
         self._terms = terms

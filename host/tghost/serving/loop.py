@@ -1,9 +1,9 @@
 """loop: a service's requests driven on the event loop, one task each (docs/internals/performance.md §1).
 
 The driver of every service the thread lane (:mod:`tghost.serving.lane`) does not serve:
-``async def`` tools, process isolation and persistent topics. A request taken on the C++
-listener thread crosses into the loop once (:class:`tghost.pulsar.hop.Mailbox`); one from a
-persistent topic's receive loop is on the loop already. Its task waits for one of the
+``async def`` tools, process isolation and persistent topics. A request received on the C++
+listener thread crosses into the loop once (:class:`tghost.pulsar.hop.Mailbox`), before the
+endpoint hands it over; one from a persistent topic's receive loop is on the loop already. Its task waits for one of the
 service's ``max_concurrency`` slots, checks the request, runs ``invoke`` in the service's
 executor (:mod:`tghost.serving.executors`) under its timeout (:class:`~tghost.serving.deadlines.Deadlines`),
 and answers through the port. A persistent request's last reply is waited for, since the
@@ -26,7 +26,6 @@ import pulsar.asyncio
 from tghost.author.service import Call
 from tghost.protocol import wire
 from tghost.protocol.callers import CALLER
-from tghost.pulsar import hop
 from tghost.serving.deadlines import Deadlines
 from tghost.serving.executors.base import Executor
 from tghost.serving.request import NOT_STARTED, RETURNED, Port, Request, Terms, confirmed_on_loop, failure
@@ -40,19 +39,20 @@ class LoopDriver:
     """Drives one service's requests on the event loop, one task per request (see the module;
     the interface is :class:`tghost.serving.driver.Driver`).
 
-    ``on_loop``: :meth:`take` is called on the loop (a persistent topic's receive loop), not on
-    the C++ listener thread. ``threaded_checks``: the checks of a request that names a caller
-    run in a thread, since its mark in the shared replay record waits for the broker.
+    ``listens``: the requests come from the C++ listener thread (through the endpoint's hop into
+    the loop), else from a persistent topic's receive loop (:meth:`receive`).
+    ``threaded_checks``: the checks of a request that names a caller run in a thread, since its
+    mark in the shared replay record waits for the broker.
     """
 
-    def __init__(self, terms: Terms, port: Port, executor: Executor, mailbox: hop.Mailbox,
-                 on_loop: bool = False, threaded_checks: bool = False) -> None:
+    on_loop = True
+
+    def __init__(self, terms: Terms, port: Port, executor: Executor, listens: bool = True,
+                 threaded_checks: bool = False) -> None:
         self._terms = terms
         self._port = port
         self._executor = executor
-        self._mailbox = mailbox
-        self._on_loop = on_loop
-        self.listens = not on_loop
+        self.listens = listens
         self._threaded_checks = threaded_checks
         self._slots = asyncio.Semaphore(terms.max_concurrency)
         self._admitted = 0
@@ -68,10 +68,10 @@ class LoopDriver:
         return len(self._tasks)
 
     def take(self, request: Request) -> None:
-        if self._on_loop:
-            self._start(request)
-        else:
-            self._mailbox.put(self._start, request)
+        task = asyncio.create_task(self._handle(request))
+        self._tasks.add(task)
+        self._calls[request.request_id] = (task, request)
+        task.add_done_callback(self._finished)
 
     async def receive(self, consumer: pulsar.asyncio.Consumer, take: Callable[[Any], None]) -> None:
         """A persistent topic's receive loop: receive a request only when fewer than
@@ -90,12 +90,6 @@ class LoopDriver:
                 await asyncio.sleep(0.5)
                 continue
             take(message._message)
-
-    def _start(self, request: Request) -> None:
-        task = asyncio.create_task(self._handle(request))
-        self._tasks.add(task)
-        self._calls[request.request_id] = (task, request)
-        task.add_done_callback(self._finished)
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
