@@ -2,13 +2,14 @@
 ``<service-id>-request`` on its request topic, a non-batching producer on its response topic,
 its control topic, and the driver that takes its requests along the request state machine.
 
-The hot path (docs/internals/performance.md §1): a request on a non-persistent topic arrives
-through a C++ message listener, which hands it to the service's driver
+The hot path (docs/internals/performance.md §1): each request goes to the service's driver
 (:class:`tghost.serving.driver.Driver`), picked once when the endpoint opens
-(:func:`tghost.serving.driver.driver_for`): the thread lane for a plain ``def`` under thread isolation, else the event
-loop. A persistent topic is read with ``receive`` instead, one request per free slot, and a
-request there is acknowledged only once the broker has its reply. What no driver answers is the
-endpoint's own: a request without an ``id``, and one that reaches a stopping service.
+(:func:`tghost.serving.driver.driver_for`), from the thread that received it: the inline
+driver's own receive thread, or the C++ message listener (the thread lane's; the loop driver's,
+through one hop into the loop). A persistent topic is read with ``receive`` on the loop, one
+request per free slot, and a request there is acknowledged only once the broker has its reply.
+What no driver answers is the endpoint's own: a request without an ``id``, and one that reaches
+a stopping service.
 
 Never lets one service's faults stop another from answering.
 """
