@@ -74,7 +74,8 @@ class InlineDriver(ThreadLane):
     def take(self, request: Request) -> None:
         with self._lock:
             inline = (not self.in_flight and not self._left and not self._stopping and not self._closed
-                      and len(self._took) == RECENT and max(self._took, default=0.0) < BUDGET)
+                      and len(self._took) == RECENT and max(self._took, default=0.0) < BUDGET
+                      and self._executor.starved() is None)  # else the lane answers 'overloaded'
             if inline:
                 request.job = _INLINE
                 self._current = request
