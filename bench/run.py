@@ -14,7 +14,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 BENCHMARKS = ["roundtrip", "streaming", "discovery", "plugins", "scaleout", "amplifier", "isolation", "edges", "drain",
-              "access", "search", "tracing", "scale", "flood"]
+              "access", "search", "tracing", "scale", "flood", "reload", "liveness"]
 
 
 def main() -> None:

@@ -186,8 +186,11 @@ NOT_RUN = {
         "installs from an index; tox -e frameworks installs the same extra and runs "
         "tests/integrations/test_openai_agents.py",
     ("docs/integrations/mcp-servers.md", "pip install tghost-mcp mcp-server-time"):
-        "installs from an index; tox's venv holds both (tox.ini), and tests/adapters/test_mcp_servers.py runs "
-        "the page's time server",
+        "installs from an index; tox -e mcp-servers installs both (tox.ini), and tests/adapters/test_mcp_servers.py "
+        "runs the page's time server there",
+    ("docs/guides/security.md", "tghost run --signing-key keys/host-a.key --trusted-key keys/host-a.pub"):
+        "needs the reader's keys and a fleet; tests/serving/test_policy_fleet.py's trusted-keys case runs two "
+        "hosts with the HostConfig signer and trusted keys these flags set",
     ("docs/integrations/langchain.md", 'pip install "tghost[langchain]"'):
         "installs from an index; tox -e frameworks installs the same extra and runs "
         "tests/integrations/test_langchain.py",

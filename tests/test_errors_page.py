@@ -23,7 +23,8 @@ from tghost.protocol import wire
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 PAGE = DOCS / "reference" / "errors.md"
 #: Upper-case strings of the wire module that are not error types: a user, a status, property names.
-NOT_TYPES = {"DEFAULT_USER", "OK", "CANCEL", "PROGRESS", "CONTENT_TYPE", "JSON_CONTENT"}
+NOT_TYPES = {"DEFAULT_USER", "OK", "CANCEL", "PROGRESS", "CONTENT_TYPE", "JSON_CONTENT", "PROBE", "ALIVE", "HOLDS",
+             "PROBES"}
 
 
 def section(text: str, heading: str) -> str:

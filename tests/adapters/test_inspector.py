@@ -96,7 +96,7 @@ async def test_the_directory_json_has_each_tool_with_its_schema_and_each_host_wi
     assert snap["rejections"] == {} and snap["conflicts"] == {} and snap["identity"] is None
 
 
-async def test_a_call_streams_its_chunks_as_ndjson_then_done_and_an_error_with_its_type(
+async def test_a_call_streams_its_chunks_as_ndjson_then_done_and_an_error_with_its_type_and_where(
     pulsar_broker: EmbeddedBroker
 ) -> None:
     async with inspector(pulsar_broker.url) as base, httpx2.AsyncClient() as http:
@@ -109,6 +109,8 @@ async def test_a_call_streams_its_chunks_as_ndjson_then_done_and_an_error_with_i
     assert lines[-1]["done"]["total_ms"] >= lines[-1]["done"]["first_chunk_ms"] >= 0
     [error] = [json.loads(line) for line in wrong.text.splitlines()]
     assert error["error"]["type"] == "invalid-arguments" and "text" in error["error"]["message"]
+    assert error["error"]["host"] == "inspected" and len(error["error"]["request_id"]) == 32  # for the host's log
+    assert json.loads(unknown.text)["error"].keys() == {"type", "message"}  # refused: no host, no request
     assert json.loads(unknown.text)["error"]["type"] == "unknown-tool"
     assert not_a_call.status_code == 400 and not_a_call.json()["error"]["type"] == "bad-request"
 

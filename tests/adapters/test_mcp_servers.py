@@ -22,6 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+pytest.importorskip("tghost_mcp", reason="the MCP servers' mount: tox -e mcp-servers installs tghost-mcp")
+
 from tghost_mcp.settings import ServerSettings, server_tables
 
 from tests.adapters.test_mcp import mcp_client

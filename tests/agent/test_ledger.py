@@ -1,5 +1,6 @@
 """ledger: applying announcements to host instances without a broker: manifests undo forged
-withdrawals, a new instance replaces an old one, two live ones are a reported clash, duplicates
+withdrawals, a new instance replaces an old one, two live ones are a reported clash (an old one that only
+withdraws hands over), duplicates
 are dropped silently and rejections are summarised. Messages are built by a real Announcer."""
 
 from __future__ import annotations
@@ -99,6 +100,22 @@ def test_a_new_instance_replaces_the_old_one_and_an_old_one_speaking_again_is_a_
     assert len(clash_lines) == 1 and "--host-id" in clash_lines[0].getMessage()
     feed(ledger, *old._messages("withdrawn"))
     assert ledger.clashes == {} and live(ledger)[("tool", "count")] == ["new"]
+
+
+def test_a_replaced_instance_holds_its_entries_until_the_new_one_claims_them_and_may_withdraw_with_no_clash(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    ledger = Ledger("t")
+    old, new = announcer(instance="old"), announcer(instance="new")
+    feed(ledger, *old._messages("available"))
+    first, *rest = new._messages("available")  # tghost run --reload: the new worker announces first
+    with caplog.at_level(logging.WARNING, logger="tghost"):
+        feed(ledger, first)  # its host message: its manifest lists count, whose own message has not come
+        assert live(ledger)[("tool", "count")] == ["old"]  # so the old instance's claim holds: no gap
+        feed(ledger, *rest)
+        feed(ledger, *old._messages("withdrawn"))  # then the old one withdraws and stops
+    assert ledger.clashes == {} and not [r for r in caplog.records if "live processes" in r.getMessage()]
+    assert live(ledger)[("tool", "count")] == ["new"] and ledger.hosts["h"].instances == ("new",)
 
 
 def test_a_byte_identical_duplicate_is_counted_silently_and_an_older_copy_is_stale(

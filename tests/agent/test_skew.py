@@ -35,8 +35,9 @@ def offline() -> ToolDirectory:
 
 
 def host(host_id: str, plugin: dict[str, Any] | None, status: str = "available") -> list[tuple[str, dict[str, Any]]]:
-    """What host ``host_id`` sends serving ``tell_joke`` from ``plugin``."""
-    announcer = Announcer(catalog_of([tell_joke]), HostIdentity(host_id, "laptop", 42), lease=30.0)
+    """What host ``host_id`` (one process: one instance id) sends serving ``tell_joke`` from ``plugin``."""
+    identity = HostIdentity(host_id, "laptop", 42, instance=f"{host_id}-instance")
+    announcer = Announcer(catalog_of([tell_joke]), identity, lease=30.0)
     return [(key, {**value, "plugin": plugin if value["kind"] != "host" else None})
             for key, value in announcer._messages(status)]
 

@@ -58,3 +58,17 @@ def test_a_value_without_the_fields_it_needs_is_skipped() -> None:
                   {"kind": "tool", "name": "n", "host": "a"}, {**message("host", "a", "a"), "lease": "long"}):
         untrusted.note(value, "unsigned", NOW)
     assert untrusted.serving(("tool", "n"), NOW) == {}
+
+
+def test_a_name_or_host_id_no_announcement_could_hold_is_skipped() -> None:
+    # the hint reads messages nothing vouches for: a 1 MiB name or a host id with a terminal escape must neither
+    # cost its size in memory, for each of the entries held, nor reach a no-provider line on a terminal
+    untrusted = Untrusted(max_hosts=10, max_lease=600)
+    long_name, long_host, escape = "t" * 500_000, "h" * 500_000, "evil\x1b[2J"
+    heard(untrusted, "a", long_name, "bad name!")
+    heard(untrusted, long_host, "calculate")
+    heard(untrusted, escape, "calculate")
+    assert untrusted.serving(("tool", long_name), NOW) == {}
+    assert untrusted.serving(("tool", "bad name!"), NOW) == {}
+    assert untrusted.serving(("tool", "calculate"), NOW) == {}
+    assert sum(len(keys) for keys in untrusted._keys.values()) == 0

@@ -66,7 +66,7 @@ def test_generated_plugin_installs_passes_its_own_test_and_serves(
 ) -> None:
     activate, run, new, cd, install, own_test_run, (call, shown) = commands("README.md", FIRST_TOOL)
     tghost_cmd = [sys.executable, "-m", "tghost"]
-    assert activate[0] == [".", ".venv/bin/activate"] and run[0] == [*tghost_cmd, "run", "--watch-plugins"]
+    assert activate[0] == [".", ".venv/bin/activate"] and run[0] == [*tghost_cmd, "run", "--reload"]
     assert install[0] == [*tghost_cmd, "install", "-e", ".[test]"]
     assert own_test_run[0] == [sys.executable, "-m", "pytest"]
     name = new[0][4]
@@ -109,7 +109,7 @@ def test_generated_plugin_installs_passes_its_own_test_and_serves(
     assert own_test.returncode == 0, own_test.stdout + own_test.stderr
     assert "3 passed" in own_test.stdout and "warning" not in own_test.stdout, own_test.stdout
 
-    host.wait_for(f"installed: serving .*tools: {names.tool}")  # by the running host, no restart
+    host.wait_for(f"reload: serving .*{names.name} 0.1.0")  # by the running host, no restart
     called = subprocess.run(call, env=env, capture_output=True, text=True, timeout=60)
     assert called.returncode == 0, called.stderr
     assert called.stdout == shown == "4\n"

@@ -249,12 +249,14 @@ def test_progress_shows_as_a_bar_that_fills_as_the_tool_reports(page: Page, insp
     assert len(while_running) >= 2, while_running  # it filled step by step before the answer came
 
 
-def test_errors_show_their_type_and_message(page: Page, inspector: str) -> None:
+def test_errors_show_their_type_and_message_and_where(page: Page, inspector: str) -> None:
     page.goto(inspector)
     pick(page, "calculate")
     page.get_by_label("expression").fill("1/0")
     page.get_by_role("button", name="Call", exact=True).click()
-    sync_api.expect(log_of(page).locator(".error")).to_have_text("invalid-arguments: division by zero")
+    sync_api.expect(log_of(page).locator(".error")).to_have_text(re.compile(r"^invalid-arguments: division by zero"))
+    where = re.compile(r"^host \S+ · request [0-9a-f]{32}$")  # the host and the request id its log names
+    sync_api.expect(log_of(page).locator(".error .where")).to_have_text(where)
     page.get_by_label("expression").fill("")
     page.get_by_role("button", name="Call", exact=True).click()  # the required field left out
     sync_api.expect(log_of(page).locator(".error")).to_contain_text("invalid-arguments")

@@ -19,7 +19,7 @@ from click.testing import CliRunner, Result
 
 from tghost.agent.entries import Change, DirectoryTool, ServiceEntry
 from tghost.cli.app import cli
-from tghost.cli.directory import MCP_SDK, WATCH_WIDTHS, _print_change
+from tghost.cli.directory import MCP_SDK, WATCH_WIDTHS, _print_change, described
 from tghost.protocol.descriptors import ToolDescriptor, ToolServiceDescriptor
 from tghost.system.net import free_port
 
@@ -27,6 +27,17 @@ from tghost.system.net import free_port
 def _tghost(*args: str, env: dict[str, str | None] | None = None) -> Result:
     """``tghost ARGS`` in process, on a port where no broker runs."""
     return CliRunner().invoke(cli, [*args, "--pulsar-url", f"pulsar://127.0.0.1:{free_port()}"], env=env)
+
+
+def test_a_wide_terminal_gets_each_description_cut_to_fit_and_a_narrow_one_none() -> None:
+    table = [("TOOL", "SERVICE"), ("tell-joke", "joke-service")]
+    joke = "Tell a joke on a given topic, as a pun, a one-liner or a knock-knock joke.\nMore lines."
+    assert described(table, [joke], 200) == [("TOOL", "SERVICE", "DESCRIPTION"), ("tell-joke", "joke-service",
+                                                                                   joke.splitlines()[0])]
+    assert described(table, [joke], 50) == [("TOOL", "SERVICE", "DESCRIPTION"),
+                                            ("tell-joke", "joke-service", "Tell a joke on a given…")]
+    assert described(table, [joke], 40) == table  # under 20 characters left: no column
+    assert described(table, [""], 200)[1][2] == ""
 
 
 @pytest.mark.parametrize(("args", "error"), [

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import uuid
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
@@ -83,16 +84,21 @@ async def test_the_responses_are_what_the_example_services_answer(pulsar_broker:
     catalog, knowledge = plugin("calculator"), plugin("knowledge")
     [response], [stream], [error] = examples("response"), examples("stream"), examples("error")
     arguments = {"expression": "2 * (3 + 4)"}
-    async with LocalHost(pulsar_broker.url, catalog), LocalHost(pulsar_broker.url, knowledge):
+    async with LocalHost(pulsar_broker.url, catalog):
         async with RawWire(pulsar_broker.url, catalog.descriptors["calculator"]) as raw:
             assert [body for _, body in await raw.request(arguments)] == [json.loads(response)]
         async with RawWire(pulsar_broker.url, catalog.descriptors["calculator-steps"]) as raw:
             streamed = [body for _, body in await raw.request(arguments)]
         assert streamed == [json.loads(line) for line in stream.splitlines()]
-        async with RawWire(pulsar_broker.url, knowledge.descriptors["custom-rag"]) as raw:
-            assert [body for _, body in await raw.request({"question": "Who is on the enterprise tier?"})] == [
-                json.loads(error)]
     assert response.encode() == wire.encode_response("14")
+    example = json.loads(error)
+    topic = f"persistent://tg/config/docs-{uuid.uuid4().hex[:8]}"
+    async with LocalHost(pulsar_broker.url, knowledge, announce_as=IDENTITY.id, topic=topic), \
+            RawWire(pulsar_broker.url, knowledge.descriptors["custom-rag"]) as raw:
+        request_id = example["error"]["request-id"]
+        await raw.send(wire.encode_request("test", {}, {"question": "Who is on the enterprise tier?"}),
+                       {"id": request_id})
+        assert [body for _, body in await raw.replies(request_id)] == [example]
 
 
 def test_a_progress_update_is_what_a_host_encodes_and_a_caller_decodes() -> None:

@@ -63,4 +63,13 @@ def test_non_string_results_become_json() -> None:
 
 def test_response_round_trip() -> None:
     assert wire.decode_response(wire.encode_error("x", "y")) == wire.Response("", True, {"type": "x", "message": "y"})
+    assert wire.decode_response(wire.encode_error("x", "y", "h1", "r1")) == \
+        wire.Response("", True, {"type": "x", "message": "y", "host": "h1", "request-id": "r1"})
+
+
+def test_an_error_may_say_where_beside_its_type_and_message_and_a_reader_keeps_only_strings() -> None:
+    assert json.loads(wire.encode_error("x", "y", "h1", "r1"))["error"] == \
+        {"type": "x", "message": "y", "host": "h1", "request-id": "r1"}
+    odd = b'{"error": {"type": "x", "message": "y", "host": 7, "extra": "z"}, "response": "", "end_of_stream": true}'
+    assert wire.decode_response(odd).error == {"type": "x", "message": "y"}
     assert wire.decode_response(wire.encode_response("z")) == wire.Response("z", True, None)

@@ -81,7 +81,7 @@ async def outcome(caller: ToolServiceClient, arguments: dict[str, object] | None
     try:
         await caller.call({}, arguments or {}, timeout=timeout)
     except ToolCallError as exc:
-        return NEVER_ANSWERED if exc.message.startswith("no complete answer") else exc.error_type
+        return NEVER_ANSWERED if "gave no complete answer" in exc.message else exc.error_type
     return "ok"
 
 

@@ -201,7 +201,8 @@ async def test_an_error_mid_stream_ends_the_stream_with_an_error(pulsar_broker: 
         await raw.send(wire.encode_request("u", {}, {"n": 5, "fail_at": 2}), {"id": "s2"})
         replies = await raw.replies("s2")
     assert [body["response"] for _, body in replies[:2]] == ["chunk-0;", "chunk-1;"]
-    assert replies[-1][1]["error"] == {"type": "tool-service-error", "message": "RuntimeError: broke at 2"}
+    assert replies[-1][1]["error"] == {"type": "tool-service-error", "message": "RuntimeError: broke at 2",
+                                       "request-id": "s2"}
     assert len(replies) == 3
 
 
@@ -422,12 +423,13 @@ async def test_a_denied_call_is_not_allowed_with_the_reason_and_never_invoked(
     await server.start(client)
     try:
         async with RawWire(pulsar_broker.url, recorder.descriptor) as raw:
-            [(_, denied)] = await raw.request({"q": "secret"}, config={"needed": 1}, user="bob")
+            [(denied_properties, denied)] = await raw.request({"q": "secret"}, config={"needed": 1}, user="bob")
             [(_, allowed)] = await raw.request({"q": 1}, config={"needed": 1}, user="alice")
     finally:
         await server.stop()
         await client.close()
-    assert denied["error"] == {"type": "not-allowed", "message": "bob may not call recorder"}
+    assert denied["error"] == {"type": "not-allowed", "message": "bob may not call recorder",
+                               "request-id": denied_properties["id"]}
     assert allowed["error"] is None and recorder.calls == 1
     assert [(r.status, r.user, r.arguments) for r in records] == [
         ("not-allowed", "bob", {"q": "secret"}), ("ok", "alice", {"q": 1})]

@@ -54,7 +54,8 @@ async def test_a_generator_that_raises_mid_stream_ends_its_stream_with_an_error(
         again = await raw.request({"n": 1})  # the same service goes on serving too
     assert [body["response"] for _, body in replies] == ["part-0", "part-1", ""]
     assert [body["end_of_stream"] for _, body in replies] == [False, False, True]
-    assert replies[-1][1]["error"] == {"type": "tool-service-error", "message": "LookupError: lost the rest"}
+    assert replies[-1][1]["error"] == {"type": "tool-service-error", "message": "LookupError: lost the rest",
+                                       "request-id": replies[-1][0]["id"]}
     assert [body["response"] for _, body in again] == ["part-0", ""]
 
 
@@ -87,19 +88,22 @@ async def test_an_async_plugin_that_never_returns_is_cancelled_at_its_timeout(pu
 @tghost.tool
 async def unserialisable(kind: str) -> Any:
     """Returns what JSON cannot encode (or, with kind 'fine', a plain dict)."""
-    return {"fine": {"ok": True}, "date": {"at": datetime.date(2024, 1, 1)}, "object": object()}[kind]
+    return {"fine": {"ok": True}, "date": {"at": datetime.date(2024, 1, 1)}, "object": object(), "set": {1, 2}}[kind]
 
 
-@pytest.mark.parametrize("kind", ["date", "object"])
-async def test_a_result_json_cannot_encode_is_a_tool_service_error_and_the_host_serves_on(
-    pulsar_broker: EmbeddedBroker, kind: str
+@pytest.mark.parametrize(("kind", "returned"), [("date", "a dict holding a date"), ("object", "an object"),
+                                                ("set", "a set")])
+async def test_a_result_json_cannot_encode_is_a_tool_service_error_naming_its_type_and_the_host_serves_on(
+    pulsar_broker: EmbeddedBroker, kind: str, returned: str
 ) -> None:
     async with LocalHost(pulsar_broker.url, [unserialisable, healthy]) as host:
         with pytest.raises(ToolCallError) as info:
             await host.call("unserialisable", {"kind": kind})
         await assert_healthy(host)
         assert json.loads(await host.call("unserialisable", {"kind": "fine"})) == {"ok": True}
-    assert info.value.error_type == "tool-service-error" and "not JSON serializable" in info.value.message
+    assert info.value.error_type == "tool-service-error"
+    assert info.value.message == (f"service 'unserialisable': the tool returned {returned}, which is not JSON: "
+                                  "return a str, list, dict, number, bool or None")
 
 
 @tghost.tool

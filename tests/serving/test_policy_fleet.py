@@ -8,6 +8,7 @@ stops, anonymous calls run again."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import uuid
@@ -26,7 +27,7 @@ from tghost.conformance import RawWire
 from tghost.discovery.discover import catalog_of
 from tghost.protocol import wire
 from tghost.protocol.access import NO_POLICY, AccessPolicy, policy_fingerprint
-from tghost.protocol.trust import Signer, write_key_pair
+from tghost.protocol.trust import Signer, TrustedKeys, write_key_pair
 from tghost.pulsar.clients import PulsarSettings
 from tghost.serving.request import CallRecord
 
@@ -48,24 +49,41 @@ class Fleet:
         self.policy = policy
 
 
-@pytest.fixture
-async def fleet(pulsar_broker: EmbeddedBroker, tmp_path: Path) -> AsyncIterator[Fleet]:
+@contextlib.asynccontextmanager
+async def two_hosts(broker: EmbeddedBroker, tmp_path: Path, signed: bool) -> AsyncIterator[Fleet]:
+    """The strict and the loose host on a fresh topic; ``signed``: each signs its announcements
+    and believes only the fleet's two keys (``tghost run --signing-key --trusted-key``)."""
     topic = f"persistent://tg/config/policy-{uuid.uuid4().hex[:8]}"
     alice = Signer.from_file(write_key_pair(tmp_path / "keys" / "alice").private)
+    keys = {host_id: write_key_pair(tmp_path / "keys" / host_id) for host_id in ("strict", "loose")}
+    trusted = TrustedKeys.from_files([pair.public for pair in keys.values()]) if signed else None
     strict_catalog = catalog_of([calculate])
     strict_catalog.access = AccessPolicy.from_table(
         {"callers": {"alice": {"public-key": "keys/alice.pub", "tools": ["calculate"]}}}, tmp_path)
     records: dict[str, list[CallRecord]] = {"strict": [], "loose": []}
 
     def host(host_id: str, catalog: tghost.Catalog) -> tghost.Host:
-        config = tghost.HostConfig(pulsar=PulsarSettings(pulsar_broker.url), topic=topic, host_id=host_id,
-                                   state_dir=tmp_path / host_id, metrics_port=0)
+        signer = Signer.from_file(keys[host_id].private) if signed else None
+        config = tghost.HostConfig(pulsar=PulsarSettings(broker.url), topic=topic, host_id=host_id,
+                                   state_dir=tmp_path / host_id, metrics_port=0, signer=signer, trusted=trusted)
         return tghost.Host(config, catalog, listeners=[records[host_id].append])
 
     async with host("strict", strict_catalog) as strict, host("loose", catalog_of([calculate])) as loose:
-        env = {**os.environ, "TGHOST_PULSAR_URL": pulsar_broker.url, "TGHOST_DESCRIPTORS_TOPIC": topic}
+        env = {**os.environ, "TGHOST_PULSAR_URL": broker.url, "TGHOST_DESCRIPTORS_TOPIC": topic}
         yield Fleet(strict, loose, records, alice, env,
                     policy_fingerprint(strict_catalog.access, strict_catalog.tools, "calculator"))
+
+
+@pytest.fixture
+async def fleet(pulsar_broker: EmbeddedBroker, tmp_path: Path) -> AsyncIterator[Fleet]:
+    async with two_hosts(pulsar_broker, tmp_path, signed=False) as hosts:
+        yield hosts
+
+
+@pytest.fixture
+async def signed_fleet(pulsar_broker: EmbeddedBroker, tmp_path: Path) -> AsyncIterator[Fleet]:
+    async with two_hosts(pulsar_broker, tmp_path, signed=True) as hosts:
+        yield hosts
 
 
 async def raw_outcomes(url: str, descriptor: tghost.ToolServiceDescriptor) -> list[str]:
@@ -104,8 +122,10 @@ async def test_a_host_without_the_policy_refuses_what_the_strict_one_forbids_and
                                 if "calculate" in directory.tools else ()) == 2)
         tool = directory.tools["calculate"]
         assert tool.service.policies == {fleet.policy: ("strict",), NO_POLICY: ("loose",)}
-        assert tool.service.policy_mismatch and not tool.admits(None) and tool.admits(fleet.alice.key_id)
-        assert tool.access() == "alice"  # the caller's name, as the strict host announces it
+        # the loose host has no policy: it takes alice as anonymous and refuses her, so not every
+        # host admits her, and a directory must not send her call to be refused or lost at random
+        assert tool.service.policy_mismatch and not tool.admits(None) and not tool.admits(fleet.alice.key_id)
+        assert tool.access() == "nobody"
         assert [t.name for t in directory.available()] == []  # not listed for an anonymous caller
         with pytest.raises(ToolCallError) as refused:
             await directory.invoke("calculate", {"expression": "1+1"})
@@ -125,6 +145,10 @@ async def test_a_host_without_the_policy_refuses_what_the_strict_one_forbids_and
                for host, records in fleet.records.items()}
     assert by_host["strict"] <= {"ok"} and by_host["loose"] <= {wire.UNAUTHORIZED}, by_host
 
+    alice_key = next(Path(fleet.strict.config.state_dir).parent.glob("keys/alice.key"))
+    as_alice = await asyncio.to_thread(tghost_cli, "call", "--identity", str(alice_key), "calculate",
+                                       "expression=1+1", env=fleet.env)
+    assert as_alice.returncode == 1 and "unauthorized" in as_alice.stderr, as_alice.stderr  # sent nowhere
     called = await asyncio.to_thread(tghost_cli, "call", "calculate", "expression=1+1", env=fleet.env)
     assert called.returncode == 1 and "unauthorized" in called.stderr, called.stderr
     by_service = await asyncio.to_thread(tghost_cli, "call", "--service", "calculator", "expression=1+1",
@@ -133,7 +157,7 @@ async def test_a_host_without_the_policy_refuses_what_the_strict_one_forbids_and
 
     listed = await asyncio.to_thread(tghost_cli, "tools", "--all", env=fleet.env)
     assert listed.returncode == 0, listed.stderr
-    assert "calculate POLICY" in listed.stdout and "alice" in listed.stdout, listed.stdout
+    assert "calculate POLICY" in listed.stdout and "nobody" in listed.stdout, listed.stdout
     assert "served under different access policies" in listed.stderr, listed.stderr
     rows = json.loads((await asyncio.to_thread(tghost_cli, "tools", "--all", "--json", env=fleet.env)).stdout)
     assert rows[0]["policy_mismatch"] == [{"policy": fleet.policy, "hosts": ["strict"]},
@@ -156,3 +180,46 @@ async def test_once_the_strict_host_stops_anonymous_calls_run_again(
     await until(lambda: [p.host["id"] for p in fleet.loose._contest.directory.services["calculator"].providers]
                 == ["loose"])  # type: ignore[union-attr]
     assert await raw_outcomes(pulsar_broker.url, descriptor) == ["= 1+1"] * CALLS
+
+
+@pytest.mark.parametrize("signed", [
+    pytest.param(False, marks=pytest.mark.xfail(strict=True, reason="open mode: hosts believe every host's word, so a "
+                 "rogue publisher can lift the rule (docs/protocol.md §2.8); --trusted-key closes it")),
+    True], ids=["open-mode", "trusted-keys"])
+async def test_a_forged_word_of_the_strict_host_never_lets_the_loose_one_admit_what_it_forbids(
+    signed: bool, pulsar_broker: EmbeddedBroker, tmp_path: Path
+) -> None:
+    """A rogue on the broker re-announces the strict host's service and tool under its host id
+    and instance, as if it had no policy (unsigned: it has not the strict host's key): the loose
+    host must go on refusing."""
+    async with two_hosts(pulsar_broker, tmp_path, signed) as fleet:
+        await _forge_the_strict_hosts_word(fleet, pulsar_broker)
+
+
+async def _forge_the_strict_hosts_word(fleet: Fleet, pulsar_broker: EmbeddedBroker) -> None:
+    import pulsar
+
+    from tghost.protocol.announcement import current_topic
+
+    descriptor = fleet.strict.catalog.descriptors["calculator"]
+    watch = fleet.loose._contest
+    assert watch is not None and fleet.strict.announcer is not None
+    await until(lambda: "calculator" in watch.directory.services
+                and len(watch.directory.services["calculator"].providers) == 2)
+    forged = []
+    for key, value in fleet.strict.announcer._messages("available"):
+        if value["kind"] == "tool-service":
+            value = {**value, "access-policy": NO_POLICY}
+        elif value["kind"] == "tool":
+            value = {key: field for key, field in value.items() if key != "access"}
+        forged.append((key, {**value, "lease": {**value["lease"], "sent_at": value["lease"]["sent_at"] + 1}}))
+    client = pulsar.asyncio.Client(pulsar_broker.url)
+    try:
+        producer = await client.create_producer(current_topic(fleet.strict.config.topic), batching_enabled=False)
+        for key, value in forged:
+            await producer.send(json.dumps(value).encode(), partition_key=key)
+        await producer.close()
+    finally:
+        await client.close()
+    await asyncio.sleep(1.0)  # let the loose host's directory read the forgery
+    assert set(await raw_outcomes(pulsar_broker.url, descriptor)) == {wire.UNAUTHORIZED}

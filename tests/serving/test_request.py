@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 from concurrent import futures
 from typing import Any
@@ -20,6 +21,7 @@ from tghost.broker import EmbeddedBroker
 from tghost.protocol import wire
 from tghost.protocol.descriptors import ToolServiceDescriptor
 from tghost.pulsar import hop
+from tghost.serving.executors.base import WorkerRaised
 from tghost.serving.request import (
     CallRecord,
     ChunkNotSent,
@@ -28,7 +30,6 @@ from tghost.serving.request import (
     Terms,
     _receipt_of,
     confirmed,
-    failure,
 )
 
 
@@ -92,10 +93,45 @@ def test_refusal_texts_name_the_service_its_limits_and_what_to_do() -> None:
 
 
 def test_failure_keeps_a_tool_error_type_and_makes_anything_else_a_tool_service_error() -> None:
-    assert failure(tghost.ToolError("nope", "not-found"), "echo") == ("not-found", "nope")
-    assert failure(ChunkNotSent("lost"), "echo") == (wire.TOOL_SERVICE_ERROR, "lost")
-    assert failure(ZeroDivisionError("division by zero"), "echo") == \
+    t = terms()
+    assert t.failure(tghost.ToolError("nope", "not-found"), "r1") == ("not-found", "nope")
+    assert t.failure(ChunkNotSent("lost"), "r1") == (wire.TOOL_SERVICE_ERROR, "lost")
+    assert t.failure(ZeroDivisionError("division by zero"), "r1") == \
         (wire.TOOL_SERVICE_ERROR, "ZeroDivisionError: division by zero")
+
+
+@pytest.mark.parametrize(("detail", "told"), [
+    ("full", "KeyError: 'GBP'"),
+    ("type", "KeyError (its message and traceback are in the log of host h1, under request r1)"),
+    ("none", "the tool failed; see the log of host h1 for request r1"),
+])
+def test_error_detail_withholds_an_unexpected_exception_from_the_caller_never_a_tool_error_nor_the_log(
+    caplog: pytest.LogCaptureFixture, detail: str, told: str
+) -> None:
+    caplog.set_level(logging.ERROR, logger="tghost.serving.request")
+    t = terms(host_id="h1", error_detail=detail)
+    assert t.failure(KeyError("GBP"), "r1") == (wire.TOOL_SERVICE_ERROR, told)
+    assert t.failure(WorkerRaised("KeyError", "'GBP'", "Traceback ...\nKeyError: 'GBP'\n", 42), "r1") == \
+        (wire.TOOL_SERVICE_ERROR, told)
+    assert t.failure(tghost.InvalidArguments("argument 'x': required"), "r1")[1] == "argument 'x': required"
+    assert t.failure(tghost.ToolError("no rate for GBP"), "r1")[1] == "no rate for GBP"
+    own, worker = caplog.records
+    assert own.getMessage() == "service echo: request r1: invoke raised" and own.exc_info is not None
+    assert own.exc_info[1] is not None and "GBP" in str(own.exc_info[1])
+    assert worker.getMessage().startswith("service echo: request r1: invoke raised (in worker process 42)\n")
+    assert worker.getMessage().endswith("KeyError: 'GBP'")
+
+
+def test_without_a_host_id_the_withheld_text_points_at_the_hosts_log() -> None:
+    assert terms(error_detail="none").failure(ValueError("secret"), "r1")[1] == \
+        "the tool failed; see the host's log for request r1"
+
+
+def test_an_error_reply_names_the_host_and_the_request() -> None:
+    assert json.loads(terms(host_id="h1").error("r1", wire.TIMEOUT, "slow"))["error"] == \
+        {"type": "timeout", "message": "slow", "host": "h1", "request-id": "r1"}
+    assert json.loads(terms().error("r1", wire.TIMEOUT, "slow"))["error"] == \
+        {"type": "timeout", "message": "slow", "request-id": "r1"}
 
 
 def test_exactly_one_of_many_threads_claims_the_last_reply() -> None:

@@ -22,6 +22,7 @@ import pulsar.asyncio
 from tghost.agent.client import ToolCallError, ToolServiceClient, call_timeout
 from tghost.agent.entries import DirectoryTool, ServiceEntry
 from tghost.agent.ledger import Key, Ledger
+from tghost.agent.liveness import NO_PROVIDER
 from tghost.protocol import wire
 from tghost.protocol.descriptors import ToolServiceDescriptor
 from tghost.protocol.groups import DEFAULT_GROUPS, DEFAULT_STATE, WILDCARD, is_available, next_state
@@ -45,8 +46,6 @@ UNAUTHORIZED = "unauthorized"
 #: Also the error type: another host claims the tool's name or its service id differently, and
 #: nothing proves which claim is the real one (open mode; docs/protocol.md §4.8).
 CONFLICT = "conflict"
-#: Also the error type: the tool or service is known, but no live host serves it (:class:`NoProvider`).
-NO_PROVIDER = "no-provider"
 #: How many close names an :class:`UnknownTool` suggests, at most.
 SUGGESTIONS = 3
 
@@ -92,10 +91,15 @@ class NoProvider(ToolCallError):
     is installed here and no host runs it. Nothing was sent: start a host that serves it
     (``tghost run``), or wait for one that is starting (:meth:`ToolDirectory.wait_for`,
     ``tghost call --wait``).
+
+    Or, with :attr:`heard`, the call was sent but its hosts, live by their leases, answered none
+    of its liveness probes (docs/protocol.md §2.15): they stopped without withdrawing (killed, or
+    cut off from the broker). ``heard`` maps each to when the directory last heard it (unix
+    seconds); ``service`` is the tool's service id.
     """
 
-    def __init__(self, kind: str, name: str, hosts: Sequence[str] = (), untrusted: Mapping[str, str] | None = None
-                 ) -> None:
+    def __init__(self, kind: str, name: str, hosts: Sequence[str] = (), untrusted: Mapping[str, str] | None = None,
+                 heard: Mapping[str, float] | None = None, service: str | None = None) -> None:
         self.kind = kind
         self.name = name
         self.hosts = tuple(hosts)
@@ -103,12 +107,24 @@ class NoProvider(ToolCallError):
         self.untrusted = dict(untrusted or {})
         """Host id -> why the trusted keys ignore it (``unsigned``, ``unknown-key``, ``bad-signature``), of
         the hosts that announce it unverified now (:meth:`tghost.agent.ledger.Ledger.ignored_hosts`)."""
-        known = (f"host(s) {', '.join(self.hosts)} announced it lately, and none serves it now" if self.hosts
-                 else "its plugin is installed here, but no host runs it")
-        known = _ignored(self.untrusted) if self.untrusted else known
-        super().__init__(NO_PROVIDER, f"no live host serves {described(kind, name)}: {known}. Start one ('tghost run' "
+        self.heard = dict(heard or {})
+        """Host id -> when it was last heard (unix seconds), for hosts that stopped answering probes."""
+        what = described(kind, name) + (f" (tool service {service!r})" if service else "")
+        super().__init__(NO_PROVIDER, f"no live host serves {what}: {self._known()}. Start one ('tghost run' "
                                       "where its plugin is installed), or wait for one that is starting "
                                       "('tghost call --wait SECONDS', ToolDirectory.wait_for)")
+
+    def _known(self) -> str:
+        if self.heard:
+            now = time.time()
+            heard = ", ".join(f"{host} (last heard {max(0.0, now - at):.1f}s ago)" for host, at in self.heard.items())
+            return (f"host(s) {heard} answered none of its liveness probes: stopped without withdrawing "
+                    "(killed, or cut off from the broker)")
+        if self.untrusted:
+            return _ignored(self.untrusted)
+        if self.hosts:
+            return f"host(s) {', '.join(self.hosts)} announced it lately, and none serves it now"
+        return "its plugin is installed here, but no host runs it"
 
 
 #: How :func:`_ignored` says why trusted keys ignore a host, by the reason.
@@ -325,7 +341,8 @@ class ToolCalls:
                 assert self.client is not None, "start the directory first"
                 caller = await ToolServiceClient(self.client, descriptor.request_queue, descriptor.response_queue,
                                                  self.identity, lambda: self.session_keys(descriptor.id),
-                                                 service_id=descriptor.id, trusted=self.trusted).start()
+                                                 service_id=descriptor.id, trusted=self.trusted,
+                                                 probes=lambda: self.probed(descriptor.id)).start()
                 self._callers[descriptor.id] = caller
             return caller
 
@@ -335,6 +352,24 @@ class ToolCalls:
         if entry is None:
             return []
         return [key for p in entry.providers if isinstance(key := p.host.get(SESSION_KEY), str)]
+
+    def probed(self, service_id: str) -> bool:
+        """Whether calls of a service probe its hosts when slow to answer (docs/protocol.md §2.15):
+        it has live providers, and each serves it itself and announces that it answers probes."""
+        entry = self.services.get(service_id)
+        return entry is not None and bool(entry.providers) and all(
+            p.host.get(wire.PROBES) is True and not p.external for p in entry.providers)
+
+    def _silent(self, tool: DirectoryTool, request_id: str | None) -> NoProvider:
+        """The :class:`NoProvider` of the call ``request_id`` of ``tool``, whose hosts answered no
+        probe: each with when it was last heard (its lease renewed; one that expired meanwhile is
+        only named)."""
+        hosts = sorted({str(p.host.get("id")) for p in tool.service.providers})
+        leases = self.ledger.hosts if self.ledger is not None else {}
+        heard = {host: leases[host].heard for host in hosts if host in leases}
+        error = NoProvider("tool", tool.descriptor.name, hosts, heard=heard, service=tool.service.descriptor.id)
+        error.request_id = request_id
+        return error
 
     async def stream(
         self,
@@ -369,10 +404,15 @@ class ToolCalls:
             tool = self.check(name, groups, state, allowed_groups)
             caller = await self.caller(tool.service.descriptor)
             wait = call_timeout(tool.service.descriptor, timeout)
-            async with contextlib.aclosing(caller.stream(tool.descriptor.config, arguments, user=user,
-                                                         timeout=wait, tool=name, progress=progress)) as chunks:
-                async for chunk in chunks:  # closed with this one: a caller that stops reading cancels the call
-                    yield chunk
+            try:
+                async with contextlib.aclosing(caller.stream(tool.descriptor.config, arguments, user=user,
+                                                             timeout=wait, tool=name, progress=progress)) as chunks:
+                    async for chunk in chunks:  # closed with this one: a caller that stops reading cancels the call
+                        yield chunk
+            except ToolCallError as exc:
+                if exc.error_type == NO_PROVIDER:
+                    raise self._silent(tool, exc.request_id) from None
+                raise
         except ToolCallError as exc:
             status = exc.error_type
             raise

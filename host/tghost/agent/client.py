@@ -21,6 +21,7 @@ import pulsar
 import pulsar.asyncio
 
 from tghost.agent.answers import Answers, Check
+from tghost.agent.liveness import NO_PROVIDER, Silent, Watch
 from tghost.protocol import wire
 from tghost.protocol.answers import PROVE, body_digest, proven_by
 from tghost.protocol.callers import SIGNATURE, sign_request
@@ -42,13 +43,19 @@ log = logging.getLogger(__name__)
 class ToolCallError(Exception):
     """A call answered with an error, or not answered in time.
 
-    ``error_type`` is the wire error type (``tool-service-error``, ``timeout``, ...).
+    ``error_type`` is the wire error type (``tool-service-error``, ``timeout``, ...). ``host`` is
+    the id of the host that answered with the error, when its reply names it, and ``request_id``
+    the call's request id (32 hex digits) once it was sent: the host's log names the request by
+    it (docs/protocol.md §2.6). Both are ``None`` for a call refused before it was sent.
     """
 
-    def __init__(self, error_type: str, message: str) -> None:
+    def __init__(self, error_type: str, message: str, host: str | None = None,
+                 request_id: str | None = None) -> None:
         super().__init__(f"{error_type}: {message}")
         self.error_type = error_type
         self.message = message
+        self.host = host
+        self.request_id = request_id
 
 
 def call_timeout(descriptor: ToolServiceDescriptor | None, given: float | None = None) -> float:
@@ -68,6 +75,24 @@ RESPONSE_QUEUE = 10_000
 SESSION_RENEWAL = 300.0
 
 
+async def _next(answers: Answers, watch: Watch | None) -> wire.Response | Exception:
+    """The call's next answer (:meth:`Answers.next`); with a ``watch``, its hosts are probed
+    while none comes (docs/protocol.md §2.15).
+
+    Raises:
+        Silent: no host answered the probes.
+    """
+    if watch is None:
+        return await answers.next()
+    wait = watch.heard()
+    while True:
+        try:
+            async with asyncio.timeout(wait):  # a timer, not a task: the outer timeout still ends the call
+                return await answers.next()
+        except TimeoutError:
+            wait = watch.silent()
+
+
 class ToolServiceClient:
     """Calls one tool service: a producer on its request queue, a consumer on its response queue.
 
@@ -81,13 +106,20 @@ class ToolServiceClient:
     announcements). A call in a session, or with trusted keys, accepts only the answers a host
     of the service proved for it (§2.13): the others are dropped, counted in
     :attr:`dropped_answers` and summarised in the log.
-    ``service_id`` names the service in the call's span (default: the request topic's last part).
+    ``service_id`` names the service in the call's span and in errors (default: the request
+    topic's last part). ``probes`` says, as a call starts, whether the service's hosts answer
+    liveness probes (docs/protocol.md §2.15; a directory knows from their announcements): if so,
+    a call that hears nothing for a second probes them, and ends ``no-provider`` when none
+    answers (within about 3 s) instead of waiting for its timeout. ``None``: never probe.
     """
 
     def __init__(self, client: pulsar.asyncio.Client, request_queue: str, response_queue: str,
                  identity: Signer | None = None, host_keys: Callable[[], Sequence[str]] | None = None,
-                 service_id: str | None = None, trusted: TrustedKeys | None = None) -> None:
+                 service_id: str | None = None, trusted: TrustedKeys | None = None,
+                 probes: Callable[[], bool] | None = None) -> None:
         self._client = client
+        self._probes = probes
+        self._watches: dict[str, Watch] = {}  # a probe's id -> the call that sent it
         self.trusted = trusted
         self.dropped_answers = 0
         """Messages with a call's ``id`` that no host of the service proved (docs/protocol.md §2.13)."""
@@ -129,6 +161,8 @@ class ToolServiceClient:
         answers = self._pending.get(properties.get("id", ""))
         if answers is not None:
             self._mailbox.put(answers.queue.put_nowait, (properties, message.data()))  # type: ignore[union-attr]
+        elif wire.ALIVE in properties and (watch := self._watches.get(properties.get("id", ""))) is not None:
+            self._mailbox.put(watch.answer, properties)  # type: ignore[union-attr]
 
     def _on_sent(self, answers: Answers, result: Any) -> None:
         """The C++ thread, once the broker has the request: a failure goes to the waiting call."""
@@ -155,12 +189,14 @@ class ToolServiceClient:
         (``aclose()``), cancels the call on its host (§2.11).
 
         Raises:
-            ToolCallError: the service answered with an error, or (type ``timeout``) not in time.
+            ToolCallError: the service answered with an error, or (type ``timeout``) not in time,
+                or (type ``no-provider``, with ``probes``) no host answered its liveness probes.
             pulsar.asyncio.PulsarException: the request could not be sent.
         """
         assert self._producer is not None, "call start() first"
         request_id = uuid.uuid4().hex
         answers = self._pending[request_id] = Answers(None)
+        watch = self._watch(request_id) if self._probes is not None and self._probes() else None
         span = tracing.client_span(self.request_queue, request_id, tool, self.service_id)
         failed: str | None = "cancelled"
         try:
@@ -173,7 +209,7 @@ class ToolServiceClient:
                 answers.check = self._check(request_id, in_session, answers.sent, body_digest(body))
                 answers.known = self._known_hosts if in_session else frozenset
                 while True:
-                    response = await answers.next()
+                    response = await _next(answers, watch)
                     if isinstance(response, Exception):
                         raise response
                     if response.progress is not None:
@@ -185,7 +221,8 @@ class ToolServiceClient:
                         continue  # a host we did not know: the same request, signed too
                     if response.error:
                         failed = response.error["type"]
-                        raise ToolCallError(response.error["type"], response.error["message"])
+                        raise ToolCallError(response.error["type"], response.error["message"],
+                                            response.error.get("host"), request_id)
                     if response.response:
                         yield response.response
                     if response.end_of_stream:
@@ -193,17 +230,38 @@ class ToolServiceClient:
                         return
         except TimeoutError:
             failed = wire.TIMEOUT
-            raise ToolCallError(wire.TIMEOUT, f"no complete answer from {self.request_queue} "
-                                              f"within {timeout}s") from None
+            raise ToolCallError(wire.TIMEOUT, f"{self._named(tool)} gave no complete answer within {timeout}s "
+                                              f"(request topic {self.request_queue})"
+                                              f"{watch.told() if watch else ''}", request_id=request_id) from None
+        except Silent as exc:
+            failed = NO_PROVIDER
+            raise ToolCallError(NO_PROVIDER, f"{self._named(tool)}: {exc}: its hosts stopped without withdrawing "
+                                             "(killed, or cut off from the broker)", request_id=request_id) from None
         except Exception as exc:
             failed = failed if failed != "cancelled" else type(exc).__name__
             raise
         finally:
             del self._pending[request_id]
+            for probe in watch.probes if watch else ():
+                del self._watches[probe]
             self._count_unproven(answers)
             tracing.end(span, failed)
-            if failed in ("cancelled", wire.TIMEOUT):
+            if failed in ("cancelled", wire.TIMEOUT, NO_PROVIDER):
                 self._cancel(request_id)
+
+    def _named(self, tool: str | None) -> str:
+        """``tool 'x' (tool service 'y')``, or the service alone without ``tool``."""
+        service = f"tool service {self.service_id or self.request_queue.rsplit('/', 1)[-1]!r}"
+        return f"tool {tool!r} ({service})" if tool else service
+
+    def _watch(self, request_id: str) -> Watch:
+        """The liveness probes of the call of ``request_id``, each sent on the control topic
+        with the call's ``id`` as its :data:`~tghost.protocol.wire.PROBE` (docs/protocol.md §2.15)."""
+        def send(probe: str) -> None:
+            self._watches[probe] = watch
+            hop.send(self._control, b"", {"id": probe, wire.PROBE: request_id})
+        watch = Watch(send)
+        return watch
 
     def _cancel(self, request_id: str) -> None:
         """Tell the service's hosts that this caller gave up on ``request_id`` (docs/protocol.md

@@ -1,7 +1,8 @@
 """entries: what a directory holds once it has resolved the hosts' claims: a live tool service
 (:class:`ServiceEntry`, with the versions of its code when its providers disagree:
 :class:`CodeVersion`, :func:`skew_of`), a live tool (:class:`DirectoryTool`), and a change to the
-live tool set (:class:`Change`). Plain data, shared by the directory and its calls. :meth:`DirectoryTool.to_json`
+live tool set (:class:`Change`); which hosts on this machine serve an installed plugin at other
+code than installed (:func:`old_code`). Plain data, shared by the directory and its calls. :meth:`DirectoryTool.to_json`
 is the one JSON shape of a tool for programs (``tghost tools --json``, ``tghost watch --json``,
 the inspector).
 """
@@ -9,7 +10,8 @@ the inspector).
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
+import socket
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -17,8 +19,8 @@ from tghost.agent.ledger import Provider
 from tghost.protocol.access import ToolAccess
 from tghost.protocol.descriptors import ToolDescriptor, ToolServiceDescriptor, schema_of_arguments
 
-__all__ = ["Change", "CodeVersion", "DirectoryTool", "ServiceEntry", "Side", "describe_skew", "input_schema",
-           "policy_mismatch", "skew_of"]
+__all__ = ["Change", "CodeVersion", "DirectoryTool", "ServiceEntry", "Side", "describe_old_code", "describe_skew",
+           "input_schema", "old_code", "policy_mismatch", "skew_of"]
 
 
 def input_schema(tool: ToolDescriptor) -> dict[str, Any]:
@@ -127,6 +129,46 @@ def describe_skew(service_id: str, skew: Iterable[CodeVersion]) -> str:
             "get different answers: finish the upgrade, or restart the hosts on one version")
 
 
+def old_code(services: Iterable[ServiceEntry], installed: Mapping[str, Any],
+             hostname: str | None = None) -> tuple[CodeVersion, ...]:
+    """The versions of an installed plugin's code, other than the installed one, that live hosts
+    on this machine (``hostname``, default :func:`socket.gethostname`) serve: hosts started before
+    it was edited or upgraded, without ``--reload``. ``installed`` is the plugin as a host starting
+    here would announce it (docs/protocol.md §4.3 ``plugin``: ``entry_point``, ``distribution``,
+    ``version``, ``fingerprint``). A provider of any of ``services`` serves it when its ``plugin``
+    names the same entry point and distribution, at other code when it gives another version, or
+    another fingerprint where both give one (:func:`skew_of`'s rule). Each version once, with its
+    hosts in the order seen; ``()`` when there is none (or ``installed`` has no distribution).
+    Hosts elsewhere serve their own machine's install, and are left out."""
+    here = socket.gethostname() if hostname is None else hostname
+    mine = (installed.get("distribution"), installed.get("version"), installed.get("fingerprint"))
+    hosts: dict[tuple[str | None, str | None, str | None], list[str]] = {}
+    for provider in (provider for service in services for provider in service.providers):
+        code = _code(provider)
+        if (mine[0] is None or provider.external or provider.host.get("hostname") != here or code[0] != mine[0]
+                or (provider.plugin or {}).get("entry_point") != installed.get("entry_point")):
+            continue
+        if code[1] != mine[1] or (None not in (code[2], mine[2]) and code[2] != mine[2]):
+            hosts.setdefault(code, []).append(str(provider.host.get("id")))
+    return tuple(CodeVersion(*code, tuple(dict.fromkeys(ids))) for code, ids in hosts.items())
+
+
+def describe_old_code(what: str, installed_version: str | None, versions: Sequence[CodeVersion]) -> str:
+    """What :func:`old_code` found, in one sentence: ``host h1 serves plugin 'textkit' at its old
+    code (before your edit): restart it or run it with --reload``; ``what`` names the plugin, and
+    each version other than ``installed_version`` is said as ``(version 0.1.0; installed here:
+    0.2.0)``. ``""`` for no versions."""
+    clauses: list[str] = []
+    for version in versions:
+        why = ("before your edit" if version.version == installed_version
+               else f"version {version.version or '?'}; installed here: {installed_version or '?'}")
+        one = len(version.hosts) == 1
+        clauses.append(f"host{'' if one else 's'} {', '.join(version.hosts)} serve{'s' if one else ''} "
+                       f"{'it' if clauses else what} at its old code ({why})")
+    them = "it" if len({host for version in versions for host in version.hosts}) == 1 else "them"
+    return f"{'; '.join(clauses)}: restart {them} or run {them} with --reload" if clauses else ""
+
+
 @dataclass(frozen=True)
 class ServiceEntry:
     """A live tool service and every host whose lease on it is alive, in the order the
@@ -190,10 +232,16 @@ class DirectoryTool:
     @property
     def _announced(self) -> ToolAccess | None:
         """Who may call the tool (``None``: everyone): as the host seen first announces it, or,
-        while its service's providers announce different policies, those every provider admits."""
+        while its service's providers announce different policies, those every provider admits
+        (a provider with no policy admits a caller with a key only where all admit anonymous ones)."""
         if not self.service.policy_mismatch:
             return self.providers[0].access if self.providers else None
-        return _common([p.access for p in self.providers if p.access is not None])
+        common = _common([p.access for p in self.providers if p.access is not None])
+        if common is None or all(p.access is not None for p in self.providers if not p.external):
+            return common
+        # a provider without a policy takes every caller as anonymous (docs/protocol.md §2.8): it
+        # admits a caller with a key only where every provider admits anonymous callers
+        return common if common.anonymous else ToolAccess(False)
 
     def admits(self, key_id: str | None) -> bool:
         """Whether a caller with this key id (``None``: anonymous) may call the tool, as the host

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from tghost.agent.directory import ToolDirectory
-from tghost.agent.ledger import InstanceView
+from tghost.agent.ledger import InstanceView, is_late
 
-__all__ = ["LiveHost", "live_hosts"]
+__all__ = ["LiveHost", "late_hosts", "live_hosts"]
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,8 @@ class LiveHost:
     the names among them that are contested (a tool name, or ``tool-service/<id>``: the keys of
     :attr:`ToolDirectory.conflicts`); ``health`` the URL of its health JSON, if announced;
     ``skewed`` the services among its own whose providers serve different versions of their code
-    (:attr:`tghost.agent.entries.ServiceEntry.skew`).
+    (:attr:`tghost.agent.entries.ServiceEntry.skew`). :attr:`heard` is when it was last heard and
+    :meth:`late` whether it is silent past half its lease (docs/protocol.md §4.9).
     """
 
     id: str
@@ -44,12 +45,24 @@ class LiveHost:
     health: str | None
     skewed: tuple[str, ...] = ()
 
+    @property
+    def heard(self) -> float:
+        """When (unix seconds) the host was last heard: its lease last renewed."""
+        return self.lease_end - self.lease_seconds
+
+    def late(self, now: float) -> bool:
+        """Whether, at unix time ``now``, the host is late: silent for more than half its lease,
+        a heartbeat overdue; perhaps stopped without withdrawing (:func:`tghost.agent.ledger.is_late`)."""
+        return is_late(self.heard, self.lease_seconds, now)
+
     def to_json(self, now: float) -> dict[str, Any]:
         """The host for programs at unix time ``now`` (see ``tghost status --help``); no ``null``."""
         shape: dict[str, Any] = {
             "id": self.id, "instances": list(self.instances), "hostname": self.host.get("hostname") or None,
             "version": self.host.get("version") or None, "lease_seconds": self.lease_seconds,
-            "lease_remaining": round(max(0.0, self.lease_end - now), 1), "signed": self.signed_by is not None,
+            "lease_remaining": round(max(0.0, self.lease_end - now), 1),
+            "heard_ago": round(max(0.0, now - self.heard), 1), "late": self.late(now),
+            "signed": self.signed_by is not None,
             "signed_by": self.signed_by, "verified": self.verified if self.signed_by is not None else None,
             "services": list(self.services), "external": list(self.external), "tools": len(self.tools),
             "conflicts": list(self.conflicts), "skewed": list(self.skewed), "health_url": self.health,
@@ -89,3 +102,9 @@ def _is_contested(directory: ToolDirectory, kind: str, name: str) -> bool:
     service = directory.services.get(name)
     return f"tool-service/{name}" in directory.conflicts or (service is not None and bool(service.rivals))
 
+
+
+def late_hosts(directory: ToolDirectory, now: float) -> dict[str, float]:
+    """Host id -> when it was last heard (unix seconds), for each live host of ``directory`` that
+    is late at ``now``: silent for half its lease (docs/protocol.md §4.9)."""
+    return {host: lease.heard for host, lease in sorted(directory.hosts.items()) if lease.late(now)}

@@ -34,6 +34,7 @@ __all__ = [
     "DUPLICATE",
     "HIJACK",
     "INVALID",
+    "LATE",
     "MAX_ANNOUNCEMENT_BYTES",
     "MAX_DEPTH",
     "MAX_ENTRIES",
@@ -50,6 +51,7 @@ __all__ = [
     "Ledger",
     "Provider",
     "Ref",
+    "is_late",
 ]
 
 log = logging.getLogger(__name__)
@@ -119,6 +121,11 @@ class Provider:
     no policy); ``None``: not announced (a host that predates it, or a tool's provider)."""
 
 
+#: The part of its lease a host may stay silent before it is late (:meth:`HostLease.late`): half,
+#: 15 s of the default 30 s lease, whose heartbeats come every 10 s.
+LATE = 0.5
+
+
 @dataclass(frozen=True)
 class HostLease:
     """A live host: when its lease ends (unix seconds), its length (seconds) and the live
@@ -127,6 +134,23 @@ class HostLease:
     expires_at: float
     seconds: float
     instances: tuple[str, ...]
+
+    @property
+    def heard(self) -> float:
+        """When (unix seconds) the host was last heard: its lease last renewed, by the broker's
+        publish time of its latest message (``expires_at - seconds``)."""
+        return self.expires_at - self.seconds
+
+    def late(self, now: float) -> bool:
+        """Whether the host is late at ``now`` (unix seconds): :func:`is_late`."""
+        return is_late(self.heard, self.seconds, now)
+
+
+def is_late(heard: float, seconds: float, now: float) -> bool:
+    """Whether a host last heard at ``heard`` with a lease of ``seconds`` is **late** at ``now``
+    (unix seconds): silent for more than :data:`LATE` of its lease, so its heartbeat (every third
+    of the lease) is overdue by half a beat while its lease still runs (docs/protocol.md §4.9)."""
+    return now - heard > LATE * seconds
 
 
 @dataclass
@@ -165,6 +189,10 @@ class _Instance:
     """When the instance started, as its last host message says (unix seconds; ``None``: not said)."""
     queued: int = -1
     """The sequence number of its one valid entry in the ledger's lease heap (``Ledger._due``)."""
+    listed: frozenset[Key] = frozenset()
+    """The entries its last ``available`` host message's manifest lists."""
+    successor: tuple[str, str] | None = None
+    """The instance that replaced it, if one did."""
 
     @property
     def active(self) -> bool:
@@ -616,8 +644,10 @@ class Ledger:
         state.latest[(announcement.kind, announcement.name)] = (order(announcement.lease.sent_at, publish_time),
                                                                 digest)
         was_active = state.active
-        dirty = self._meet(ref, state) if lease_end >= now else set()
+        alive = lease_end >= now and announcement.status == "available"  # a withdrawal says it is going
+        dirty = self._meet(ref, state) if alive else set()
         changed = self._state(state, announcement, descriptor)
+        dirty |= self._hand_over(ref, state, changed, announcement.kind == "host")
         if len(state.entries) > 2 * self.max_entries:  # withdrawn entries pile up: forget them
             pruned = [k for k, e in state.entries.items() if not e.available]
             for key in pruned:
@@ -642,6 +672,8 @@ class Ledger:
             state.health, state.since = announcement.health, announcement.since
             if state.withdrawn or announcement.entries is None:
                 return set()
+            state.listed = frozenset([*(("tool-service", name) for name in announcement.entries.tool_service),
+                                      *(("tool", name) for name in announcement.entries.tool)])
             return _apply_manifest(state, announcement.entries)
         key = (announcement.kind, announcement.name)
         entry = state.entries.get(key)
@@ -669,9 +701,10 @@ class Ledger:
         return descriptor
 
     def _meet(self, ref: Ref, state: _Instance) -> set[Key]:
-        """An instance is heard alive: the first time, it replaces the other instances of its
-        host id (a restart); if it was replaced itself, two live processes share the id (a
-        clash), reported and never merged. Returns what changed for the other instances."""
+        """An instance is heard alive (an ``available`` message): the first time, it replaces the
+        other instances of its host id (a restart); if it was replaced itself, two live processes
+        share the id (a clash), reported and never merged. A replaced instance that only withdraws
+        is handing over (``tghost run --reload``), no clash. Returns what changed for the other instances."""
         host_id, instance = ref
         first, state.fresh = not state.fresh, True
         if state.superseded:
@@ -683,7 +716,7 @@ class Ledger:
             for other in self._host_instances[host_id]:
                 older = self._instances[(host_id, other)]
                 if other != instance and older.active:
-                    older.superseded = True
+                    older.superseded, older.successor = True, ref
                     log.info("host %s: instance %s replaces instance %s", host_id, instance, other)
                     dirty |= self._sync((host_id, other), older, set(older.entries))
         return dirty
@@ -715,12 +748,39 @@ class Ledger:
             self._log_clash(host_id)
         self.flush_rejections(now, force=True)
 
+    def _hand_over(self, ref: Ref, state: _Instance, keys: set[Key], manifest: bool) -> set[Key]:
+        """The instances ``ref`` replaced, brought in line with what it just said (``keys``, or
+        everything they hold after a host message, whose ``manifest`` may list more)."""
+        dirty: set[Key] = set()
+        for other in self._host_instances[ref[0]]:
+            older = self._instances[(ref[0], other)]
+            if older.successor == ref and not (older.withdrawn or older.expired):
+                held = set(older.entries)
+                dirty |= self._sync((ref[0], other), older, held if manifest else keys & held)
+        return dirty
+
+    def _holds(self, state: _Instance, key: Key) -> _Entry | None:
+        """The instance's live entry ``key``, if it has one: an active instance's available
+        entry; or a replaced one's, while the instance that replaced it lists the entry in its
+        manifest and its own word on it has not come (docs/protocol.md §4.7: a restart or
+        ``tghost run --reload`` leaves no gap)."""
+        entry = state.entries.get(key)
+        if entry is None or not entry.available or state.withdrawn or state.expired:
+            return None
+        if not state.superseded:
+            return entry
+        successor = self._instances.get(state.successor) if state.successor else None
+        if successor is None or not successor.active or key not in successor.listed:
+            return None
+        own = successor.entries.get(key)
+        return entry if own is None or not own.available else None
+
     def _sync(self, ref: Ref, state: _Instance, keys: set[Key]) -> set[Key]:
         """Bring the live claims of ``keys`` in line with the instance's state; returns ``keys``."""
         for key in keys:
-            entry = state.entries.get(key)
+            entry = self._holds(state, key)
             claims = self.claims.get(key)
-            if state.active and entry is not None and entry.available:
+            if entry is not None:
                 if claims is None:
                     claims = self.claims[key] = {}
                 provider = Provider(state.host, entry.plugin, entry.external, entry.access, entry.policy)

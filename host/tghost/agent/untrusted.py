@@ -2,21 +2,29 @@
 for a call that no trusted host serves ("2 unsigned host(s) serve it; --trusted-key ignores
 them"). Read from the ignored messages themselves, never validated, never applied, and bounded
 (docs/internals/scale.md): a flood of forged names costs at most :data:`MAX_UNTRUSTED_ENTRIES`
-names and ``max_hosts`` host ids, and past those the hint undercounts.
+names and ``max_hosts`` host ids, each short (a name as descriptors have them, a host id of at most
+:data:`MAX_HOST_ID` printable characters: a message with others is skipped), and past those the
+hint undercounts.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["MAX_UNTRUSTED_ENTRIES", "Untrusted"]
+from tghost.protocol.descriptors import NAME_PATTERN
+
+__all__ = ["MAX_HOST_ID", "MAX_UNTRUSTED_ENTRIES", "Untrusted"]
 
 #: (kind, name) of a tool service or tool.
 Key = tuple[str, str]
 
 #: Entries (a host announcing a tool or tool service) of ignored hosts held at once; further ones are not noted.
 MAX_UNTRUSTED_ENTRIES = 10_000
+#: The longest host id noted (characters); a longer one is skipped, as is one a terminal would not print as it is.
+MAX_HOST_ID = 256
+_NAME = re.compile(NAME_PATTERN)
 
 
 class Untrusted:
@@ -39,10 +47,15 @@ class Untrusted:
 
     def note(self, value: Mapping[str, Any], reason: str, publish_time: float) -> None:
         """Note an ignored message's decoded ``value`` (ignored for ``reason``, published by the
-        broker at ``publish_time``, unix seconds). A value without the fields it needs is skipped."""
+        broker at ``publish_time``, unix seconds). A value without the fields it needs is skipped,
+        and so is one whose host id or entry name no genuine announcement has (see the module's
+        bounds): nothing vouches for them, and a no-provider line prints them."""
         host, kind, name, status = value.get("host"), value.get("kind"), value.get("name"), value.get("status")
         host_id = host.get("id") if isinstance(host, dict) else None
         if not isinstance(host_id, str) or not isinstance(name, str) or kind not in ("host", "tool", "tool-service"):
+            return
+        if not (0 < len(host_id) <= MAX_HOST_ID and host_id.isprintable()) or (
+                kind != "host" and not _NAME.fullmatch(name)):
             return
         if host_id not in self._reasons and not self._room_for_a_host(publish_time):
             return

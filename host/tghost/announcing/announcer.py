@@ -27,6 +27,7 @@ import pulsar.asyncio
 from tghost._version import __version__
 from tghost.broker import local_disk_trouble
 from tghost.discovery.catalog import Catalog
+from tghost.protocol import wire
 from tghost.protocol.access import policy_fingerprint, tools_for
 from tghost.protocol.announcement import (
     DEFAULT_TOPIC,
@@ -91,7 +92,7 @@ class HostIdentity:
 
     def to_json(self) -> dict[str, Any]:
         info = {"id": self.id, "hostname": self.hostname, "pid": self.pid, "version": self.version,
-                "instance": self.instance}
+                "instance": self.instance, wire.PROBES: True}
         info |= {"cwd": self.cwd} if self.cwd else {}
         return info if self.session is None else {**info, SESSION_KEY: self.session.public}
 

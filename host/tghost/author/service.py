@@ -42,7 +42,7 @@ from tghost.protocol.descriptors import (
 )
 
 __all__ = ["HINTS", "Call", "Context", "InvalidArguments", "ToolError", "ToolService", "arguments_from_schema",
-           "check_param_name", "current_caller", "current_context", "invoke", "served_tool", "tool"]
+           "check_param_name", "current_caller", "current_context", "invoke", "observation", "served_tool", "tool"]
 
 
 class ToolError(Exception):
@@ -561,6 +561,37 @@ def _json_text(service_id: str, value: Any) -> str:
         return json.dumps(value, allow_nan=False)
     except ValueError as exc:
         raise _not_json(service_id, exc) from None
+
+
+def observation(service_id: str, result: Any) -> str:
+    """The observation of a result (or one chunk) of service ``service_id``, one without an
+    output schema: a string as it is, anything else as its JSON text (docs/protocol.md §2.5).
+
+    Raises:
+        ToolError: ``tool-service-error``: JSON cannot hold the result; the message names the type
+            the tool returned (``service 'x': the tool returned a set, which is not JSON: ...``).
+    """
+    if isinstance(result, str):
+        return result
+    try:
+        return json.dumps(result)  # the encoder json keeps ready: no cost on the common path
+    except (TypeError, ValueError):
+        pass
+
+    def refuse(value: Any) -> Any:
+        held = "" if value is result else f"{_a(type(result).__name__)} holding "
+        raise ToolError(f"service {service_id!r}: the tool returned {held}{_a(type(value).__name__)}, which is not "
+                        "JSON: return a str, list, dict, number, bool or None")
+
+    try:  # again, to say what it holds that JSON cannot
+        return json.dumps(result, default=refuse)
+    except (TypeError, ValueError) as exc:  # a key JSON cannot hold, a cycle
+        raise _not_json(service_id, exc) from None
+
+
+def _a(noun: str) -> str:
+    """``noun`` with its indefinite article: ``a set``, ``an int``."""
+    return f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"
 
 
 def _not_json(service_id: str, exc: Exception) -> ToolError:

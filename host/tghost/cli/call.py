@@ -1,4 +1,6 @@
-"""cli.call: ``tghost call``, a tool by name through the directory or a service by id.
+"""cli.call: ``tghost call``, a tool by name through the directory or a service by id; its
+errors say what an installed plugin that failed to load, or a host serving a plugin's old code,
+has to do with them.
 """
 
 from __future__ import annotations
@@ -9,12 +11,14 @@ import logging
 import re
 import sys
 from collections.abc import AsyncIterator, Collection
-from typing import TYPE_CHECKING, Any, Literal
+from importlib.metadata import entry_points
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import click
 
-from tghost.agent.calls import NoProvider, UnknownTool, described
+from tghost.agent.calls import NO_PROVIDER, NoProvider, UnknownTool, described
 from tghost.agent.client import ToolCallError, call_timeout
+from tghost.agent.entries import describe_old_code, old_code
 from tghost.cli.app import cli
 from tghost.cli.options import (
     filter_options,
@@ -30,7 +34,7 @@ from tghost.cli.options import (
 from tghost.protocol.descriptors import DEFAULT_TIMEOUT, ToolServiceDescriptor, request_queue, response_queue
 from tghost.protocol.groups import DEFAULT_STATE, next_state
 from tghost.protocol.trust import Signer, TrustedKeys
-from tghost.protocol.wire import Progress
+from tghost.protocol.wire import INVALID_ARGUMENTS, TOOL_SERVICE_ERROR, Progress
 from tghost.pulsar.clients import PulsarSettings
 
 if TYPE_CHECKING:
@@ -74,7 +78,8 @@ def call(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...]
     tool. --config and --topic go with --service only (a usage error with a tool name, exit 2). The
     observation is printed as it streams in, and the tool's progress updates (if it reports
     any) on stderr, on one line rewritten in place on a terminal. Exits 1 on a refusal, an error reply or a
-    timeout (the error goes to stderr). A tool or --service that no live host serves fails at
+    timeout (the error goes to stderr; a tool's failure with the answering host's id and the request id
+    that its log names the traceback by). A tool or --service that no live host serves fails at
     once (exit 1), saying whether a host announced it lately or its plugin is installed here,
     unless --wait gives a host time to start (or --topic says where a --service is). An unknown
     tool name is answered with the closest names. Ctrl-C cancels the call on the host that runs
@@ -103,7 +108,9 @@ def call(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...]
     except ToolCallError as exc:
         line.clear()
         line.end_line()
-        click.echo(f"Error: {_with_broken_plugins(exc, tool_name or service_id or '')}", err=True)
+        kind, name = ("tool", tool_name) if tool_name is not None else ("tool-service", service_id or "")
+        click.echo(f"Error: {_with_broken_plugins(exc, name)}{_where(exc)}{_old_code(directory, exc, kind, name)}",
+                   err=True)
         sys.exit(1)
     except KeyboardInterrupt:  # the call was cancelled on its host as asyncio.run unwound (docs/protocol.md §2.11)
         line.clear()
@@ -113,6 +120,16 @@ def call(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...]
         sys.exit(130)
     finally:
         line.clear()
+
+
+def _where(error: ToolCallError) -> str:
+    """`` (host H, request R)`` after a ``tool-service-error``: the host that answered and the call's
+    request id, under which that host's log has the traceback; ``""`` for any other error, or when
+    the message says it already (a host's ``--error-detail type`` or ``none``)."""
+    if error.error_type != TOOL_SERVICE_ERROR or (error.request_id and error.request_id in error.message):
+        return ""
+    known = [f"{label} {value}" for label, value in (("host", error.host), ("request", error.request_id)) if value]
+    return f" ({', '.join(known)})" if known else ""
 
 
 def _json_object(text: str) -> dict[str, Any]:
@@ -242,14 +259,25 @@ def _unannounced(directory: ToolDirectory, service_id: str, topic: str | None) -
 def _installed() -> Collection[tuple[str, str]]:
     """(kind, name) of every tool and tool service of the plugins installed here (they are loaded
     to tell, once: only when a call names something that is not live)."""
-    return _discovered()[0]
+    return _discovered().served
+
+
+class Discovered(NamedTuple):
+    """What the plugins installed here serve, as :func:`_discovered` loaded them."""
+
+    served: frozenset[tuple[str, str]]
+    """(kind, name) of every tool and tool service: :func:`_installed`."""
+    broken: tuple[PluginReport, ...]
+    """The report of each plugin that failed to load."""
+    origins: dict[tuple[str, str], dict[str, Any]]
+    """(kind, name) -> the plugin it comes from, as a host serving it announces it (docs/protocol.md
+    §4.3 ``plugin``)."""
 
 
 @functools.cache
-def _discovered() -> tuple[frozenset[tuple[str, str]], tuple[PluginReport, ...]]:
-    """What :func:`_installed` gives, and the report of each installed plugin that failed to load.
-    Loaded quietly: a plugin's failure is told where a call names what it may serve
-    (:func:`_with_broken_plugins`), never as a traceback in the log."""
+def _discovered() -> Discovered:
+    """The plugins installed here (:class:`Discovered`). Loaded quietly: a plugin's failure is told
+    where a call names what it may serve (:func:`_with_broken_plugins`), never as a traceback in the log."""
     from tghost.discovery.discover import discover
 
     quiet = logging.getLogger("tghost.discovery")
@@ -260,15 +288,18 @@ def _discovered() -> tuple[frozenset[tuple[str, str]], tuple[PluginReport, ...]]
     finally:
         quiet.setLevel(level)
     catalog.shutdown()  # only its descriptors are needed
+    origins = {**{("tool", name): report.origin_json() for name, report in catalog.tool_origin.items()},
+               **{("tool-service", sid): report.origin_json() for sid, report in catalog.service_origin.items()}}
     served = {("tool", name) for name in catalog.tools} | {("tool-service", sid) for sid in catalog.descriptors}
-    return frozenset(served), tuple(report for report in catalog.plugins if report.status == "failed")
+    return Discovered(frozenset(served), tuple(report for report in catalog.plugins if report.status == "failed"),
+                      origins)
 
 
 def _with_broken_plugins(exc: ToolCallError, name: str) -> str:
     """``exc`` in words, saying in one line which installed plugin that failed to load may serve
     ``name`` and why it failed (with -v, its traceback first, on stderr), or, for an unknown tool,
     which plugins failed to load; ``exc`` alone when none did."""
-    if not isinstance(exc, UnknownTool | NoProvider) or not (broken := _discovered()[1]):
+    if not isinstance(exc, UnknownTool | NoProvider) or not (broken := _discovered().broken):
         return str(exc)
     suspects = [report for report in broken if _may_serve(report, name)]
     for report in suspects if verbosity() else ():
@@ -310,3 +341,44 @@ def _why(report: PluginReport) -> str:
     frames = [f"{path}:{line}" for path, line in re.findall(r'File "([^"]+)", line (\d+)', report.tracebacks[0])
               if not path.startswith("<")]
     return text[-1] + (f" at {frames[-1]}" if frames else "")
+
+
+def _old_code(directory: ToolDirectory, error: ToolCallError, kind: str, name: str) -> str:
+    """``. Host H serves plugin 'p' at its old code (before your edit): restart it or run it with
+    --reload`` after a ``no-provider`` or ``invalid-arguments`` error (an edit may have added the
+    tool or argument) when the ``tool`` or ``tool-service`` ``name`` comes from a plugin installed
+    here that a live host on this machine serves at other code (:func:`tghost.agent.entries.old_code`);
+    else ``""``. Fingerprints that plugin alone, once."""
+    if error.error_type not in (NO_PROVIDER, INVALID_ARGUMENTS):
+        return ""
+    plugin = _plugin_of(directory, kind, name)
+    versions = old_code(directory.services.values(), plugin) if plugin is not None else ()
+    said = describe_old_code(f"plugin {plugin['entry_point']!r}", plugin["version"], versions) if plugin else ""
+    return f". {said[:1].upper()}{said[1:]}" if said else ""
+
+
+def _plugin_of(directory: ToolDirectory, kind: str, name: str) -> dict[str, Any] | None:
+    """The installed plugin the ``tool`` or ``tool-service`` ``name`` comes from, as a host starting
+    here would announce it (docs/protocol.md §4.3 ``plugin``), or ``None``: when it is live, the
+    entry point its providers name, looked up here without importing it; else as the installed
+    plugins say (:func:`_discovered`, loaded already to tell the name was not live)."""
+    live = directory.tools[name].service if kind == "tool" and name in directory.tools else (
+        directory.services.get(name) if kind == "tool-service" else None)
+    if live is None:
+        return _discovered().origins.get((kind, name))
+    named = dict.fromkeys(((p.plugin or {}).get("entry_point"), (p.plugin or {}).get("distribution"))
+                          for p in live.providers)
+    return next((found for entry_point, distribution in named
+                 if (found := _installed_plugin(entry_point, distribution)) is not None), None)
+
+
+def _installed_plugin(entry_point: Any, distribution: Any) -> dict[str, Any] | None:
+    """The entry point ``entry_point`` of ``distribution``, installed here, as a host starting here
+    would announce it (:func:`tghost.discovery.discover.report_of`); ``None`` when not installed."""
+    from tghost.discovery.discover import ENTRY_POINT_GROUP, report_of
+
+    if not isinstance(entry_point, str) or not isinstance(distribution, str):
+        return None
+    found = [ep for ep in entry_points(group=ENTRY_POINT_GROUP, name=entry_point)
+             if ep.dist is not None and ep.dist.name == distribution]
+    return report_of(found[0]).origin_json() if found else None

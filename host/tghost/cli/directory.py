@@ -9,9 +9,12 @@ import contextlib
 import datetime
 import importlib.metadata
 import json
+import shutil
 import sys
+import textwrap
+import time
 import webbrowser
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -20,6 +23,7 @@ import click
 from tghost.adapters.export import FORMATS, select_tools
 from tghost.agent.directory import Change
 from tghost.agent.entries import CodeVersion, Side
+from tghost.agent.hosts import late_hosts
 from tghost.agent.search import SearchError, check_limit, words_of
 from tghost.cli import output
 from tghost.cli.app import cli
@@ -74,9 +78,11 @@ def tools(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...
     service's hosts announce different [access] policies is marked POLICY: each of them admits a
     caller only where all of them do, and ACCESS shows who that is. One whose
     service's hosts serve different versions of its code (distribution, version or fingerprint)
-    is marked SKEW, and the versions are listed there too ("skew" in --json). With
+    is marked SKEW, and the versions are listed there too ("skew" in --json). A provider silent
+    for half its lease (perhaps killed) is marked "(late)". With
     --search, the same tools are ranked for the request and the best --limit listed, with a
-    SCORE column (--json: each row has a "score").
+    SCORE column (--json: each row has a "score"). A terminal wide enough gets a DESCRIPTION
+    column last, each cut to fit (a pipe never does; --json has each whole).
 
     \b
     Exit codes:
@@ -88,15 +94,17 @@ def tools(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...
     limit = _search_limit(query, limit)
 
     live = hosts = 0
+    late: Mapping[str, float] = {}
 
     async def fetch() -> list[dict[str, Any]]:
-        nonlocal live, hosts
+        nonlocal live, hosts, late
         async with open_directory(pulsar, descriptors_topic, trusted, identity=identity) as directory:
             live, hosts = len(directory.tools), len(directory.hosts)
             names = [t.name for t in directory.available(groups or ["*"], state)]
             if not groups and state is None:
                 names = sorted(directory.tools)
             listed = [n for n in names if show_all or directory.calls.admits(directory.tools[n])]
+            late = late_hosts(directory, time.time())
             if query is None:
                 return [directory.tools[name].to_json() for name in listed]
             return [{**directory.tools[name].to_json(), "score": round(score, 4)}
@@ -117,15 +125,39 @@ def tools(pulsar: PulsarSettings, descriptors_topic: str, groups: tuple[str, ...
         (r["name"] + (" CONFLICT" if r["conflicts"] else "") + (" DRIFT" if r["drift"] else "")
          + (" POLICY" if r["policy_mismatch"] else "") + (" SKEW" if r["skew"] else ""),
          r["service"] + (" (external)" if r["external"] else ""),
-         ",".join(r["providers"]), ",".join(r["group"]), ",".join(r.get("available_in_states") or ["*"]),
+         _providers_cell(r["providers"], late), ",".join(r["group"]),
+         ",".join(r.get("available_in_states") or ["*"]),
          r.get("state", "-"), *((r["access"],) if show_all else ()), *((f"{r['score']:.2f}",) if scored else ()))
         for r in rows]
-    for line in output.table(table):
+    width = shutil.get_terminal_size().columns if sys.stdout.isatty() else 0  # a pipe gets the same columns
+    for line in output.table(described(table, [r["description"] for r in rows], width)):
         click.echo(line)
     _print_conflicts(rows, refused=trusted is None)
     _print_drift(rows)
     _print_policy_mismatch(rows)
     _print_skew(rows)
+
+
+#: The fewest characters of a description worth a DESCRIPTION column.
+MIN_DESCRIPTION = 20
+
+
+def described(table: list[tuple[str, ...]], descriptions: list[str], width: int) -> list[tuple[str, ...]]:
+    """``table`` (a header row, then one row per tool) with a last DESCRIPTION column, each
+    description's first line cut at a word to what the terminal's ``width`` (characters) leaves,
+    ending in ``…`` when cut; ``table`` itself when fewer than :data:`MIN_DESCRIPTION` characters are left."""
+    used = sum(max(len(row[i]) for row in table) + 2 for i in range(len(table[0])))
+    room = width - used
+    if room < MIN_DESCRIPTION:
+        return table
+    cells = [text.strip().splitlines()[0] if text.strip() else "" for text in descriptions]
+    cut = [textwrap.shorten(cell, room, placeholder="…") for cell in cells]  # at a word
+    return [(*table[0], "DESCRIPTION"), *((*row, cell) for row, cell in zip(table[1:], cut, strict=True))]
+
+
+def _providers_cell(providers: list[str], late: Mapping[str, float]) -> str:
+    """The providers, each ``late`` one (docs/protocol.md §4.9) marked ``(late)``."""
+    return ",".join(host + (" (late)" if host in late else "") for host in providers)
 
 
 def _none_listed(live: int, query: str | None, groups: tuple[str, ...], state: str | None, show_all: bool) -> str:

@@ -5,8 +5,10 @@ environment tghost runs in). They import neither the plugins nor Pulsar.
 
 from __future__ import annotations
 
+import importlib
 import subprocess
 import sys
+from importlib.metadata import Distribution, entry_points
 from pathlib import Path
 
 import click
@@ -41,7 +43,7 @@ def new(name: str, parent: Path, force: bool) -> None:
                f"  cd {root}\n"
                "  tghost install -e '.[test]'   # into the environment tghost runs in\n"
                "  python -m pytest              # calls the tool through a real embedded broker\n"
-               "  tghost run                    # (or keep one running with --watch-plugins)\n"
+               "  tghost run --reload           # serves it, and each edit anew within seconds\n"
                f"  tghost call {names.tool} text=\"hello tool world\"   # in another terminal")
 
 
@@ -67,14 +69,58 @@ def install(args: tuple[str, ...]) -> None:
     """pip install plugins into the environment tghost runs in, as 'llm install' does.
 
     Every argument goes to pip as given, e.g. 'tghost install -e ./tghost-weather' or
-    'tghost install -U tghost-weather'. A 'tghost run --watch-plugins' serves what it
-    installs within seconds; otherwise restart 'tghost run'. Exits with pip's exit code.
+    'tghost install -U tghost-weather'. Then it says what a running host does: a new plugin is
+    served within seconds by a 'tghost run --watch-plugins' or '--reload'; a plugin installed
+    again (upgraded, or reinstalled) by a 'tghost run --reload' only, any other host serves the
+    code it started with until restarted. Exits with pip's exit code.
     """
+    before = installed_plugins()
     code = _pip("install", args)
     if code == 0:
-        click.echo("installed: 'tghost plugins' lists it; a 'tghost run --watch-plugins' serves it now, "
-                   "any other 'tghost run' after a restart", err=True)
+        click.echo(install_outcome(before, installed_plugins()), err=True)
     sys.exit(code)
+
+
+#: A ``tghost.plugins`` entry point's distribution: (name, version, when its metadata was written).
+Installed = tuple[str, str, float]
+
+
+def installed_plugins() -> dict[str, Installed]:
+    """Every installed ``tghost.plugins`` entry point by name, read from disk afresh (no plugin is imported)."""
+    from tghost.discovery.discover import ENTRY_POINT_GROUP
+
+    importlib.invalidate_caches()
+    return {ep.name: (ep.dist.name, ep.dist.version, _written(ep.dist)) if ep.dist is not None else ("?", "?", 0.0)
+            for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def _written(dist: Distribution) -> float:
+    """When the distribution's metadata was written (a reinstall writes it again); 0 if unknown."""
+    listed = next((f for f in dist.files or () if f.name == "METADATA"), None)
+    folder = getattr(dist, "_path", None)  # a PathDistribution's .dist-info, when no RECORD lists its files
+    metadata = Path(str(dist.locate_file(listed))) if listed is not None else Path(str(folder)) / "METADATA"
+    try:
+        return metadata.stat().st_mtime if listed is not None or folder is not None else 0.0
+    except OSError:
+        return 0.0
+
+
+def install_outcome(before: dict[str, Installed], after: dict[str, Installed]) -> str:
+    """What the running hosts do with the plugins an install added or changed, one line each."""
+    new = [f"{name} ({after[name][0]} {after[name][1]})" for name in sorted(set(after) - set(before))]
+    again = [f"{name} ({after[name][0]} {_moved(before[name][1], after[name][1])})"
+             for name in sorted(set(after) & set(before)) if after[name] != before[name]]
+    lines = [f"installed plugin {', '.join(new)}: 'tghost plugins' lists it; a running 'tghost run --watch-plugins' "
+             "or 'tghost run --reload' serves it within seconds, any other 'tghost run' once restarted"] if new else []
+    if again:
+        lines.append(f"installed plugin {', '.join(again)} again: a running 'tghost run --reload' serves the new "
+                     "code within seconds; any other running 'tghost run' (--watch-plugins too) keeps serving the "
+                     "code it started with: restart it, or run it with --reload")
+    return "\n".join(lines) or "installed: no tghost plugin was added or changed ('tghost plugins' lists them)"
+
+
+def _moved(old: str, new: str) -> str:
+    return new if old == new else f"{old} -> {new}"
 
 
 @cli.command(context_settings=_PIP_CONTEXT)

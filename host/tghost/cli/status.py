@@ -102,12 +102,13 @@ def status(pulsar: PulsarSettings, descriptors_topic: str, trusted: TrustedKeys 
     words, for each service whose hosts announce different [access] policies), "skewed" (service
     id -> [{"distribution", "version", "fingerprint", "hosts"}], for each service whose hosts serve
     different code), "hosts": [{"id", "instances", "hostname", "version", "lease_seconds",
-    "lease_remaining", "signed", "signed_by", "verified", "services", "external", "tools" (a
-    count), "conflicts", "skewed", "health_url", "health"}]}; a field with no value is left out.
-    "health" is the host's /health JSON, or {"status": "unreachable", "error"}, or {"status":
-    "elsewhere"} for a loopback URL of another machine, or {"status": "unverified"} for a URL that
-    no --trusted-key vouches for (not asked: anyone on the broker may announce a URL), unless it
-    is this machine's loopback in the plain form http://127.0.0.1:PORT/health.
+    "lease_remaining", "heard_ago", "late", "signed", "signed_by", "verified", "services",
+    "external", "tools" (a count), "conflicts", "skewed", "health_url", "health"}]}; a field with
+    no value is left out. "health" is the host's /health JSON, or {"status": "unreachable",
+    "error"}, or {"status": "elsewhere"} for a loopback URL of another machine, or {"status":
+    "unverified"} for a URL that no --trusted-key vouches for (not asked: anyone on the broker may
+    announce a URL), unless it is this machine's loopback in the plain form
+    http://127.0.0.1:PORT/health.
 
     With --url (or TGHOST_METRICS_PORT), ask that one host how it is, as 'tghost run
     --metrics-port' serves it: connected to Pulsar or not, the services it serves and their
@@ -118,9 +119,9 @@ def status(pulsar: PulsarSettings, descriptors_topic: str, trusted: TrustedKeys 
     Exit codes:
       0  live hosts found, none with a problem (with --url: the host is ok)
       1  a host has a problem: its health is not ok or does not answer, a tool or service of
-         it is contested, or two processes share its id; the hosts of a service announce
-         different [access] policies, or serve different versions of its code (skew); or no
-         broker answers
+         it is contested, two processes share its id, or it is late (silent for half its
+         lease); the hosts of a service announce different [access] policies, or serve different
+         versions of its code (skew); or no broker answers
       2  usage error
       3  no live host (is a 'tghost run' up on this broker and --descriptors-topic?)
     """
@@ -240,6 +241,7 @@ def _problems(host: dict[str, Any], clashes: dict[str, list[str]]) -> list[str]:
         problems.append(f"{who}: health {health.get('status')}")
     if host["conflicts"]:
         problems.append(f"{who}: contested by another host: {', '.join(host['conflicts'])} (see 'tghost tools')")
+    problems.extend(_late_problem(host))
     if host["id"] in clashes:
         problems.append(f"{who}: {len(clashes[host['id']])} live processes share this host id: give each its own "
                         "--host-id (env TGHOST_HOST_ID)")
@@ -253,6 +255,20 @@ def _skew_problems(skewed: dict[str, list[dict[str, Any]]]) -> list[str]:
     return [describe_skew(sid, map(CodeVersion.from_json, versions)) for sid, versions in skewed.items()]
 
 
+def _late_problem(host: dict[str, Any]) -> list[str]:
+    """A late host (docs/protocol.md §4.9) in words, if it is one."""
+    if not host.get("late"):
+        return []
+    return [f"host {host['id']}: late: not heard for {host['heard_ago']:.0f}s (heartbeats come every "
+            f"{host['lease_seconds'] / 3:g}s); it may have stopped without withdrawing. Its lease ends in "
+            f"{host['lease_remaining']:.0f}s; calls of its tools end 'no-provider' when it does not answer"]
+
+
+def _lease_cell(host: dict[str, Any]) -> str:
+    """Lease left, and ``LATE`` for a late host."""
+    return f"{host['lease_remaining']:.0f}s of {host['lease_seconds']:g}s" + (" LATE" if host.get("late") else "")
+
+
 def _print_fleet(report: dict[str, Any]) -> None:
     """The live hosts as a table: one row per host."""
     if not report["hosts"]:
@@ -260,7 +276,7 @@ def _print_fleet(report: dict[str, Any]) -> None:
     table = [("HOST", "SERVICES", "TOOLS", "LEASE", "SIGNED", "CONFLICTS", "HEALTH")] + [
         (host["id"] + (f" ({len(host['instances'])} processes)" if len(host["instances"]) > 1 else ""),
          ",".join([*host["services"], *(f"{sid} (external)" for sid in host["external"])]) or "-",
-         str(host["tools"]), f"{host['lease_remaining']:.0f}s of {host['lease_seconds']:g}s",
+         str(host["tools"]), _lease_cell(host),
          _signed_cell(host), str(len(host["conflicts"])) if host["conflicts"] else "-",
          _health_cell(host))
         for host in report["hosts"]]

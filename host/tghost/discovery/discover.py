@@ -46,6 +46,7 @@ __all__ = [
     "describe_tool",
     "discover",
     "load_in_probe",
+    "report_of",
     "toolset_part",
 ]
 
@@ -315,11 +316,18 @@ def _mark_entry_point(service: ToolService, root: PluginReport, config: dict[str
         service._tghost_entry_point = (root.name, root.value, config)
 
 
+def report_of(ep: EntryPoint) -> PluginReport:
+    """What is known of the installed entry point ``ep`` before it is imported: its name, value,
+    distribution, version and fingerprint (:meth:`PluginReport.origin_json` is what a host serving
+    it announces). Reads its files; imports nothing."""
+    dist = ep.dist
+    return PluginReport(ep.name, ep.value, dist.name if dist else None, dist.version if dist else None,
+                        fingerprint(dist, ep.module))
+
+
 def _register(pm: pluggy.PluginManager, ep: EntryPoint, fatal: str | None = None) -> PluginReport:
     """Import an entry point and register it with ``pm``; ``fatal``: the probe's reason not to."""
-    dist = ep.dist
-    report = PluginReport(ep.name, ep.value, dist.name if dist else None, dist.version if dist else None,
-                          fingerprint(dist, ep.module))
+    report = report_of(ep)
     if fatal is not None:
         report.fail(fatal)
         return report

@@ -74,11 +74,13 @@ class ContestWatch:
         await self.catch_up()
 
     @classmethod
-    def of(cls, announcer: Announcer, settings: PulsarSettings, names: Callable[[], Collection[str]]) -> ContestWatch:
-        """A watch over what ``announcer`` announces: its topic and host id, in open mode (every
-        host's word counts: another provider's access policy can only make this host refuse more,
-        never admit more; docs/protocol.md §2.8)."""
-        return cls(settings, announcer.topic, announcer.identity.id, names, identity=announcer.identity,
+    def of(cls, announcer: Announcer, settings: PulsarSettings, names: Callable[[], Collection[str]],
+           trusted: TrustedKeys | None = None) -> ContestWatch:
+        """A watch over what ``announcer`` announces: its topic and host id, believing the hosts
+        that ``trusted`` keys signed for (``None``: open mode, every host's word counts, and
+        whoever may publish on the topics can also forge a peer's policy away: docs/protocol.md
+        §2.8; give the keys of every host of the fleet, this one's own included)."""
+        return cls(settings, announcer.topic, announcer.identity.id, names, trusted, identity=announcer.identity,
                    services=lambda: announcer.catalog.descriptors.keys())
 
     async def close(self) -> None:

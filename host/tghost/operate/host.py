@@ -29,7 +29,7 @@ from tghost.operate.toolsets import ToolSets, toolset_services
 from tghost.protocol.access import policy_fingerprint, tools_for
 from tghost.protocol.epochs import DEFAULT_TOPIC, EPOCH_SECONDS, check_lease
 from tghost.protocol.sessions import HostSessionKey
-from tghost.protocol.trust import Signer
+from tghost.protocol.trust import Signer, TrustedKeys
 from tghost.pulsar import hop
 from tghost.pulsar.clients import PulsarSettings
 from tghost.serving.access import Fleet, Gate
@@ -56,14 +56,17 @@ class HostConfig:
 
     - ``pulsar``: the broker and its auth/TLS (:class:`tghost.PulsarSettings`); ``topic``: the
       announcement topic (docs/protocol.md §4.1).
-    - ``serve``: host-wide serving limits: timeouts, concurrency, grace, isolation
-      (:class:`tghost.ServeSettings`).
+    - ``serve``: host-wide serving limits: timeouts, concurrency, grace, isolation, and how much
+      of a tool's exception a caller is told (:class:`tghost.ServeSettings`).
     - ``announce``: announce what is served (``False``: serve only, as a host behind a static
       config). ``lease``: seconds an announcement lives without a heartbeat (at most
       ``MAX_LEASE``, 600). ``host_id``: the id announced (default: a stable id per host slot in
       ``state_dir``, default ``~/.config/tghost``). ``signer``: signs every announcement
-      (:class:`tghost.Signer`; ``None``: unsigned). ``epoch_seconds``: how long one announcement
-      topic is written before the next (docs/protocol.md §4.1).
+      (:class:`tghost.Signer`; ``None``: unsigned). ``trusted``: the keys whose signed announcements
+      the host believes of its peers (:class:`tghost.TrustedKeys`; its fleet check of access
+      policies and its contest, skew and neighbour reports: docs/guides/security.md "One policy per
+      service"; ``None``: every host's word, open mode). ``epoch_seconds``: how long one
+      announcement topic is written before the next (docs/protocol.md §4.1).
     - ``config_file``: a TOML file of tools, external services, ``[access]`` and plugin config
       (docs/guides/writing-plugins.md "Tools from configuration", docs/guides/security.md "Who may
       call what"); ``plugins``: which installed plugins load (default: from
@@ -87,6 +90,7 @@ class HostConfig:
     lease: float = 30.0
     host_id: str | None = None
     signer: Signer | None = None
+    trusted: TrustedKeys | None = None
     epoch_seconds: float = EPOCH_SECONDS
     state_dir: Path | None = None
     config_file: Path | None = None
@@ -303,7 +307,8 @@ class Host:
         server = self._server = Server(catalog.services, catalog.descriptors, config.serve, self._listeners,
                                        authorize=catalog.authorize,
                                        gate=Gate.of(catalog.access, catalog.tools, session), signer=config.signer,
-                                       in_process=toolset_services(catalog.plugins), fleet=fleet)
+                                       in_process=toolset_services(catalog.plugins), fleet=fleet,
+                                       host_id=self.announcer.identity.id if self.announcer else config.host_id)
         self._client = await config.pulsar.connect()
         await self._follow(fleet)
         await server.start(self._client)
@@ -333,7 +338,8 @@ class Host:
         from tghost.operate.policies import DirectoryPeers
 
         catalog = self.load()
-        self._contest = ContestWatch.of(self.announcer, self.config.pulsar, lambda: catalog.tools.keys())
+        self._contest = ContestWatch.of(self.announcer, self.config.pulsar, lambda: catalog.tools.keys(),
+                                        self.config.trusted)
         if await self._contest.catch_up():
             fleet.peers = DirectoryPeers(self._contest.directory, self.announcer.identity.id)
 

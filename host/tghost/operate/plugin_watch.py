@@ -185,7 +185,8 @@ class PluginWatcher:
         if version != before and self._reported.get(name) != version:
             self._reported[name] = version
             log.warning("plugin %s upgraded from %s to %s: restart needed (the host keeps serving %s; Python "
-                        "cannot safely reload a changed module)", name, before, version, before)
+                        "cannot safely reload a changed module; 'tghost run --reload' serves each change anew)",
+                        name, before, version, before)
 
     async def _installed(self, eps: list[EntryPoint]) -> None:
         """Discover each new entry point on its own, in name order, and serve what it brings."""

@@ -216,9 +216,37 @@ def policy_fingerprint(policy: AccessPolicy | None, tools: Mapping[str, ToolDesc
     ``service``. Names and rates are left out: they decide nothing another host could apply."""
     if policy is None:
         return NO_POLICY
-    rules = {name: policy.access_of(tools_for(tools, service, tool.config)).rules()
-             for name, tool in tools.items() if tool.service == service}
+    over = {name: tool for name, tool in tools.items() if tool.service == service}
+    same = _same_config(over)
+    rules: dict[str, dict[str, Any]] = {}
+    by_group: dict[tuple[str, ...], dict[str, Any]] = {}
+    for name, tool in over.items():
+        could_be = same.get(name)
+        if could_be is None:
+            rules[name] = policy.access_of(tools_for(over, service, tool.config)).rules()
+        else:
+            rules[name] = by_group.get(could_be) or by_group.setdefault(could_be, policy.access_of(could_be).rules())
     return hashlib.sha256(canonical_json({"tools": rules})).hexdigest()[:16]
+
+
+def _same_config(over: Mapping[str, ToolDescriptor]) -> dict[str, tuple[str, ...]]:
+    """Tool name -> the names of ``over`` (the tools of one service) with equal config values:
+    what :func:`tools_for` gives for a request with the tool's own config values, found in one
+    pass. A tool whose config holds a null or a value that is not hashable is left out (ask
+    :func:`tools_for`)."""
+    keys: dict[str, frozenset[tuple[str, Any]]] = {}
+    for name, tool in over.items():
+        config = tool.config
+        try:
+            if None not in config.values():
+                keys[name] = frozenset(config.items())
+                hash(keys[name])
+        except TypeError:
+            keys.pop(name, None)
+    groups: dict[frozenset[tuple[str, Any]], list[str]] = {}
+    for name, key in keys.items():
+        groups.setdefault(key, []).append(name)
+    return {name: tuple(groups[key]) for name, key in keys.items()}
 
 
 def tools_for(tools: Mapping[str, ToolDescriptor], service: str, config: Mapping[str, Any]) -> list[str]:

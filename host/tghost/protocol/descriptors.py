@@ -14,6 +14,8 @@ from typing import Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from tghost.protocol.deployment import REQUEST_NAMESPACE, RESPONSE_NAMESPACE
+
 __all__ = [
     "ADDED_TOOL_KEYS",
     "DEFAULT_TIMEOUT",
@@ -43,12 +45,12 @@ ADDED_TOOL_KEYS = frozenset({"title", "annotations", "output-schema"})
 
 def request_queue(topic: str) -> str:
     """Full request topic for a short topic ``T``: ``non-persistent://tg/request/T`` (seed 000)."""
-    return f"non-persistent://tg/request/{topic}"
+    return f"non-persistent://{REQUEST_NAMESPACE}/{topic}"
 
 
 def response_queue(topic: str) -> str:
     """Full response topic for a short topic ``T``: ``non-persistent://tg/response/T`` (seed 000)."""
-    return f"non-persistent://tg/response/{topic}"
+    return f"non-persistent://{RESPONSE_NAMESPACE}/{topic}"
 
 
 class DescriptorError(ValueError):

@@ -13,10 +13,12 @@ from typing import Any, NamedTuple, TypeGuard
 from tghost.protocol.descriptors import ADDED_TOOL_KEYS
 
 __all__ = [
+    "ALIVE",
     "BAD_REQUEST",
     "CANCEL",
     "CANCELLED",
     "CONTENT_TYPE",
+    "HOLDS",
     "INVALID_ARGUMENTS",
     "JSON_CONTENT",
     "MAX_MESSAGE",
@@ -24,6 +26,8 @@ __all__ = [
     "NOT_ALLOWED",
     "OK",
     "OVERLOADED",
+    "PROBE",
+    "PROBES",
     "PROGRESS",
     "RATE_LIMITED",
     "REDELIVERY_LIMIT",
@@ -67,6 +71,18 @@ RATE_LIMITED = "rate-limited"
 CANCELLED = "cancelled"
 #: The property that marks a message on a service's control topic as a cancel (docs/protocol.md §2.11).
 CANCEL = "tghost-cancel"
+#: The property that marks a message on a service's control topic as a liveness probe; its value
+#: is the ``id`` of the request the caller waits on (docs/protocol.md §2.15).
+PROBE = "tghost-probe"
+#: The property that marks a response-topic message as a host's answer to a liveness probe, whose
+#: ``id`` it carries (docs/protocol.md §2.15).
+ALIVE = "tghost-alive"
+#: The key of a host message's ``host`` object by which a host says it answers liveness probes
+#: (``true``; docs/protocol.md §4.3): callers probe only services whose hosts all do.
+PROBES = "probes"
+#: On a probe's answer: ``1`` if the host holds the request the probe names (waiting or running),
+#: else ``0``.
+HOLDS = "tghost-holds"
 #: The request property by which a caller asks for progress updates (docs/protocol.md §2.12).
 PROGRESS = "tghost-progress"
 #: The reply property that says how to read the observation (docs/protocol.md §2.14): only
@@ -118,8 +134,9 @@ class Progress(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class Response:
-    """A decoded response envelope. ``error`` is ``{"type", "message"}`` or ``None``;
-    ``progress`` is set on a progress update (an empty chunk, docs/protocol.md §2.12)."""
+    """A decoded response envelope. ``error`` is ``{"type", "message"}`` or ``None``, with the
+    answering host's ``host`` id and the ``request-id`` when the reply names them (docs/protocol.md
+    §2.6); ``progress`` is set on a progress update (an empty chunk, §2.12)."""
 
     response: str
     end_of_stream: bool
@@ -223,9 +240,18 @@ def encode_progress(update: Progress) -> bytes:
     return json.dumps({"error": None, "response": "", "end_of_stream": False, "progress": progress}).encode()
 
 
-def encode_error(error_type: str, message: str) -> bytes:
-    """Encode an error response; always the last message of its stream."""
+#: The keys of an error object that say where it happened (docs/protocol.md §2.6): the answering
+#: host's id and the request's ``id``, beside seed 000's ``type`` and ``message``.
+ERROR_WHERE = ("host", "request-id")
+
+
+def encode_error(error_type: str, message: str, host: str | None = None, request_id: str | None = None) -> bytes:
+    """Encode an error response; always the last message of its stream. ``host`` (the answering
+    host's id) and ``request_id`` (the request's ``id``) go in the error object when given."""
     error = {"type": error_type, "message": message}
+    for key, value in zip(ERROR_WHERE, (host, request_id), strict=True):
+        if value:
+            error[key] = value
     return json.dumps({"error": error, "response": "", "end_of_stream": True}).encode()
 
 
@@ -241,13 +267,25 @@ def decode_response(payload: bytes) -> Response:
         response = Response(
             response=envelope.get("response") or "",
             end_of_stream=bool(envelope.get("end_of_stream", True)),
-            error=None if not error else {"type": str(error.get("type", "")),
-                                          "message": str(error.get("message", ""))},
+            error=_error(error),
             progress=_progress(envelope.get("progress")),
         )
     except (ValueError, AttributeError, TypeError) as exc:
         raise BadRequest(f"response is not a valid envelope: {exc}") from None
     return response
+
+
+def _error(error: Any) -> dict[str, str] | None:
+    """A response's error object as strings: ``type`` and ``message``, and the keys of
+    :data:`ERROR_WHERE` that it gives as strings (``None``: no error).
+
+    Raises:
+        AttributeError: it is not an object.
+    """
+    if not error:
+        return None
+    read = {"type": str(error.get("type", "")), "message": str(error.get("message", ""))}
+    return read | {key: error[key] for key in ERROR_WHERE if isinstance(error.get(key), str)}
 
 
 def _progress(value: Any) -> Progress | None:
@@ -266,7 +304,7 @@ def _number(value: Any) -> TypeGuard[float]:
 
 
 def control_topic(request_queue: str) -> str:
-    """The topic where callers send cancels for a service's calls: non-persistent, in the
-    request topic's namespace, named ``<request topic name>.control``; e.g.
-    ``non-persistent://tg/request/joke-service.control`` (docs/protocol.md §2.11)."""
+    """The topic where callers send cancels and liveness probes for a service's calls:
+    non-persistent, in the request topic's namespace, named ``<request topic name>.control``;
+    e.g. ``non-persistent://tg/request/joke-service.control`` (docs/protocol.md §2.11, §2.15)."""
     return "non-persistent://" + request_queue.split("://", 1)[-1] + ".control"

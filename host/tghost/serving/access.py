@@ -312,10 +312,20 @@ class Fleet:
         self.policy = policy
         self.tools = tools
         self.peers: Peers | None = None
+        self._own: dict[str, tuple[tuple[tuple[str, ToolDescriptor], ...], str]] = {}
 
     def own(self, service: str) -> str:
-        """The ``access-policy`` this host announces for ``service``."""
-        return NO_POLICY if self.policy is None else policy_fingerprint(self.policy, self.tools, service)
+        """The ``access-policy`` this host announces for ``service``: computed again only when
+        its tools changed (a name, or a descriptor object), not per request."""
+        if self.policy is None:
+            return NO_POLICY
+        tools = tuple(self.tools.items())  # one C-level copy; compared by identity first
+        cached = self._own.get(service)
+        if cached is not None and cached[0] == tools:
+            return cached[1]
+        fingerprint = policy_fingerprint(self.policy, dict(tools), service)
+        self._own[service] = (tools, fingerprint)
+        return fingerprint
 
     def check(self, service: str, config: Mapping[str, Any], caller: Caller | None) -> None:
         """Nothing when the other live providers of ``service`` announce this host's access

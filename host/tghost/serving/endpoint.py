@@ -74,7 +74,7 @@ class ServiceEndpoint:
         self._port = port
         self._driver = driver
         self._mailbox = mailbox
-        self._control = ControlTopic(self.descriptor, self._cancel, mailbox)
+        self._control = ControlTopic(self.descriptor, self._cancel, self._answer_probe, mailbox)
         self._consumer: pulsar.asyncio.Consumer | None = None  # subscribed in open()
         self._replays: SharedReplays | None = None  # with an access policy
         self._receiving: asyncio.Task[None] | None = None  # a driver that receives by itself
@@ -88,8 +88,8 @@ class ServiceEndpoint:
     @classmethod
     async def open(cls, client: pulsar.asyncio.Client, service: ToolService, descriptor: ToolServiceDescriptor,
                    settings: ServeSettings, listeners: Sequence[CallListener] = (), authorize: Authorize | None = None,
-                   gate: Gate | None = None, signer: Signer | None = None,
-                   fleet: Fleet | None = None) -> ServiceEndpoint:
+                   gate: Gate | None = None, signer: Signer | None = None, fleet: Fleet | None = None,
+                   host_id: str | None = None) -> ServiceEndpoint:
         """Serve ``service``: create the response producer, start the executor, pick the driver,
         subscribe and receive (the other arguments: :class:`tghost.serving.server.Server`'s).
 
@@ -99,7 +99,8 @@ class ServiceEndpoint:
         """
         terms = Terms(service, descriptor, descriptor.timeout or settings.timeout,
                       descriptor.max_concurrency or settings.max_concurrency, settings.max_queue,
-                      settings.max_payload, settings.max_redeliveries, authorize, gate, fleet)
+                      settings.max_payload, settings.max_redeliveries, authorize, gate, fleet, host_id,
+                      settings.error_detail)
         executor = executors.create(service, descriptor, terms.max_concurrency, settings.isolation,
                                     settings.worker_limits)
         mailbox = hop.Mailbox(asyncio.get_running_loop())
@@ -189,7 +190,8 @@ class ServiceEndpoint:
             if self._peers is not None:
                 self._peers.mine(request_id)
             request.claim(wire.UNAVAILABLE, self._port)
-            self._port.send(request, wire.encode_error(wire.UNAVAILABLE, self.terms.refusal(wire.UNAVAILABLE)))
+            self._port.send(request, self.terms.error(request_id, wire.UNAVAILABLE,
+                                                      self.terms.refusal(wire.UNAVAILABLE)))
         self._port.settle(request.record, message, request.started)
 
     def _cancel(self, request_id: str, properties: Mapping[str, str]) -> None:
@@ -200,6 +202,13 @@ class ServiceEndpoint:
             return  # another host's call, a finished one, or not its caller's cancel
         request.cancelled.set()
         self._driver.cancel(request)
+
+    def _answer_probe(self, probe_id: str, request_id: str) -> None:
+        """The control topic's listener thread: a caller asks whether this host lives (docs/protocol.md
+        §2.15). Answer on the response topic with the probe's ``id``, and whether this host holds
+        ``request_id`` (admitted, waiting or running; not one still in the receive queue)."""
+        holds = self._driver.running(request_id) is not None
+        hop.send(self._port.producer, b"", {"id": probe_id, wire.ALIVE: "1", wire.HOLDS: "1" if holds else "0"})
 
     def hand_off(self) -> None:
         """Another endpoint of this host serves the service from now on (a toolset's new object

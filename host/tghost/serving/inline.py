@@ -36,7 +36,7 @@ import pulsar.asyncio
 
 from tghost.serving.executors.thread import ThreadExecutor
 from tghost.serving.lane import ThreadLane
-from tghost.serving.request import Port, Request, Terms, failure
+from tghost.serving.request import Port, Request, Terms
 
 __all__ = ["BUDGET", "RECENT", "InlineDriver"]
 
@@ -112,7 +112,7 @@ class InlineDriver(ThreadLane):
         try:
             super()._stream(request, chunks)
         except Exception as exc:
-            self._refuse(request, *failure(exc, self._terms.service_id))
+            self._refuse(request, *self._terms.failure(exc, request.request_id))
 
     def _abandon(self, request: Request) -> None:
         """The caller of ``request`` was answered (a timeout, a cancel, the grace's end): a call

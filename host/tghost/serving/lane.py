@@ -35,10 +35,10 @@ import time
 from collections.abc import Coroutine
 from typing import Any
 
-from tghost.author.service import invoke
+from tghost.author.service import invoke, observation
 from tghost.protocol import wire
 from tghost.serving.executors.thread import ThreadExecutor
-from tghost.serving.request import Port, Request, Terms, confirmed, failure
+from tghost.serving.request import Port, Request, Terms, confirmed
 
 __all__ = ["ThreadLane"]
 
@@ -110,9 +110,9 @@ class ThreadLane:
             if inspect.isgenerator(result) or inspect.isasyncgen(result):
                 self._stream(request, result)
                 return
-            payload = wire.encode_response(wire.observation(result))
+            payload = wire.encode_response(observation(self._terms.service_id, result))
         except Exception as exc:
-            self._refuse(request, *failure(exc, self._terms.service_id))
+            self._refuse(request, *self._terms.failure(exc, request.request_id))
             return
         if not self._answer(request, None, payload):
             log.debug("service %s: a result came after its call was answered; dropped", self._terms.service_id)
@@ -131,7 +131,7 @@ class ThreadLane:
             following, close = functools.partial(next, chunks, _DONE), chunks.close
         try:
             while (chunk := following()) is not _DONE:
-                full = request.chunk(self._port, wire.observation(chunk))
+                full = request.chunk(self._port, observation(self._terms.service_id, chunk))
                 if full is None:
                     return
                 confirmed(full)
@@ -151,7 +151,8 @@ class ThreadLane:
 
     def _refuse(self, request: Request, error_type: str, text: str, waiting_only: bool = False) -> bool:
         """:meth:`_answer` with an error reply of ``error_type`` saying ``text``."""
-        return self._answer(request, error_type, wire.encode_error(error_type, text), waiting_only)
+        return self._answer(request, error_type, self._terms.error(request.request_id, error_type, text),
+                            waiting_only)
 
     def _answer(self, request: Request, status: str | None, payload: bytes, waiting_only: bool = False) -> bool:
         """Claim ``request``, send its last reply (the encoded ``payload``; ``status`` is the error

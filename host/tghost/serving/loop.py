@@ -28,7 +28,7 @@ from tghost.protocol import wire
 from tghost.protocol.callers import CALLER
 from tghost.serving.deadlines import Deadlines
 from tghost.serving.executors.base import Executor
-from tghost.serving.request import NOT_STARTED, RETURNED, Port, Request, Terms, confirmed_on_loop, failure
+from tghost.serving.request import NOT_STARTED, RETURNED, Port, Request, Terms, confirmed_on_loop
 
 __all__ = ["LoopDriver"]
 
@@ -125,7 +125,8 @@ class LoopDriver:
     def cancel(self, request: Request) -> None:
         call = self._calls.get(request.request_id)
         if call is not None and request.claim(wire.CANCELLED, self._port):
-            self._port.send(request, wire.encode_error(wire.CANCELLED, self._terms.refusal(wire.CANCELLED)))
+            self._port.send(request, self._terms.error(request.request_id, wire.CANCELLED,
+                                                       self._terms.refusal(wire.CANCELLED)))
             call[0].cancel()  # the call's task: an async invoke stops, a worker process is killed
 
     async def _admit(self, request: Request, task: asyncio.Task[None]) -> None:
@@ -167,7 +168,7 @@ class LoopDriver:
                 raise
             await self._refuse(request, wire.TIMEOUT, self._terms.refusal(wire.TIMEOUT))
         except Exception as exc:
-            await self._refuse(request, *failure(exc, self._terms.service_id))
+            await self._refuse(request, *self._terms.failure(exc, request.request_id))
 
     async def _checked(self, request: Request) -> Call:
         """:meth:`Terms.check`; in a worker thread for a request that names a caller, whose mark
@@ -198,7 +199,7 @@ class LoopDriver:
 
     async def _refuse(self, request: Request, error_type: str, text: str) -> None:
         """Answer the request with an error reply of ``error_type`` saying ``text``."""
-        await self._reply(request, error_type, wire.encode_error(error_type, text))
+        await self._reply(request, error_type, self._terms.error(request.request_id, error_type, text))
 
     async def _reply(self, request: Request, status: str | None, payload: bytes) -> None:
         """Claim the request and send its last reply (``status``: the error type, ``None`` for a

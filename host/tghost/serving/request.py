@@ -8,8 +8,8 @@ take a request along it, and none calls into another:
 - the thread lane (:class:`tghost.serving.lane.ThreadLane`): a plain ``def`` tool on a
   non-persistent topic, served from the C++ listener thread on the service's worker threads.
 
-What they share is here: the service's :class:`Terms` (limits, the checks before ``invoke``
-and the texts of refusals), the reply an exception comes to (:func:`failure`), one
+What they share is here: the service's :class:`Terms` (limits, the checks before ``invoke``,
+the texts of refusals and the reply an exception comes to, :meth:`Terms.failure`), one
 :class:`Request` in flight (exactly one last reply; a stream's window of unconfirmed chunks),
 and the :class:`Port` to Pulsar (send, acknowledge, settle).
 
@@ -43,6 +43,8 @@ from tghost.protocol.descriptors import ToolServiceDescriptor
 from tghost.protocol.trust import Signer
 from tghost.pulsar import hop
 from tghost.serving.access import Fleet, Gate, Refused
+from tghost.serving.executors.base import WorkerRaised
+from tghost.serving.settings import FULL, TYPE
 from tghost.system import tracing
 
 if TYPE_CHECKING:
@@ -59,7 +61,6 @@ __all__ = [
     "Prover",
     "Request",
     "Terms",
-    "failure",
 ]
 
 log = logging.getLogger(__name__)
@@ -140,8 +141,10 @@ class ChunkNotSent(Exception):
 @dataclass(frozen=True)
 class Terms:
     """What one service serves on: its limits, the checks before ``invoke`` and the texts of
-    its refusals. ``timeout`` is seconds, ``max_payload`` bytes; ``capacity`` is how many
+    its error replies. ``timeout`` is seconds, ``max_payload`` bytes; ``capacity`` is how many
     requests may be admitted at once (``max_concurrency`` running plus ``max_queue`` waiting).
+    ``host_id`` (the host's, if it has one) goes in every error reply; ``error_detail`` is how
+    much of an unexpected exception a caller is told (:data:`tghost.serving.settings.ERROR_DETAILS`).
     """
 
     service: ToolService
@@ -154,6 +157,8 @@ class Terms:
     authorize: Authorize | None = None
     gate: Gate | None = None
     fleet: Fleet | None = None
+    host_id: str | None = None
+    error_detail: str = FULL
 
     @property
     def service_id(self) -> str:
@@ -273,17 +278,44 @@ class Terms:
                     "started; retry")
         return "the host shut down before the call finished; retry"
 
+    def error(self, request_id: str, error_type: str, text: str) -> bytes:
+        """The error reply to request ``request_id``: ``error_type`` saying ``text``, with this
+        host's id and the request id (docs/protocol.md §2.6)."""
+        return wire.encode_error(error_type, text, self.host_id, request_id)
 
-def failure(exc: Exception, service_id: str) -> tuple[str, str]:
-    """The error type and text of the reply to a call that raised ``exc`` in a check or in
-    ``invoke``: a :class:`ToolError` keeps its type; anything else is ``tool-service-error``
-    (and an unexpected exception from the plugin is logged with its traceback)."""
-    if isinstance(exc, ToolError):
-        return exc.error_type, str(exc)
-    if isinstance(exc, wire.TooLarge | ChunkNotSent):
-        return wire.TOOL_SERVICE_ERROR, str(exc)
-    log.error("service %s: invoke raised", service_id, exc_info=exc)
-    return wire.TOOL_SERVICE_ERROR, f"{type(exc).__name__}: {exc}"
+    def failure(self, exc: Exception, request_id: str) -> tuple[str, str]:
+        """The error type and text of the reply to request ``request_id``, whose checks or
+        ``invoke`` raised ``exc``. A :class:`ToolError` keeps its type and message (the plugin
+        meant them for the caller), and the host's own failures (a result JSON cannot hold, a
+        reply too large, a chunk the broker did not take) say what they are; a
+        ``tool-service-error`` of these is logged in one line with the request id, as the caller
+        is told. Any other exception is unexpected: logged with its traceback and the request id,
+        and answered ``tool-service-error`` with as much of it as ``error_detail`` tells
+        (``full``: ``<class>: <message>``; ``type``: the class; ``none``: nothing), and, withheld,
+        where the host's log has it. So every ``tool-service-error`` has its line in the log,
+        under the request id its reply names."""
+        if isinstance(exc, ToolError | wire.TooLarge | ChunkNotSent):
+            error_type = exc.error_type if isinstance(exc, ToolError) else wire.TOOL_SERVICE_ERROR
+            if error_type == wire.TOOL_SERVICE_ERROR:
+                log.warning("service %s: request %s: %s: %s", self.service_id, request_id, error_type, exc)
+            return error_type, str(exc)
+        if isinstance(exc, WorkerRaised):
+            name, text = exc.name, exc.text
+            log.error("service %s: request %s: invoke raised (in worker process %s)\n%s", self.service_id,
+                      request_id, exc.pid, exc.remote_traceback.rstrip())
+        else:
+            name, text = type(exc).__name__, str(exc)
+            log.error("service %s: request %s: invoke raised", self.service_id, request_id, exc_info=exc)
+        return wire.TOOL_SERVICE_ERROR, self._told(name, text, request_id)
+
+    def _told(self, name: str, text: str, request_id: str) -> str:
+        """What a caller is told of an unexpected exception ``name: text`` (see :meth:`failure`)."""
+        if self.error_detail == FULL:
+            return f"{name}: {text}"
+        log_of = f"the log of host {self.host_id}" if self.host_id else "the host's log"
+        if self.error_detail == TYPE:
+            return f"{name} (its message and traceback are in {log_of}, under request {request_id})"
+        return f"the tool failed; see {log_of} for request {request_id}"
 
 
 class Prover:

@@ -44,6 +44,7 @@ class Server:
         signer: Signer | None = None,
         in_process: Collection[str] = (),
         fleet: Fleet | None = None,
+        host_id: str | None = None,
     ) -> None:
         """Serve ``services`` (by service id) under their ``descriptors``; those of ``in_process``
         (the services of a toolset, live objects a worker process cannot load) in the host's
@@ -55,8 +56,10 @@ class Server:
         the host's ``[access]`` policy first (:class:`tghost.serving.access.Gate`). ``signer``
         (the host's signing key) signs the answers of callers that can check them (docs/protocol.md §2.13).
         ``fleet`` admits a request only where the service's other live providers would too
-        (:class:`tghost.serving.access.Fleet`).
+        (:class:`tghost.serving.access.Fleet`). ``host_id``, the host's id (``None``: it has none),
+        goes in every error reply, so a caller knows whose log to read (docs/protocol.md §2.6).
         """
+        self.host_id = host_id
         self.gate = gate
         self.fleet = fleet
         self.signer = signer
@@ -124,7 +127,7 @@ class Server:
         results = await asyncio.gather(*(
             ServiceEndpoint.open(self._client, services[sid], descriptors[sid],
                                  threads if sid in in_process else self.settings, self._listeners, self._authorize,
-                                 self.gate, self.signer, self.fleet)
+                                 self.gate, self.signer, self.fleet, self.host_id)
             for sid in descriptors), return_exceptions=True)
         failed = next((r for r in results if isinstance(r, BaseException)), None)
         if failed is not None:

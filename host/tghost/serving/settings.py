@@ -7,7 +7,15 @@ from dataclasses import dataclass, field
 from tghost.protocol.descriptors import DEFAULT_TIMEOUT
 from tghost.serving.executors.base import THREAD, WorkerLimits
 
-__all__ = ["ServeSettings"]
+__all__ = ["ERROR_DETAILS", "FULL", "NONE", "TYPE", "ServeSettings"]
+
+#: How much of a tool's unexpected exception a caller is told (``ServeSettings.error_detail``):
+#: ``full``, its class and message; ``type``, its class only; ``none``, neither. Each but
+#: ``full`` says where the host's log has the traceback (host id and request id).
+FULL = "full"
+TYPE = "type"
+NONE = "none"
+ERROR_DETAILS = (FULL, TYPE, NONE)
 
 
 @dataclass(frozen=True)
@@ -28,6 +36,12 @@ class ServeSettings:
     - ``isolation``: where ``invoke`` runs unless the service says (:data:`tghost.serving.executors.base.ISOLATIONS`):
       ``thread`` (the host's worker threads) or ``process`` (worker processes).
     - ``worker_limits``: when worker processes are recycled (:class:`tghost.serving.executors.base.WorkerLimits`).
+    - ``error_detail``: what a caller is told of an exception the tool did not mean for it (any
+      but ``tghost.ToolError``): ``"full"`` (``ZeroDivisionError: float division by zero``),
+      ``"type"`` (``ZeroDivisionError``) or ``"none"``; the log keeps the traceback either way.
+
+    Raises:
+        ValueError: ``error_detail`` is not ``"full"``, ``"type"`` or ``"none"``.
     """
 
     timeout: float = DEFAULT_TIMEOUT
@@ -39,3 +53,8 @@ class ServeSettings:
     stall_threshold: float = 0.5
     isolation: str = THREAD
     worker_limits: WorkerLimits = field(default_factory=WorkerLimits)
+    error_detail: str = FULL
+
+    def __post_init__(self) -> None:
+        if self.error_detail not in ERROR_DETAILS:
+            raise ValueError(f"error_detail {self.error_detail!r} is not one of {', '.join(ERROR_DETAILS)}")

@@ -15,9 +15,10 @@ Routes:
   "message"}, "ms": float}`` per progress update (docs/protocol.md §2.12); for a tool with an
   ``output-schema``, ``{"structured": object}`` (the JSON object its observation holds, for the
   page to draw as a tree; docs/protocol.md §2.14); then ``{"done": {"first_chunk_ms",
-  "total_ms"}}`` or ``{"error": {"type", "message"}, "total_ms"}`` (``bad-request`` for a tool
-  with an ``output-schema`` that answered no JSON object, as an agent's call gets). Closing the
-  request cancels the call.
+  "total_ms"}}`` or ``{"error": {"type", "message", "host"?, "request_id"?}, "total_ms"}``
+  (``host``: the host that answered with the error, ``request_id``: the call's, when known, for
+  finding it in that host's log; ``bad-request`` for a tool with an ``output-schema`` that
+  answered no JSON object, as an agent's call gets). Closing the request cancels the call.
 
 Every request, static files and unknown paths included, has its ``Host`` checked against
 loopback and the allowed hosts (:func:`tghost.adapters.web.is_allowed_host`, the MCP bridge's
@@ -201,7 +202,7 @@ class Inspector:
                     options: dict[str, Any]) -> None:
         """Make the call, putting each chunk and progress update on ``events``; then, for a tool
         with an ``output-schema``, ``("structured", object)`` (:func:`tghost.agent.calls.structured`);
-        then its end: ``("done", None)`` or ``("error", {"type", "message"})``."""
+        then its end: ``("done", None)`` or ``("error", {"type", "message", "host"?, "request_id"?})``."""
         def progress(update: Progress) -> None:
             events.put_nowait(("progress", update))
 
@@ -217,7 +218,9 @@ class Inspector:
                 events.put_nowait(("structured", structured(tool, "".join(chunks))))
             events.put_nowait(("done", None))
         except ToolCallError as exc:
-            events.put_nowait(("error", {"type": exc.error_type, "message": exc.message}))
+            where = {"host": exc.host, "request_id": exc.request_id}
+            events.put_nowait(("error", {"type": exc.error_type, "message": exc.message,
+                                         **{key: value for key, value in where.items() if value}}))
         except Exception as exc:  # the broker gone, say: the page shows it, the log keeps the trace
             log.exception("inspector: calling %r failed", tool)
             events.put_nowait(("error", {"type": type(exc).__name__, "message": str(exc)}))

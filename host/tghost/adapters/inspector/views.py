@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from tghost.agent.directory import DirectoryTool, ToolDirectory
+from tghost.agent.hosts import late_hosts
 
 __all__ = ["hosts_view", "snapshot", "tool_view"]
 
@@ -26,8 +27,9 @@ def hosts_view(directory: ToolDirectory, now: float) -> dict[str, Any]:
     seconds, so the page counts leases down on its own clock), ``hosts`` (every host instance the
     directory remembers: :meth:`tghost.agent.ledger.InstanceView.to_json`), ``conflicts`` (tool
     name or ``tool-service/<id>`` -> the losing claims), ``clashes`` (host id -> the instances that
-    share it), ``rejections`` (announcements not applied, by reason) and ``refusals`` (calls
-    refused before sending, by reason)."""
+    share it), ``rejections`` (announcements not applied, by reason), ``refusals`` (calls
+    refused before sending, by reason) and ``late`` (host id -> when it was last heard, for each
+    late host: :func:`tghost.agent.hosts.late_hosts`)."""
     return {
         "now": now,
         "hosts": [instance.to_json() for instance in directory.ledger.instances()],
@@ -35,6 +37,7 @@ def hosts_view(directory: ToolDirectory, now: float) -> dict[str, Any]:
         "clashes": {host: list(instances) for host, instances in directory.ledger.clashes.items()},
         "rejections": dict(directory.rejections),
         "refusals": dict(directory.calls.refusals),
+        "late": late_hosts(directory, now),
     }
 
 

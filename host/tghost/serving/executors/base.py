@@ -30,6 +30,7 @@ __all__ = [
     "Executor",
     "Outcome",
     "WorkerLimits",
+    "WorkerRaised",
     "WorkerStats",
 ]
 
@@ -52,6 +53,20 @@ RESTART_REASONS = (TIMEOUT, CANCELLED, CRASH, MEMORY, RECYCLED)
 
 #: What :meth:`Executor.run` gives back: one observation string, or a stream of them.
 Outcome = str | AsyncGenerator[str, None]
+
+
+class WorkerRaised(Exception):
+    """A plugin's unexpected exception in a worker process, as the host learns it through the
+    pipe: ``name`` is its class name, ``text`` its message, ``remote_traceback`` the traceback
+    formatted in the worker and ``pid`` the worker's process id. The host logs and answers it as
+    it does an exception raised in its own threads (:meth:`tghost.serving.request.Terms.failure`)."""
+
+    def __init__(self, name: str, text: str, remote_traceback: str, pid: int | None) -> None:
+        super().__init__(f"{name}: {text}")
+        self.name = name
+        self.text = text
+        self.remote_traceback = remote_traceback
+        self.pid = pid
 
 
 @dataclass(frozen=True)
@@ -117,7 +132,7 @@ class Executor(abc.ABC):
 
     @abc.abstractmethod
     async def run(self, call: Call, span: Span | None = None) -> Outcome:
-        """Run ``invoke(*call)``; returns the observation (``wire.observation`` of the result) or,
+        """Run ``invoke(*call)``; returns the observation (:func:`tghost.author.service.observation` of the result) or,
         for a generator, an async iterator of one observation per chunk, produced as the plugin
         yields them. Close the iterator (``aclosing``) when not reading it to the end. ``span`` is
         the call's ``invoke`` span while tracing is on: a worker process's part of the call gets a

@@ -22,7 +22,7 @@ from importlib.metadata import EntryPoint
 from multiprocessing.connection import Connection
 from typing import Any
 
-from tghost.author.service import Call, ToolError, ToolService, invoke
+from tghost.author.service import Call, ToolError, ToolService, invoke, observation
 from tghost.protocol import wire
 from tghost.system.processes import die_with_parent
 
@@ -125,7 +125,8 @@ def run_worker(conn: Connection, source: EntryPointSource | ObjectSource, max_me
     closes or says ``None``. Per call, the host gets (see :class:`tghost.serving.executors.process.ProcessExecutor`):
     ``("progress", (done, total, message))`` for each progress update, then
     ``("result", observation, rss)``; or ``("stream",)``, ``("chunk", observation)`` per chunk and
-    ``("end", rss)``; or ``("error", error_type, message, traceback | None, rss)``; or ``("oom", message)``
+    ``("end", rss)``; or ``("error", error_type, message, rss)`` (a ``ToolError``), ``("raised",
+    exception class name, message, traceback, rss)`` (any other exception); or ``("oom", message)``
     and the worker exits (``rss``: bytes after the call, ``None`` without ``max_memory``)."""
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group; the host decides
@@ -171,10 +172,9 @@ class _Runner:
                                    "(tghost run --max-worker-memory); the worker was replaced"))
             return False
         except ToolError as exc:
-            self._say(("error", exc.error_type, str(exc), None, self.rss()))
+            self._say(("error", exc.error_type, str(exc), self.rss()))
         except Exception as exc:
-            self._say(("error", wire.TOOL_SERVICE_ERROR, f"{type(exc).__name__}: {exc}",
-                            traceback.format_exc(), self.rss()))
+            self._say(("raised", type(exc).__name__, str(exc), traceback.format_exc(), self.rss()))
         return True
 
     def _say(self, message: tuple[Any, ...]) -> None:
@@ -198,7 +198,7 @@ class _Runner:
                         chunk = self.loop.run_until_complete(result.__anext__())
                     except StopAsyncIteration:
                         break
-                    self._say(("chunk", wire.observation(chunk)))
+                    self._say(("chunk", observation(self.service.id, chunk)))
             finally:
                 self.loop.run_until_complete(result.aclose())
             self._say(("end", self.rss()))
@@ -206,7 +206,7 @@ class _Runner:
             self._say(("stream",))
             with contextlib.closing(result):
                 for chunk in result:
-                    self._say(("chunk", wire.observation(chunk)))
+                    self._say(("chunk", observation(self.service.id, chunk)))
             self._say(("end", self.rss()))
         else:
-            self._say(("result", wire.observation(result), self.rss()))
+            self._say(("result", observation(self.service.id, result), self.rss()))

@@ -39,6 +39,7 @@ from tghost.serving.executors.base import (
     Executor,
     Outcome,
     WorkerLimits,
+    WorkerRaised,
     WorkerStats,
 )
 from tghost.serving.executors.child import EntryPointSource, ObjectSource, run_worker
@@ -67,6 +68,8 @@ def _error_type(exc: BaseException) -> str:
     """The ``error.type`` of a worker span that ended with ``exc``."""
     if isinstance(exc, ToolError):
         return exc.error_type
+    if isinstance(exc, WorkerRaised):
+        return wire.TOOL_SERVICE_ERROR
     return "cancelled" if isinstance(exc, asyncio.CancelledError | GeneratorExit) else type(exc).__name__
 
 
@@ -245,11 +248,10 @@ class ProcessExecutor(Executor):
         worker.calls += 1
         self._give_back(worker, rss=message[-1])
         if kind == "error":
-            _, error_type, text, remote_traceback, _ = message
-            if remote_traceback:
-                log.error("service %s: invoke raised (in worker process %s)\n%s", self.service_id, worker.pid,
-                          remote_traceback.rstrip())
-            raise ToolError(text, error_type)
+            raise ToolError(message[2], message[1])
+        if kind == "raised":
+            _, name, text, remote_traceback, _ = message
+            raise WorkerRaised(name, text, remote_traceback, worker.pid)
         return "" if kind == "end" else str(message[1])
 
     async def _lost(self, worker: _Worker, exc: BaseException, call: Call) -> BaseException:

@@ -20,7 +20,7 @@ from collections.abc import AsyncGenerator, Callable, Iterator
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
-from tghost.author.service import Call, ToolError, ToolService, invoke
+from tghost.author.service import Call, ToolError, ToolService, invoke, observation
 from tghost.protocol import wire
 from tghost.serving.executors.base import THREAD, Executor, Outcome, WorkerStats
 
@@ -99,17 +99,17 @@ class ThreadExecutor(Executor):
             result = await result
         if inspect.isasyncgen(result) or inspect.isgenerator(result):
             return self._chunks(result)
-        return wire.observation(result)
+        return observation(self.service_id, result)
 
     async def _chunks(self, result: Any) -> AsyncGenerator[str, None]:
         if inspect.isasyncgen(result):
             async with contextlib.aclosing(result):
                 async for chunk in result:
-                    yield wire.observation(chunk)
+                    yield observation(self.service_id, chunk)
             return
         try:
             while (chunk := await self._in_thread(_next_chunk, result)) is not _DONE:
-                yield wire.observation(chunk)
+                yield observation(self.service_id, chunk)
         finally:
             with contextlib.suppress(ValueError):  # "generator already executing" in a stuck thread
                 result.close()

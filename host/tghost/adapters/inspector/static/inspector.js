@@ -155,10 +155,12 @@
       const services = h.entries.filter((e) => e.kind === "tool-service");
       const withdrawn = h.entries.filter((e) => !e.available);
       const signed = h.signed_by ? (h.verified ? `signed by ${h.signed_by}, verified` : `signed by ${h.signed_by}, not checked`) : "unsigned";
+      const late = h.state === "active" && h.host.id in snap.late;
       return el("li", { className: `host ${h.state}` },
         el("div", { className: "host-head" },
           el("strong", { className: "host-id", text: h.host.id }),
-          chip(h.state, h.state === "active" ? "ok" : "warn")),
+          late ? chip("late", "warn", "no heartbeat for half its lease: it may have stopped without withdrawing")
+            : chip(h.state, h.state === "active" ? "ok" : "warn")),
         el("p", { className: "host-meta", text: `instance ${h.host.instance || "?"} · ${h.host.hostname || ""} pid ${h.host.pid ?? "?"}` }),
         el("p", { className: "host-meta" },
           el("span", { className: "lease", "data-lease-end": h.lease_end, "data-state": h.state, text: `lease ${h.seconds}s · ${remaining(h.lease_end)}` }),
@@ -169,6 +171,7 @@
     const notes = [];
     for (const [name, losers] of Object.entries(snap.conflicts)) notes.push(`conflict over ${name}: ${losers.join(", ")} lost`);
     for (const [host, instances] of Object.entries(snap.clashes)) notes.push(`host id ${host} is announced by ${instances.length} live processes`);
+    for (const [host, heard] of Object.entries(snap.late)) notes.push(`host ${host} is late: not heard for ${Math.round(now() - heard)}s`);
     for (const [reason, count] of Object.entries(snap.rejections)) notes.push(`${count} announcement(s) rejected: ${reason}`);
     for (const [reason, count] of Object.entries(snap.refusals)) notes.push(`${count} call(s) refused here: ${reason}`);
     $("directory-notes").replaceChildren(...notes.map((text) => el("p", { text })));
@@ -329,7 +332,7 @@
           } else if (line.error) {
             entry.status = line.error.type;
             entry.total = line.total_ms;
-            log.append(el("p", { className: "error" }, el("strong", { text: line.error.type }), document.createTextNode(`: ${line.error.message}`)));
+            log.append(el("p", { className: "error" }, el("strong", { text: line.error.type }), document.createTextNode(`: ${line.error.message}`), ...errorWhere(line.error)));
             $("timing").textContent = `failed after ${line.total_ms} ms`;
           }
         }
@@ -365,6 +368,13 @@
     bar.setAttribute("aria-label", "progress");
     const amount = known ? `${update.done}/${update.total} (${Math.round(100 * update.done / update.total)}%)` : `${update.done}`;
     box.querySelector("span").textContent = update.message ? `${amount} ${update.message}` : amount;
+  }
+
+  // Where an error came from (docs/protocol.md §2.6): the host that answered and the request id its log names.
+  function errorWhere(error) {
+    const known = [["host", error.host], ["request", error.request_id]].filter(([, value]) => value);
+    if (!known.length) return [];
+    return [el("small", { className: "where", text: known.map(([label, value]) => `${label} ${value}`).join(" · ") })];
   }
 
   // A structured result: its tree, and "raw JSON" to see the observation as it came instead.
