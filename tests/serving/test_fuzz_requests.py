@@ -121,7 +121,8 @@ async def test_every_fuzzed_request_with_an_id_gets_exactly_one_well_formed_repl
     if body["error"] is None:
         assert isinstance(json.loads(body["response"])["arguments"], dict)
     else:
-        assert set(body["error"]) == {"type", "message"} and body["error"]["message"]
+        assert set(body["error"]) - {"host"} == {"type", "message", "request-id"} and body["error"]["message"]
+        assert body["error"]["request-id"] == request_id  # where (docs/protocol.md §2.6)
         assert body["error"]["type"] in {wire.BAD_REQUEST, wire.INVALID_ARGUMENTS, wire.TOOL_SERVICE_ERROR}
 
 
