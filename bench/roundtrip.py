@@ -10,7 +10,8 @@ Servers (each called by the same raw sync caller, so only the server differs):
   costs, which any host that runs plugin code away from the client's threads pays;
 - (b) ``tghost run`` serving a generated echo plugin, an ``async def`` (``--isolation thread``,
   the default), as TrustGraph's and the joke plugin's ``invoke`` are;
-- (b1) the same echo as a plain ``def``: run in the service's worker threads (the thread lane);
+- (b1) the same echo as a plain ``def``: the inline driver, which runs it on the thread that
+  received it once its calls are measured short (tghost/serving/inline.py);
 - (b2) the ``async def`` echo under ``tghost run --isolation process``.
 
 Callers of (b) (the caller side): (r) the raw sync caller, (t) ``tghost.agent.client.ToolServiceClient``,
@@ -87,7 +88,7 @@ FLOORS = (
     ("a4 raw listener echo, one hop to a loop", "listener-loop"),
 )
 #: The ``tghost run`` rows: (label, isolation, the echo a plain ``def``). ``async def`` runs on the
-#: event loop; a plain ``def`` in the worker threads (the thread lane, tghost/serving/lane.py).
+#: event loop; a plain ``def`` on the inline driver (tghost/serving/inline.py).
 HOSTS = (
     ("b tghost run", "thread", False),
     ("b1 tghost run, plain def", "thread", True),

@@ -379,7 +379,7 @@ def test_every_markdown_file_cited_is_in_the_repo_and_nothing_cites_outside_it()
 #: The project's own words: docs/internals/architecture.md's glossary defines each (in bold).
 GLOSSARY = ("seed 000", "seed 001", "hop", "lane", "port", "terms", "ledger", "window", "contest", "hand-off",
             "claim", "lease", "epoch", "restatement", "instance", "slot", "drain", "grace", "gate", "session",
-            "toolset", "hints", "structured observation", "typed call")
+            "toolset", "hints", "structured observation", "typed call", "driver", "loop driver", "inline driver")
 
 
 def test_the_glossary_defines_the_projects_own_words() -> None:

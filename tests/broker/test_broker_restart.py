@@ -53,7 +53,8 @@ def connected(host: LocalHost, found: ToolDirectory) -> bool:
     """Every consumer and producer of the host and the directory is connected to the broker."""
     assert host.announcer is not None and host.announcer._producer is not None
     handles = [host.announcer._producer]
-    handles += [w._producer for w in host.server.endpoints] + [w._consumer._consumer for w in host.server.endpoints]
+    handles += [w._port.producer for w in host.server.endpoints]
+    handles += [w._consumer._consumer for w in host.server.endpoints]
     for caller in found.calls._callers.values():
         handles += [caller._producer, caller._consumer._consumer]
     return found.is_connected() and all(handle is not None and handle.is_connected() for handle in handles)

@@ -215,7 +215,7 @@ async def test_unknown_cancels_even_a_storm_of_them_stop_nothing_and_leave_nothi
         finally:
             client.close()
         endpoint = next(e for e in host.server.endpoints if e.descriptor.id == "nap")
-        assert endpoint._calls == {} and endpoint.in_flight == 0
+        assert endpoint._driver._calls == {} and endpoint.in_flight == 0
 
 
 async def test_a_verified_callers_call_is_cancelled_only_by_a_cancel_it_signed(

@@ -3,7 +3,8 @@ calls sent at a steady rate while a host drains are all answered (``ok`` by anot
 ``unavailable``); none is left without a reply. Counts, not timing.
 
 Every drain test runs twice (the ``style`` fixture): with an ``async def`` tool, served on the
-event loop, and with a plain ``def`` one, served by the thread lane (tghost/serving/lane.py)."""
+event loop, and with a plain ``def`` one, served by the thread lane (tghost/serving/lane.py). (The
+grace's end and the calls waiting for a slot, in every driver: tests/serving/test_parity.py.)"""
 
 from __future__ import annotations
 
@@ -24,7 +25,6 @@ from tghost.agent.client import ToolCallError, ToolServiceClient
 from tghost.broker import EmbeddedBroker
 from tghost.pulsar.clients import PulsarSettings
 from tghost.serving.handoff import PeerLookout
-from tghost.serving.settings import ServeSettings
 from tghost.testing import LocalHost
 
 #: Calls per second sent while a host drains.
@@ -197,45 +197,6 @@ async def test_server_remove_hands_new_requests_to_the_other_host_and_leaves_non
     assert counts[NEVER_ANSWERED] == 0, counts
     assert set(counts) <= {"ok", "unavailable"}, counts
     assert counts["unavailable"] <= 5, counts  # the rest went to the other host
-
-
-async def test_end_grace_answers_the_calls_still_running_unavailable(pulsar_broker: EmbeddedBroker,
-                                                                      style: str) -> None:
-    service, release = held_service(style)
-    async with LocalHost(pulsar_broker.url, [service]) as host:
-        call = asyncio.create_task(host.call("drained", {"hold": True}, timeout=60))
-        await until(lambda: host.server.endpoints[0].in_flight == 1, "the call is running")
-        stopping = asyncio.create_task(host.server.stop(grace=60))
-        await until(lambda: host.server.endpoints[0]._stopping, "the host is stopping")
-        host.server.end_grace()
-        assert await stopping == 1
-        with pytest.raises(ToolCallError) as info:
-            await call
-        release()  # a plain def's thread runs on until the plugin returns
-    assert info.value.error_type == "unavailable"
-    assert "before the call finished" in info.value.message
-
-
-async def test_requests_waiting_for_a_slot_are_answered_unavailable_at_once(pulsar_broker: EmbeddedBroker,
-                                                                            style: str) -> None:
-    service, release = held_service(style)
-    settings = ServeSettings(max_concurrency=1)
-    async with LocalHost(pulsar_broker.url, [service], settings) as host:
-        endpoint = host.server.endpoints[0]
-        running = asyncio.create_task(host.call("drained", {"hold": True}, timeout=60))
-        await until(lambda: endpoint.in_flight == 1, "the call is running")
-        caller = await host.caller("drained")
-        waiting = [asyncio.create_task(outcome(caller)) for _ in range(3)]
-        await until(lambda: endpoint.in_flight == 4, "three calls wait for the slot")
-        stopping = asyncio.create_task(host.server.stop(grace=60))
-        assert await asyncio.gather(*waiting) == ["unavailable"] * 3  # while the held call still runs
-        assert not running.done()
-        release()
-        assert await running == "done"
-        assert await stopping == 0
-
-
-# ---- tghost run: SIGTERM under load, with two hosts and with one ----
 
 
 @pytest.fixture

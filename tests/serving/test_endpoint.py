@@ -261,24 +261,6 @@ async def test_concurrency_bound_limits_calls_in_flight(pulsar_broker: EmbeddedB
     assert running["max"] == 2
 
 
-async def test_requests_beyond_bound_and_queue_are_answered_overloaded(pulsar_broker: EmbeddedBroker) -> None:
-    gate = asyncio.Event()
-
-    @tghost.tool(max_concurrency=1)
-    async def narrow() -> str:
-        await gate.wait()
-        return "ok"
-
-    async with LocalHost(pulsar_broker.url, [narrow], ServeSettings(max_queue=2)) as host:
-        calls = [asyncio.create_task(host.call("narrow")) for _ in range(8)]
-        done, _ = await asyncio.wait(calls, timeout=2)  # the 5 overloaded ones come back at once
-        gate.set()
-        results = await asyncio.gather(*calls, return_exceptions=True)
-    overloaded = [r for r in results if isinstance(r, ToolCallError) and r.error_type == "overloaded"]
-    assert len(done) == 5 and len(overloaded) == 5
-    assert results.count("ok") == 3  # one running + two queued; every request got a reply
-
-
 async def test_two_hosts_share_one_service_through_the_shared_subscription(pulsar_broker: EmbeddedBroker) -> None:
     @tghost.tool(service="shared-echo")
     async def echo(text: str) -> str:
@@ -306,25 +288,6 @@ async def test_graceful_stop_finishes_in_flight_calls(pulsar_broker: EmbeddedBro
         cancelled = await host.server.stop(grace=5)
         assert await call == "finished"
     assert cancelled == 0
-
-
-async def test_calls_still_running_after_the_grace_period_are_answered_unavailable(
-    pulsar_broker: EmbeddedBroker,
-) -> None:
-    @tghost.tool
-    async def endless() -> str:
-        await asyncio.sleep(60)
-        return "never"
-
-    async with LocalHost(pulsar_broker.url, [endless]) as host:
-        call = asyncio.create_task(host.call("endless"))
-        while host.server.endpoints[0].in_flight == 0:
-            await asyncio.sleep(0.01)
-        assert await host.server.stop(grace=0.1) == 1
-        with pytest.raises(ToolCallError) as info:
-            await call
-    assert info.value.error_type == "unavailable"
-
 
 
 async def test_listeners_get_one_record_per_request_with_its_status_and_user(

@@ -37,7 +37,8 @@ from tghost.serving.executors.base import PROCESS, THREAD
 from tghost.serving.settings import ServeSettings
 from tghost.testing import LocalHost
 
-#: More tools that report progress: async, streaming, and one that reports far too often.
+#: More tools that report progress: async and streaming. (Pacing, and progress in each driver and
+#: isolation mode: tests/serving/test_parity.py.)
 MORE = '''
 import asyncio
 
@@ -73,29 +74,11 @@ def words(count: int, ctx: tghost.Context):
         yield f"w{n} "
 
 
-@tghost.tool
-def hurry(ctx: tghost.Context) -> str:
-    """Report twice at once, then answer."""
-    ctx.progress(1, message="started")
-    ctx.progress(2, message="almost")
-    return "done"
-
-
-@tghost.tool
-def chatter(times: int, ctx: tghost.Context) -> str:
-    """Report progress in a tight loop."""
-    for n in range(1, times + 1):
-        ctx.progress(n, times)
-    return "said it all"
-
-
 @tghost.hookimpl
 def tghost_register_services(register):
     register(survey)
     register(chapters)
-    register(chatter)
     register(words)
-    register(hurry)
 '''
 
 
@@ -138,26 +121,6 @@ async def test_progress_comes_through_the_directory_from_an_async_tool_and_in_or
     assert surveyed == [Progress(1, 2), Progress(2, 2)]
     assert seen == [Progress(1, 2, "writing chapter 1"), "chapter 1\n", Progress(2, 2, "writing chapter 2"),
                     "chapter 2\n"]
-
-
-async def test_a_flood_of_progress_is_paced_and_the_last_update_still_arrives(
-    pulsar_broker: EmbeddedBroker, reporting: Catalog
-) -> None:
-    updates: list[Progress] = []
-    async with LocalHost(pulsar_broker.url, reporting) as host:
-        assert await host.call("chatter", {"times": 20_000}, progress=updates.append) == "said it all"
-    assert 2 <= len(updates) < 100  # 20,000 reported; at most 10 a second sent, plus the last
-    assert updates[0] == Progress(1, 20_000) and updates[-1] == Progress(20_000, 20_000)
-
-
-@pytest.mark.parametrize("isolation", [THREAD, PROCESS])
-async def test_an_update_held_back_by_the_pacing_goes_out_before_the_answer(
-    pulsar_broker: EmbeddedBroker, reporting: Catalog, isolation: str
-) -> None:
-    updates: list[Progress] = []
-    async with LocalHost(pulsar_broker.url, reporting, ServeSettings(isolation=isolation)) as host:
-        assert await host.call("hurry", {}, progress=updates.append) == "done"
-    assert updates == [Progress(1, None, "started"), Progress(2, None, "almost")]  # the caller sees where it ended
 
 
 async def test_only_a_caller_that_asks_gets_progress_and_each_update_is_an_empty_seed_000_chunk(

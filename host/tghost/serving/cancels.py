@@ -10,8 +10,8 @@ dictionary lookup and is dropped.
 A liveness probe is answered on the listener thread itself, never waiting for the event loop:
 a host whose loop is busy (an ``async`` tool that blocks it) is slow, not dead.
 
-Reads and checks cancels; what stopping a call means is the endpoint's and the lane's, and what
-a probe's answer says is the endpoint's.
+Reads and checks cancels; what stopping a call means is the endpoint's and its driver's, and
+what a probe's answer says is the endpoint's.
 """
 
 from __future__ import annotations
@@ -41,24 +41,25 @@ OnProbe = Callable[[str, str], None]
 
 class ControlTopic:
     """This host's reader of one service's control topic: each cancel (a message with the
-    ``tghost-cancel`` property and an ``id``) is handed to ``on_cancel`` on the event loop, each
-    liveness probe (``tghost-probe`` and an ``id``) to ``on_probe`` on the listener thread."""
+    ``tghost-cancel`` property and an ``id``) is handed to ``on_cancel`` on the event loop
+    (through ``mailbox``), each liveness probe (``tghost-probe`` and an ``id``) to ``on_probe`` on
+    the listener thread."""
 
-    def __init__(self, descriptor: ToolServiceDescriptor, on_cancel: OnCancel, on_probe: OnProbe) -> None:
+    def __init__(self, descriptor: ToolServiceDescriptor, on_cancel: OnCancel, on_probe: OnProbe,
+                 mailbox: hop.Mailbox) -> None:
         self.topic = wire.control_topic(descriptor.request_queue)
         self._subscription = f"{descriptor.id}-control-{uuid.uuid4().hex[:12]}"
         self._on_cancel = on_cancel
         self._on_probe = on_probe
-        self._consumer: pulsar.asyncio.Consumer | None = None
-        self._mailbox: hop.Mailbox | None = None
+        self._mailbox = mailbox
+        self._consumer: pulsar.asyncio.Consumer | None = None  # subscribed by start()
 
-    async def start(self, client: pulsar.asyncio.Client, mailbox: hop.Mailbox) -> None:
+    async def start(self, client: pulsar.asyncio.Client) -> None:
         """Subscribe (Exclusive, this host's own subscription).
 
         Raises:
             pulsar.asyncio.PulsarException: the broker refused the subscription.
         """
-        self._mailbox = mailbox
         self._consumer = await hop.subscribe_listening(client, self.topic, self._subscription,
                                                        pulsar.ConsumerType.Exclusive, self._on_message)
 
@@ -68,7 +69,7 @@ class ControlTopic:
         properties = message.properties()
         request_id = properties.get("id")
         if request_id and wire.CANCEL in properties:
-            self._mailbox.put(self._on_cancel, request_id, properties)  # type: ignore[union-attr]
+            self._mailbox.put(self._on_cancel, request_id, properties)
         elif request_id and wire.PROBE in properties:
             self._on_probe(request_id, properties[wire.PROBE])
 

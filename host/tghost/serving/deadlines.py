@@ -18,7 +18,7 @@ class Deadlines:
     order, which is deadline order, and the timer is armed for the earliest (``asyncio.timeout``
     per call cost a timer, a context and two running-loop lookups each: docs/internals/performance.md §1).
 
-    Used by :class:`tghost.serving.endpoint.ServiceEndpoint` for calls on the event loop; the thread lane
+    Used by :class:`tghost.serving.loop.LoopDriver` for calls on the event loop; the thread lane
     (:mod:`tghost.serving.lane`) times its calls from a thread of its own.
     """
 

@@ -76,6 +76,18 @@ class PeerLookout:
             message_listener=lambda consumer, message: mailbox.put(self._seen, message.properties().get("id")))
         return self
 
+    async def try_start(self, client: pulsar.asyncio.Client, topic: str, subscription: str) -> bool:
+        """:meth:`start` within :data:`LOOKOUT_TIMEOUT`; False (logged, closed) when it cannot
+        (no broker now, or it does not answer in time)."""
+        try:
+            async with asyncio.timeout(LOOKOUT_TIMEOUT):
+                await self.start(client, topic, subscription)
+        except Exception as exc:
+            await self.close()
+            log.debug("cannot look out for other hosts on %s while draining: %r", subscription, exc)
+            return False
+        return True
+
     def _seen(self, request_id: str | None) -> None:
         if request_id is None or self.peer_found or self._closed:
             return
@@ -119,4 +131,5 @@ class PeerLookout:
             await consumer.close()
         except Exception as exc:
             log.debug("could not close the lookout: %s", exc)
+
 

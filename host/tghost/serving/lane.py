@@ -5,13 +5,13 @@ non-persistent request topic, the C++ listener thread admits each request and ha
 to a worker thread (:meth:`tghost.serving.executors.thread.ThreadExecutor.submit`); the worker
 checks it, invokes, sends the reply and acknowledges the request. That is a raw sync echo's path
 plus one thread hop. The event loop sees only what is rare: a shutdown's drain. Every other
-service, and a stopping one's new requests, take the loop path
-(:class:`tghost.serving.endpoint.ServiceEndpoint`).
+service is driven on the loop (:class:`tghost.serving.loop.LoopDriver`); the interface both
+have is :class:`tghost.serving.driver.Driver`.
 
 The lane drives the one request state machine of :mod:`tghost.serving.request` (the service's
 :class:`~tghost.serving.request.Terms`, :func:`~tghost.serving.request.failure`, a
 :class:`~tghost.serving.request.Request` per call, the :class:`~tghost.serving.request.Port`),
-so its semantics and reply texts are the loop path's:
+so its semantics and reply texts are the loop driver's:
 
 - ``overloaded`` beyond ``max_concurrency + max_queue`` admitted requests, or when every one
   of the service's threads is stuck in a call that timed out or was cancelled;
@@ -38,7 +38,7 @@ from typing import Any
 from tghost.author.service import invoke, observation
 from tghost.protocol import wire
 from tghost.serving.executors.thread import ThreadExecutor
-from tghost.serving.request import CallRecord, Port, Request, Terms, confirmed
+from tghost.serving.request import Port, Request, Terms, confirmed
 
 __all__ = ["ThreadLane"]
 
@@ -48,11 +48,15 @@ _DONE = object()
 
 
 class ThreadLane:
-    """Serves one thread-isolated service's requests on its worker threads (see the module).
+    """Serves one thread-isolated service's requests on its worker threads (see the module; the
+    interface is :class:`tghost.serving.driver.Driver`).
 
     :meth:`take` is called on the C++ listener thread; :meth:`stop`, :meth:`idle`,
     :meth:`cut_off` and :meth:`close` on the event loop the lane was created on.
     """
+
+    listens = True
+    on_loop = False
 
     def __init__(self, terms: Terms, port: Port, executor: ThreadExecutor, loop: asyncio.AbstractEventLoop) -> None:
         self._terms = terms
@@ -76,9 +80,8 @@ class ThreadLane:
         """Calls admitted and not yet answered (waiting for a thread or running)."""
         return len(self._waiting) + len(self._running)
 
-    def take(self, record: CallRecord, message: Any) -> None:
+    def take(self, request: Request) -> None:
         """Admit one answerable request and queue it for a worker thread, or answer ``overloaded``."""
-        request = Request(record, message)
         with self._lock:
             refusal = self._terms.over_capacity(self.in_flight) or self._executor.starved()
             if refusal is None:
@@ -232,7 +235,7 @@ class ThreadLane:
         if self._emptied is not None and not self._emptied.done():
             self._emptied.set_result(None)
 
-    def cut_off(self) -> int:
+    async def cut_off(self) -> int:
         """The grace ended: answer every call still in the lane ``unavailable`` (its thread is
         counted stuck until the plugin returns). Returns how many were answered."""
         with self._lock:

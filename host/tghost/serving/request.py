@@ -1,10 +1,10 @@
 """request: one request's way through a tool service, written once (docs/protocol.md §2).
 
-admit -> check -> invoke -> answer -> settle. Two drivers take a request along it, and neither
-calls into the other:
+admit -> check -> invoke -> answer -> settle. The drivers (:class:`tghost.serving.driver.Driver`)
+take a request along it, and none calls into another:
 
-- the event loop (:class:`tghost.serving.endpoint.ServiceEndpoint`): ``async def`` tools,
-  process isolation, persistent topics, and a stopping service's new requests;
+- the event loop (:class:`tghost.serving.loop.LoopDriver`): ``async def`` tools, process
+  isolation and persistent topics;
 - the thread lane (:class:`tghost.serving.lane.ThreadLane`): a plain ``def`` tool on a
   non-persistent topic, served from the C++ listener thread on the service's worker threads.
 

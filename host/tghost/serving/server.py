@@ -66,17 +66,11 @@ class Server:
         self.settings = settings or ServeSettings()
         self._listeners = tuple(listeners)
         self._authorize = authorize
-        self.endpoints = self._endpoints(services, descriptors, in_process)
+        self._served = (services, descriptors, in_process)  # opened by start()
+        self.endpoints: list[ServiceEndpoint] = []
         self.stall_detector: StallDetector | None = None
         self._client: pulsar.asyncio.Client | None = None
         self._grace_over = asyncio.Event()
-
-    def _endpoints(self, services: dict[str, ToolService], descriptors: dict[str, ToolServiceDescriptor],
-                   in_process: Collection[str]) -> list[ServiceEndpoint]:
-        threads = dataclasses.replace(self.settings, isolation=THREAD)
-        return [ServiceEndpoint(services[sid], descriptors[sid], threads if sid in in_process else self.settings,
-                                self._listeners, self._authorize, self.gate, self.signer, self.fleet, self.host_id)
-                for sid in descriptors]
 
     async def start(self, client: pulsar.asyncio.Client) -> None:
         """Start the stall detector (unless ``stall_threshold`` is 0) and every service endpoint.
@@ -90,9 +84,8 @@ class Server:
                                          label=lambda executor: executor.service_id).start()
         self._client = client
         try:
-            await self._start_all(self.endpoints)
+            self.endpoints = await self._open(*self._served)
         except BaseException:
-            self.endpoints = []
             if self.stall_detector is not None:
                 self.stall_detector.stop()
             raise
@@ -118,22 +111,29 @@ class Server:
         taken = sorted((set(descriptors) - set(replace)) & {endpoint.descriptor.id for endpoint in self.endpoints})
         if taken:
             raise ValueError(f"service id(s) {taken} already served")
-        endpoints = self._endpoints(services, descriptors, in_process)
-        await self._start_all(endpoints)
+        endpoints = await self._open(services, descriptors, in_process)
         replaced = self.detach(set(replace) & set(descriptors))
         for endpoint in replaced:
             endpoint.hand_off()
         self.endpoints += endpoints
         return replaced
 
-    async def _start_all(self, endpoints: list[ServiceEndpoint]) -> None:
-        """Start ``endpoints`` on the client; if one fails, close those that started and raise its error."""
+    async def _open(self, services: dict[str, ToolService], descriptors: dict[str, ToolServiceDescriptor],
+                    in_process: Collection[str]) -> list[ServiceEndpoint]:
+        """Open an endpoint per service on the client; if one fails, close those that opened and
+        raise its error."""
         assert self._client is not None
-        results = await asyncio.gather(*(e.start(self._client) for e in endpoints), return_exceptions=True)
+        threads = dataclasses.replace(self.settings, isolation=THREAD)
+        results = await asyncio.gather(*(
+            ServiceEndpoint.open(self._client, services[sid], descriptors[sid],
+                                 threads if sid in in_process else self.settings, self._listeners, self._authorize,
+                                 self.gate, self.signer, self.fleet, self.host_id)
+            for sid in descriptors), return_exceptions=True)
         failed = next((r for r in results if isinstance(r, BaseException)), None)
         if failed is not None:
-            await self._shut(endpoints, 0)
+            await self._shut([r for r in results if isinstance(r, ServiceEndpoint)], 0)
             raise failed
+        return [r for r in results if isinstance(r, ServiceEndpoint)]
 
     async def remove(self, service_ids: Iterable[str], grace: float | None = None) -> int:
         """Stop serving ``service_ids`` as :meth:`stop` does for all: hand off and stop receiving,

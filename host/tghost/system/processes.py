@@ -14,16 +14,16 @@ import sys
 __all__ = ["CONTEXT", "describe_exit", "die_with_parent"]
 
 
-def _context() -> multiprocessing.context.BaseContext:
-    methods = multiprocessing.get_all_start_methods()
-    context = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
-    if context.get_start_method() == "forkserver":
-        # Workers fork from a server that has imported tghost once, so a worker is up in tens of
-        # milliseconds plus its plugin's import. Each worker still runs the host's main module as
-        # ``__mp_main__`` (Python 3.11's forkserver never preloads it), which for the ``tghost``
-        # script is an import of ``tghost.cli``: preloaded too (it starts no thread, Pulsar's
-        # client included, so forking after it is safe).
-        context.set_forkserver_preload(["tghost.serving.executors.child", "tghost.cli"])  # type: ignore[attr-defined]
+def _context() -> multiprocessing.context.ForkServerContext | multiprocessing.context.SpawnContext:
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    # Workers fork from a server that has imported tghost once, so a worker is up in tens of
+    # milliseconds plus its plugin's import. Each worker still runs the host's main module as
+    # ``__mp_main__`` (Python 3.11's forkserver never preloads it), which for the ``tghost``
+    # script is an import of ``tghost.cli``: preloaded too (it starts no thread, Pulsar's
+    # client included, so forking after it is safe).
+    context.set_forkserver_preload(["tghost.serving.executors.child", "tghost.cli"])
     return context
 
 

@@ -104,10 +104,10 @@ def _die_with_parent() -> None:
 
     server = getattr(forkserver, "_forkserver", None)
     alive = getattr(server, "_forkserver_alive_fd", None)
-    if alive is not None:
+    if server is not None and alive is not None:
         with contextlib.suppress(OSError):
             os.close(alive)
-        server._forkserver_alive_fd = None  # type: ignore[union-attr]
+        server._forkserver_alive_fd = None
     die_with_parent(signal.SIGKILL)
 
 

@@ -356,7 +356,7 @@ class ProcessExecutor(Executor):
             ToolError: the worker could not load the service, or died while loading it.
         """
         parent, child_end = CONTEXT.Pipe()
-        process = CONTEXT.Process(  # type: ignore[attr-defined]
+        process = CONTEXT.Process(
             target=run_worker, args=(child_end, self.source, self.limits.max_memory),
             name=f"tghost-worker-{self.service_id}")
         await asyncio.to_thread(process.start)

@@ -123,8 +123,9 @@ class ThreadExecutor(Executor):
         if (starved := self.starved()) is not None:
             raise ToolError(starved, wire.OVERLOADED)
         job = self.submit(fn, *args, wanted=True)
+        assert job.future is not None
         try:
-            return await asyncio.wrap_future(job.future)  # type: ignore[arg-type]
+            return await asyncio.wrap_future(job.future)
         except asyncio.CancelledError:
             self.abandon(job)
             raise
@@ -213,6 +214,14 @@ class ThreadExecutor(Executor):
         warning = threading.Timer(STUCK_WARNING_AFTER, self._warn_stuck, (job,))
         warning.daemon = True
         warning.start()
+
+    def hold(self, calls: int) -> None:
+        """``calls`` (1) calls on a thread not the executor's own (the inline driver's receive
+        thread) were left with their plugin at their caller's answer, or (-1) returned: counted
+        running and stuck meanwhile, as the executor's own stuck threads are."""
+        with self._lock:
+            self._running += calls
+            self._stuck += calls
 
     def _warn_stuck(self, job: Job) -> None:
         """:data:`STUCK_WARNING_AFTER` seconds after ``job`` was abandoned: a warning if it still

@@ -1,0 +1,209 @@
+"""inline: the inline driver (tghost/serving/inline.py) runs a short plain ``def`` call on its
+service's receive thread, on the embedded broker. A service runs inline only once its latest
+calls were measured short; what a call on the receive thread keeps (one reply at its timeout, a
+cancel, the grace's end, the call listeners, ``authorize``, a stream) is checked here with every
+call eligible (``eager``), and every other rule in tests/serving/test_parity.py."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+import tghost
+from tghost.agent.client import ToolCallError
+from tghost.broker import EmbeddedBroker
+from tghost.discovery.discover import catalog_of
+from tghost.protocol import wire
+from tghost.serving import inline
+from tghost.serving.inline import InlineDriver
+from tghost.serving.request import CallRecord
+from tghost.testing import LocalHost, RawWire
+
+
+@pytest.fixture
+def eager(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every call may run inline from the first (no measured calls needed)."""
+    monkeypatch.setattr(inline, "RECENT", 0)
+    monkeypatch.setattr(inline, "BUDGET", 60.0)
+
+
+def here() -> str:
+    return threading.current_thread().name
+
+
+async def test_a_service_runs_inline_once_its_latest_calls_were_short_and_a_slow_one_never(
+    pulsar_broker: EmbeddedBroker,
+) -> None:
+    @tghost.tool
+    def quick() -> str:
+        return here()
+
+    @tghost.tool
+    def slow() -> str:
+        time.sleep(inline.BUDGET * 3)
+        return here()
+
+    async with LocalHost(pulsar_broker.url, [quick, slow]) as host:
+        assert {type(endpoint._driver) for endpoint in host.server.endpoints} == {InlineDriver}
+        quick_threads = [await host.call("quick") for _ in range(inline.RECENT + 20)]
+        slow_threads = [await host.call("slow") for _ in range(inline.RECENT + 3)]
+    assert all(name.startswith("tghost-quick_") for name in quick_threads[:inline.RECENT])  # measured on the lane
+    assert "tghost-quick-receive-0" in quick_threads[inline.RECENT:], quick_threads  # then inline (under load: some)
+    assert all(name.startswith("tghost-slow_") for name in slow_threads)
+
+
+async def test_an_inline_call_past_its_timeout_gets_one_reply_and_a_new_receive_thread_takes_over(
+    pulsar_broker: EmbeddedBroker, eager: None,
+) -> None:
+    returned = threading.Event()
+
+    @tghost.tool(timeout=0.3)
+    def dawdle(seconds: float) -> str:
+        time.sleep(seconds)
+        returned.set()
+        return here()
+
+    async with LocalHost(pulsar_broker.url, [dawdle]) as host, RawWire(pulsar_broker.url, dawdle.descriptor) as raw:
+        assert await host.call("dawdle", {"seconds": 0}) == "tghost-dawdle-receive-0"
+        started = time.monotonic()
+        await raw.send(wire.encode_request("u", {}, {"seconds": 1.5}), {"id": "slow"})
+        replies = await raw.raw_replies("slow", timeout=10)
+        answered_after = time.monotonic() - started
+        during = await host.call("dawdle", {"seconds": 0})  # while the plugin still holds the old thread
+        await asyncio.to_thread(returned.wait, 10)
+        settled = await raw.raw_replies("slow", settle=0.5)
+        async with asyncio.timeout(10):  # the old thread's call ends a moment after the plugin returned
+            while host.server.endpoints[0]._driver._left:
+                await asyncio.sleep(0.01)
+        after = await host.call("dawdle", {"seconds": 0})
+    assert len(replies) == 1 and answered_after < 1.5 and replies[0].json()["error"]["type"] == "timeout"
+    assert len(settled) == 1  # the late result is dropped
+    assert during.startswith("tghost-dawdle_")  # no inline call while one is left with its plugin
+    assert after == "tghost-dawdle-receive-1"  # the new receive thread, inline again
+
+
+async def test_an_inline_call_is_cancelled_at_once_and_told(pulsar_broker: EmbeddedBroker, eager: None) -> None:
+    records: list[CallRecord] = []
+    started, told = threading.Event(), threading.Event()
+
+    @tghost.tool(timeout=60)
+    def grind(ctx: tghost.Context) -> str:
+        started.set()
+        if ctx.cancelled.wait(30):
+            told.set()
+        return here()
+
+    async with LocalHost(pulsar_broker.url, [grind], listeners=[records.append]) as host:
+        call = asyncio.create_task(host.call("grind", timeout=90))
+        await asyncio.to_thread(started.wait, 30)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        assert await asyncio.to_thread(told.wait, 10)
+        await asyncio.sleep(0.2)  # the plugin returns; its thread ends
+        started.clear()
+        second = asyncio.create_task(host.call("grind", timeout=30))
+        await asyncio.to_thread(started.wait, 30)
+        [endpoint] = host.server.endpoints
+        endpoint._cancel(endpoint._driver._current.request_id, {})  # a cancel with no caller to check
+        with pytest.raises(ToolCallError) as info:
+            await second
+    assert info.value.error_type == wire.CANCELLED
+    assert [r.status for r in records] == [wire.CANCELLED, wire.CANCELLED]
+
+
+async def test_an_inline_call_running_when_the_grace_ends_is_answered_unavailable(
+    pulsar_broker: EmbeddedBroker, eager: None,
+) -> None:
+    release, running = threading.Event(), threading.Event()
+
+    @tghost.tool(timeout=60)
+    def endless() -> str:
+        running.set()
+        release.wait(30)
+        return "never seen"
+
+    async with LocalHost(pulsar_broker.url, [endless]) as host:
+        call = asyncio.create_task(host.call("endless", timeout=30))
+        await asyncio.to_thread(running.wait, 30)
+        [endpoint] = host.server.endpoints
+        assert endpoint.in_flight == 1 and endpoint._driver._current is not None  # running inline
+        assert await host.server.stop(grace=0.2) == 1
+        stuck = endpoint.executor.stats()
+        with pytest.raises(ToolCallError) as info:
+            await call
+        release.set()
+        async with asyncio.timeout(10):  # its thread is freed when the plugin returns
+            while endpoint.executor.stats().stuck:
+                await asyncio.sleep(0.01)
+    assert info.value.error_type == "unavailable" and "before the call finished" in info.value.message
+    assert (stuck.stuck, stuck.busy) == (1, 0)  # counted stuck, as a worker thread would be
+
+
+async def test_an_inline_call_that_blocks_never_delays_another_services_replies(
+    pulsar_broker: EmbeddedBroker, eager: None,
+) -> None:
+    release, running = threading.Event(), threading.Event()
+
+    @tghost.tool(timeout=60)
+    def block() -> str:
+        running.set()
+        release.wait(30)
+        return "released"
+
+    @tghost.tool
+    def echo(text: str) -> str:
+        return f"{text} on {here()}"
+
+    async with LocalHost(pulsar_broker.url, [block, echo]) as host:
+        blocked = asyncio.create_task(host.call("block", timeout=60))
+        await asyncio.to_thread(running.wait, 30)
+        answers = [await host.call("echo", {"text": str(i)}, timeout=10) for i in range(3)]
+        assert not blocked.done()
+        release.set()
+        assert await blocked == "released"
+    assert answers == [f"{i} on tghost-echo-receive-0" for i in range(3)]
+
+
+async def test_inline_calls_reach_the_listeners_and_authorize_runs_on_the_receive_thread(
+    pulsar_broker: EmbeddedBroker, eager: None,
+) -> None:
+    records: list[CallRecord] = []
+
+    @tghost.tool
+    def picky(n: int) -> int:
+        if n < 0:
+            raise tghost.ToolError("negative", "out-of-range")
+        return n * 2
+
+    def only_alice(user: str, service: str) -> str | None:
+        return None if user == "alice" else f"{user} may not call {service} ({here()})"
+
+    catalog = catalog_of([picky], authorize=only_alice)
+    async with LocalHost(pulsar_broker.url, catalog, listeners=[records.append]), \
+            RawWire(pulsar_broker.url, picky.descriptor) as raw:
+        answers = [await raw.request({"n": n}, user="alice") for n in (2, -1)]
+        [(_, denied)] = await raw.request({"n": 1}, user="bob")
+        async with asyncio.timeout(10):
+            while len(records) < 3:
+                await asyncio.sleep(0.01)
+    assert [replies[-1][1]["response"] for replies in answers] == ["4", ""]
+    assert (denied["error"]["type"], denied["error"]["message"]) == (
+        "not-allowed", "bob may not call picky (tghost-picky-receive-0)")
+    assert [(r.status, r.user) for r in records] == [("ok", "alice"), ("out-of-range", "alice"), ("not-allowed", "bob")]
+
+
+async def test_an_inline_calls_stream_goes_on_a_worker_thread(pulsar_broker: EmbeddedBroker, eager: None) -> None:
+    @tghost.tool
+    def ticker(count: int) -> Iterator[str]:
+        for i in range(count):
+            yield f"{i} on {here()}"
+
+    async with LocalHost(pulsar_broker.url, [ticker]) as host:
+        chunks = [chunk async for chunk in host.stream("ticker", {"count": 3})]
+    assert [chunk.split(" on ")[0] for chunk in chunks] == ["0", "1", "2"]
+    assert all(chunk.split(" on ")[1].startswith("tghost-ticker_") for chunk in chunks)
