@@ -243,11 +243,12 @@ class ToolServiceClient:
         asks = {wire.PROGRESS: "1"} if progress is not None else {}
         if self.trusted is not None and self.identity is None:
             asks[PROVE] = "1"
-        sent = self._sending(request_id, body, span, asks)
+        sent = self._waiting(request_id, body, span, asks)
         failed: str | None = "cancelled"
         resends = 0  # of an 'unavailable' that did not start
         try:
             async with asyncio.timeout(timeout):
+                self._sending(sent, body, span, asks)
                 while True:
                     response = await _next(sent.answers, sent.watch)
                     if isinstance(response, Exception):
@@ -266,7 +267,8 @@ class ToolServiceClient:
                         log.debug("%s: request %s did not start on host %s (it is stopping): sent again (%d of %d)",
                                   self._named(tool), sent.request_id, response.error.get("host"), resends, RESENDS)
                         self._close(sent)
-                        sent = self._sending(uuid.uuid4().hex, body, span, asks)
+                        sent = self._waiting(uuid.uuid4().hex, body, span, asks)
+                        self._sending(sent, body, span, asks)
                         continue
                     if response.error:
                         failed = response.error["type"]
@@ -299,17 +301,21 @@ class ToolServiceClient:
             if failed in ("cancelled", wire.TIMEOUT, NO_PROVIDER):
                 self._cancel(sent.request_id)
 
-    def _sending(self, request_id: str, body: bytes, span: Span | None, asks: Mapping[str, str]) -> _Sent:
-        """Send the request (its encoded ``body``) under ``request_id``: its answers wait under
-        that id from now on, and, where the service's hosts answer probes, its :class:`Watch`."""
-        answers = self._pending[request_id] = Answers(None)
-        sent = _Sent(request_id, answers, time.time())
+    def _waiting(self, request_id: str, body: bytes, span: Span | None, asks: Mapping[str, str]) -> _Sent:
+        """A sending of the request (its encoded ``body``) under ``request_id``, not sent yet: its
+        answers wait under that id from now on, and, where the service's hosts answer probes,
+        its :class:`Watch`."""
+        sent = _Sent(request_id, Answers(None), time.time())
+        self._pending[request_id] = sent.answers
         if self._probes is not None and self._probes():
             sent.watch = self._watch(request_id, functools.partial(self._orphaned, sent, body, span, asks))
-        sent.in_session = self._send(answers, request_id, body, self._session_keys(), span, asks)
-        answers.check = self._check(request_id, sent.in_session, answers.sent, body_digest(body))
-        answers.known = self._known_hosts if sent.in_session else frozenset
         return sent
+
+    def _sending(self, sent: _Sent, body: bytes, span: Span | None, asks: Mapping[str, str]) -> None:
+        """Send the request under ``sent``'s id, and say how its answers are checked."""
+        sent.in_session = self._send(sent.answers, sent.request_id, body, self._session_keys(), span, asks)
+        sent.answers.check = self._check(sent.request_id, sent.in_session, sent.answers.sent, body_digest(body))
+        sent.answers.known = self._known_hosts if sent.in_session else frozenset
 
     def _close(self, sent: _Sent) -> None:
         """The call is done with ``sent``'s id: forget its answers and probes."""
