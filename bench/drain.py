@@ -89,7 +89,7 @@ async def outcome(svc: ToolServiceClient) -> str:
     try:
         await svc.call({}, {}, timeout=CALL_TIMEOUT)
     except ToolCallError as exc:
-        return UNANSWERED if exc.message.startswith("no complete answer") else exc.error_type
+        return UNANSWERED if "gave no complete answer" in exc.message else exc.error_type
     return "ok"
 
 

@@ -6,6 +6,7 @@ failed; a directory shows a silent host late before its lease ends; a timeout na
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import re
 import signal
@@ -17,8 +18,9 @@ from typing import Any
 import pytest
 
 from tests.conftest import PluginDir, tghost_cli
+from tghost.agent.answers import Answers
 from tghost.agent.calls import NoProvider
-from tghost.agent.client import ToolCallError
+from tghost.agent.client import RESEND_PAUSE, RESENDS, ToolCallError, _may_resend, _Sent
 from tghost.agent.directory import ToolDirectory
 from tghost.agent.hosts import late_hosts, live_hosts
 from tghost.agent.liveness import PROBE_AFTER, PROBE_EVERY, PROBE_WAIT, Silent, Watch
@@ -170,3 +172,89 @@ def test_while_a_host_answers_the_probes_come_ever_less_often_and_say_whether_it
     assert "the tool is slow" in watch.told()
     watch.heard()  # a chunk came: the next probe after a second again
     assert watch.silent() == PROBE_WAIT and len(sent) == 7
+
+
+def test_a_watch_asks_once_whether_to_send_again_only_when_hosts_that_serve_answered_and_none_holds() -> None:
+    sent: list[str] = []
+    asked: list[int] = []
+    watch = Watch(sent.append, lambda serving: asked.append(serving) or serving >= 2)
+    watch.silent()
+    watch.answer({"id": sent[-1], wire.ALIVE: "1", wire.HOLDS: "1"})  # held: never asked
+    watch.answer({"id": sent[-1], wire.ALIVE: "1", wire.HOLDS: "0"})
+    assert watch.silent() == 2.0 and asked == []
+    watch.silent()
+    watch.answer({"id": sent[-1], wire.ALIVE: "1", wire.HOLDS: "0", wire.DRAINING: "1"})  # a stopping host
+    watch.answer({"id": sent[0], wire.ALIVE: "1", wire.HOLDS: "0"})  # late, for an earlier probe
+    watch.answer({"id": sent[-1], wire.ALIVE: "1", wire.HOLDS: "0"})
+    assert watch.silent() == 4.0 and asked == [1]  # one serving host answered: not sent again
+    watch.silent()
+    for _ in range(2):
+        watch.answer({"id": sent[-1], wire.ALIVE: "1", wire.HOLDS: "0"})
+    assert watch.silent() == PROBE_AFTER and asked == [1, 2] and watch.resent  # sent again: probed as anew
+    watch.silent()
+    for _ in range(2):
+        watch.answer({"id": sent[-1], wire.ALIVE: "1", wire.HOLDS: "0"})
+    assert watch.silent() == 2.0 and asked == [1, 2]  # once at most
+
+
+def test_an_unavailable_is_sent_again_only_when_its_host_says_the_call_did_not_start_before_any_chunk() -> None:
+    def unavailable(started: bool | None) -> wire.Response:
+        return wire.decode_response(wire.encode_error(wire.UNAVAILABLE, "stopping", "h", "r", started))
+
+    fresh = _Sent("r", Answers(None), 0.0)
+    assert _may_resend(unavailable(False), fresh, 0) and _may_resend(unavailable(False), fresh, RESENDS - 1)
+    assert not _may_resend(unavailable(False), fresh, RESENDS)  # the bound
+    assert not _may_resend(unavailable(None), fresh, 0)  # may have started (the grace's end), or a seed 000 host
+    assert not _may_resend(wire.decode_response(wire.encode_error(wire.OVERLOADED, "full", started=False)), fresh, 0)
+    assert not _may_resend(unavailable(False), _Sent("r", Answers(None), 0.0, heard=True), 0)  # a chunk came
+    assert sum(RESEND_PAUSE * 2 ** n for n in range(RESENDS)) < 1.0  # the pauses, 0.63 s in all: well within a timeout
+
+
+#: A tool that notes which process ran each call; it sleeps only where ``TGHOST_TEST_SLEEP`` is set.
+NOTED = '''
+import os
+import time
+
+import tghost
+
+
+@tghost.tool
+def noted(mark: str) -> str:
+    """Note this process in the file ``mark``, then sleep where told to."""
+    with open(mark, "a") as file:
+        file.write(f"{os.getpid()}\\n")
+    time.sleep(float(os.environ.get("TGHOST_TEST_SLEEP", "0")))
+    return "noted"
+
+
+@tghost.hookimpl
+def tghost_register_services(register):
+    register(noted)
+'''
+
+
+async def test_the_call_a_killed_host_took_is_never_sent_again_though_another_host_answers_the_probes(
+    pulsar_broker: EmbeddedBroker, topic: str, plugin_dir: PluginDir, host_process: Any, tmp_path: Path
+) -> None:
+    plugin_dir.add("noted", NOTED)
+    env = plugin_dir.env(TGHOST_PULSAR_URL=pulsar_broker.url, TGHOST_DESCRIPTORS_TOPIC=topic,
+                         TGHOST_LOAD_PLUGINS="noted")
+    doomed = host_process("--host-id", "doomed", env={**env, "TGHOST_TEST_SLEEP": "50"})
+    other = host_process("--host-id", "other", env=env)
+    for host in (doomed, other):
+        await asyncio.to_thread(host.wait_for, "announced")
+    async with ToolDirectory(PulsarSettings(pulsar_broker.url), topic) as directory:
+        await until(lambda: "noted" in directory.services and len(directory.services["noted"].providers) == 2)
+        for n in itertools.count():  # until a call runs on the doomed host (the other answers at once)
+            mark = tmp_path / f"call-{n}"
+            call = asyncio.create_task(directory.invoke("noted", {"mark": str(mark)}, timeout=8))
+            await until(mark.exists)
+            if mark.read_text() == f"{doomed.process.pid}\n":
+                break
+            assert await call == "noted"
+        os.kill(doomed.process.pid, signal.SIGKILL)  # dies with the call, withdrawing nothing
+        doomed.process.wait()
+        with pytest.raises(ToolCallError) as lost:
+            await call
+    assert lost.value.error_type == wire.TIMEOUT and "none holds the call" in lost.value.message
+    assert mark.read_text() == f"{doomed.process.pid}\n"  # never sent again: the other host never ran it

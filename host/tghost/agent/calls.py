@@ -48,6 +48,10 @@ UNAUTHORIZED = "unauthorized"
 CONFLICT = "conflict"
 #: How many close names an :class:`UnknownTool` suggests, at most.
 SUGGESTIONS = 3
+#: Seconds before a call was sent that a host's withdrawal of its service may come and still
+#: count as a hand-off that may have lost it (docs/protocol.md §2.15): a draining host withdraws
+#: first, then leaves the subscription once it sees another host on it (a few seconds at most).
+WITHDRAWN_BEFORE = 10.0
 
 #: What is installed where the caller runs: (kind, name) of each tool (``tool``) and tool
 #: service (``tool-service``) of the installed plugins, e.g. from :mod:`tghost.discovery`.
@@ -342,7 +346,9 @@ class ToolCalls:
                 caller = await ToolServiceClient(self.client, descriptor.request_queue, descriptor.response_queue,
                                                  self.identity, lambda: self.session_keys(descriptor.id),
                                                  service_id=descriptor.id, trusted=self.trusted,
-                                                 probes=lambda: self.probed(descriptor.id)).start()
+                                                 probes=lambda: self.probed(descriptor.id),
+                                                 handed_off=lambda sent_at: self.handed_off(descriptor.id, sent_at)
+                                                 ).start()
                 self._callers[descriptor.id] = caller
             return caller
 
@@ -359,6 +365,16 @@ class ToolCalls:
         entry = self.services.get(service_id)
         return entry is not None and bool(entry.providers) and all(
             p.host.get(wire.PROBES) is True and not p.external for p in entry.providers)
+
+    def handed_off(self, service_id: str, sent_at: float) -> int | None:
+        """How many live hosts serve a service now, if one of its hosts withdrew it (a drain)
+        at most :data:`WITHDRAWN_BEFORE` seconds before ``sent_at`` (unix seconds) or since;
+        else ``None`` (docs/protocol.md §2.15)."""
+        withdrawn = self.ledger.withdrawn.get(service_id) if self.ledger is not None else None
+        entry = self.services.get(service_id)
+        if withdrawn is None or entry is None or withdrawn < sent_at - WITHDRAWN_BEFORE:
+            return None
+        return len(entry.providers)
 
     def _silent(self, tool: DirectoryTool, request_id: str | None) -> NoProvider:
         """The :class:`NoProvider` of the call ``request_id`` of ``tool``, whose hosts answered no

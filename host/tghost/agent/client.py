@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import logging
 import time
 import uuid
 from collections.abc import AsyncGenerator, Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pulsar
@@ -73,6 +75,33 @@ def call_timeout(descriptor: ToolServiceDescriptor | None, given: float | None =
 RESPONSE_QUEUE = 10_000
 #: Seconds before its session expires that a caller starts a new one (docs/protocol.md §2.9).
 SESSION_RENEWAL = 300.0
+#: Times a call is sent again after an ``unavailable`` that did not start (docs/protocol.md §2.6),
+#: the pause before each doubling from :data:`RESEND_PAUSE` seconds (0.63 s in all).
+RESENDS = 6
+RESEND_PAUSE = 0.01
+
+
+@dataclass
+class _Sent:
+    """One sending of a call's request: its ``id``, the answers waiting under it, when it went
+    (unix seconds), its liveness probes, whether it went in a caller session, and whether the
+    call heard anything of it (a chunk, a progress update, an answer)."""
+
+    request_id: str
+    answers: Answers
+    sent_at: float
+    watch: Watch | None = None
+    in_session: bool = False
+    heard: bool = False
+
+
+def _may_resend(response: wire.Response, sent: _Sent, resends: int) -> bool:
+    """Whether an error answer lets the call be sent again: ``unavailable`` from a host that
+    says the call did not start (docs/protocol.md §2.6), before any chunk, at most :data:`RESENDS`
+    times."""
+    assert response.error is not None
+    return (response.error["type"] == wire.UNAVAILABLE and response.started is False and not sent.heard
+            and resends < RESENDS)
 
 
 async def _next(answers: Answers, watch: Watch | None) -> wire.Response | Exception:
@@ -111,14 +140,23 @@ class ToolServiceClient:
     liveness probes (docs/protocol.md §2.15; a directory knows from their announcements): if so,
     a call that hears nothing for a second probes them, and ends ``no-provider`` when none
     answers (within about 3 s) instead of waiting for its timeout. ``None``: never probe.
+
+    A call answered ``unavailable`` by a stopping host that says the call did not start is sent
+    again (:data:`RESENDS` times at most, within its timeout; docs/protocol.md §2.6).
+    ``handed_off(sent_at)`` (a directory gives it; ``sent_at`` in unix seconds) is the number of
+    live hosts of the service now if one of its hosts withdrew it (a drain) since about
+    ``sent_at``, else ``None``: a probed call that heard nothing, whose probes every live host
+    answered and none holds, is then sent again once (§2.15).
     """
 
     def __init__(self, client: pulsar.asyncio.Client, request_queue: str, response_queue: str,
                  identity: Signer | None = None, host_keys: Callable[[], Sequence[str]] | None = None,
                  service_id: str | None = None, trusted: TrustedKeys | None = None,
-                 probes: Callable[[], bool] | None = None) -> None:
+                 probes: Callable[[], bool] | None = None,
+                 handed_off: Callable[[float], int | None] | None = None) -> None:
         self._client = client
         self._probes = probes
+        self._handed_off = handed_off
         self._watches: dict[str, Watch] = {}  # a probe's id -> the call that sent it
         self.trusted = trusted
         self.dropped_answers = 0
@@ -188,6 +226,11 @@ class ToolServiceClient:
         §2.12); it may be a coroutine function. Cancelling the task, or closing the iterator
         (``aclose()``), cancels the call on its host (§2.11).
 
+        An ``unavailable`` that did not start is sent again under a new ``id`` (the stopping
+        host's answer ended the first), after a pause that doubles from :data:`RESEND_PAUSE`
+        seconds, at most :data:`RESENDS` times; then it is raised as any error. The call's span
+        counts the sendings again (``tghost.resends``).
+
         Raises:
             ToolCallError: the service answered with an error, or (type ``timeout``) not in time,
                 or (type ``no-provider``, with ``probes``) no host answered its liveness probes.
@@ -195,34 +238,43 @@ class ToolServiceClient:
         """
         assert self._producer is not None, "call start() first"
         request_id = uuid.uuid4().hex
-        answers = self._pending[request_id] = Answers(None)
-        watch = self._watch(request_id) if self._probes is not None and self._probes() else None
         span = tracing.client_span(self.request_queue, request_id, tool, self.service_id)
+        body = wire.encode_request(user, config, arguments)
+        asks = {wire.PROGRESS: "1"} if progress is not None else {}
+        if self.trusted is not None and self.identity is None:
+            asks[PROVE] = "1"
+        sent = self._waiting(request_id, body, span, asks)
         failed: str | None = "cancelled"
+        resends = 0  # of an 'unavailable' that did not start
         try:
             async with asyncio.timeout(timeout):
-                body = wire.encode_request(user, config, arguments)
-                asks = {wire.PROGRESS: "1"} if progress is not None else {}
-                if self.trusted is not None and self.identity is None:
-                    asks[PROVE] = "1"
-                in_session = self._send(answers, request_id, body, self._session_keys(), span, asks)
-                answers.check = self._check(request_id, in_session, answers.sent, body_digest(body))
-                answers.known = self._known_hosts if in_session else frozenset
+                self._sending(sent, body, span, asks)
                 while True:
-                    response = await _next(answers, watch)
+                    response = await _next(sent.answers, sent.watch)
                     if isinstance(response, Exception):
                         raise response
                     if response.progress is not None:
+                        sent.heard = True
                         if progress is not None and inspect.isawaitable(told := progress(response.progress)):
                             await told
                         continue
-                    if response.error and in_session and response.error["type"] == wire.UNKNOWN_SESSION:
-                        self._send(answers, request_id, body, self._session_keys(), span, asks, signed=True)
+                    if response.error and sent.in_session and response.error["type"] == wire.UNKNOWN_SESSION:
+                        self._send(sent.answers, sent.request_id, body, self._session_keys(), span, asks, signed=True)
                         continue  # a host we did not know: the same request, signed too
+                    if response.error and _may_resend(response, sent, resends):
+                        await asyncio.sleep(RESEND_PAUSE * 2 ** resends)
+                        resends += 1
+                        log.debug("%s: request %s did not start on host %s (it is stopping): sent again (%d of %d)",
+                                  self._named(tool), sent.request_id, response.error.get("host"), resends, RESENDS)
+                        self._close(sent)
+                        sent = self._waiting(uuid.uuid4().hex, body, span, asks)
+                        self._sending(sent, body, span, asks)
+                        continue
                     if response.error:
                         failed = response.error["type"]
                         raise ToolCallError(response.error["type"], response.error["message"],
-                                            response.error.get("host"), request_id)
+                                            response.error.get("host"), sent.request_id)
+                    sent.heard = True
                     if response.response:
                         yield response.response
                     if response.end_of_stream:
@@ -232,35 +284,74 @@ class ToolServiceClient:
             failed = wire.TIMEOUT
             raise ToolCallError(wire.TIMEOUT, f"{self._named(tool)} gave no complete answer within {timeout}s "
                                               f"(request topic {self.request_queue})"
-                                              f"{watch.told() if watch else ''}", request_id=request_id) from None
+                                              f"{sent.watch.told() if sent.watch else ''}",
+                                request_id=sent.request_id) from None
         except Silent as exc:
             failed = NO_PROVIDER
             raise ToolCallError(NO_PROVIDER, f"{self._named(tool)}: {exc}: its hosts stopped without withdrawing "
-                                             "(killed, or cut off from the broker)", request_id=request_id) from None
+                                             "(killed, or cut off from the broker)",
+                                request_id=sent.request_id) from None
         except Exception as exc:
             failed = failed if failed != "cancelled" else type(exc).__name__
             raise
         finally:
-            del self._pending[request_id]
-            for probe in watch.probes if watch else ():
-                del self._watches[probe]
-            self._count_unproven(answers)
-            tracing.end(span, failed)
+            self._close(sent)
+            resent = resends + (sent.watch is not None and sent.watch.resent)
+            tracing.end(span, failed, **{"tghost.resends": resent} if resent else {})
             if failed in ("cancelled", wire.TIMEOUT, NO_PROVIDER):
-                self._cancel(request_id)
+                self._cancel(sent.request_id)
+
+    def _waiting(self, request_id: str, body: bytes, span: Span | None, asks: Mapping[str, str]) -> _Sent:
+        """A sending of the request (its encoded ``body``) under ``request_id``, not sent yet: its
+        answers wait under that id from now on, and, where the service's hosts answer probes,
+        its :class:`Watch`."""
+        sent = _Sent(request_id, Answers(None), time.time())
+        self._pending[request_id] = sent.answers
+        if self._probes is not None and self._probes():
+            sent.watch = self._watch(request_id, functools.partial(self._orphaned, sent, body, span, asks))
+        return sent
+
+    def _sending(self, sent: _Sent, body: bytes, span: Span | None, asks: Mapping[str, str]) -> None:
+        """Send the request under ``sent``'s id, and say how its answers are checked."""
+        sent.in_session = self._send(sent.answers, sent.request_id, body, self._session_keys(), span, asks)
+        sent.answers.check = self._check(sent.request_id, sent.in_session, sent.answers.sent, body_digest(body))
+        sent.answers.known = self._known_hosts if sent.in_session else frozenset
+
+    def _close(self, sent: _Sent) -> None:
+        """The call is done with ``sent``'s id: forget its answers and probes."""
+        del self._pending[sent.request_id]
+        for probe in sent.watch.probes if sent.watch else ():
+            del self._watches[probe]
+        self._count_unproven(sent.answers)
+
+    def _orphaned(self, sent: _Sent, body: bytes, span: Span | None, asks: Mapping[str, str], serving: int) -> bool:
+        """A probe of the call ``sent`` was answered by ``serving`` hosts (not stopping) and none
+        holds the request (docs/protocol.md §2.15). If the call heard nothing of it, every host
+        the directory knows of the service answered, and one of them withdrew the service since
+        about when the request was sent (a drain, which answers every request it received before
+        it leaves), the request was lost at that host's unsubscribe: send it again, once, under the
+        same id (so a host's replay record still runs it at most once). Whether it did."""
+        live = self._handed_off(sent.sent_at) if self._handed_off is not None and not sent.heard else None
+        if live is None or serving < live:
+            return False
+        log.debug("request %s: no host holds it, and a host of the service withdrew it since it was sent: "
+                  "lost at that host's unsubscribe; sent again", sent.request_id)
+        self._send(sent.answers, sent.request_id, body, self._session_keys(), span, asks, signed=sent.in_session)
+        return True
 
     def _named(self, tool: str | None) -> str:
         """``tool 'x' (tool service 'y')``, or the service alone without ``tool``."""
         service = f"tool service {self.service_id or self.request_queue.rsplit('/', 1)[-1]!r}"
         return f"tool {tool!r} ({service})" if tool else service
 
-    def _watch(self, request_id: str) -> Watch:
+    def _watch(self, request_id: str, orphaned: Callable[[int], bool]) -> Watch:
         """The liveness probes of the call of ``request_id``, each sent on the control topic
-        with the call's ``id`` as its :data:`~tghost.protocol.wire.PROBE` (docs/protocol.md §2.15)."""
+        with the call's ``id`` as its :data:`~tghost.protocol.wire.PROBE` (docs/protocol.md §2.15);
+        ``orphaned``: :meth:`Watch.silent`'s."""
         def send(probe: str) -> None:
             self._watches[probe] = watch
             hop.send(self._control, b"", {"id": probe, wire.PROBE: request_id})
-        watch = Watch(send)
+        watch = Watch(send, orphaned)
         return watch
 
     def _cancel(self, request_id: str) -> None:

@@ -328,6 +328,9 @@ class Ledger:
         self._seen: dict[str, dict[Key, int]] = defaultdict(dict)
         """Host id -> (kind, name) -> when its claim was first seen (a count of claims seen)."""
         self._seen_count = 0
+        self.withdrawn: dict[str, float] = {}
+        """Tool service id -> when (unix seconds, the broker's publish time) a host instance that
+        announced it last withdrew it: a clean stop, which answers what it received (a drain)."""
 
     @property
     def hosts(self) -> dict[str, HostLease]:
@@ -645,6 +648,9 @@ class Ledger:
                                                                 digest)
         was_active = state.active
         alive = lease_end >= now and announcement.status == "available"  # a withdrawal says it is going
+        if (announcement.kind == "tool-service" and announcement.status == "withdrawn"
+                and ("tool-service", announcement.name) in state.entries):
+            self.withdrawn[announcement.name] = max(self.withdrawn.get(announcement.name, 0.0), publish_time or now)
         dirty = self._meet(ref, state) if alive else set()
         changed = self._state(state, announcement, descriptor)
         dirty |= self._hand_over(ref, state, changed, announcement.kind == "host")

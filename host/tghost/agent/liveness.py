@@ -6,6 +6,8 @@ response topic. While some host answers, the call waits on, probing less and les
 :data:`PROBE_TRIES` probes in a row go unanswered, the call ends (:class:`Silent`) long before
 its timeout: its hosts stopped without withdrawing (killed, or cut off from the broker). A call
 that hears from its request (a chunk, a progress update, the answer) sends no probe at all.
+When live hosts answer and none holds the request, the client may find it was lost at a
+draining host's unsubscribe and send it again (``orphaned``).
 
 Never talks to Pulsar: the client sends the probes a :class:`Watch` asks for and hands it the
 answers.
@@ -47,18 +49,26 @@ class Watch:
 
     The client calls :meth:`heard` when the call gets a message, :meth:`silent` when it heard
     nothing for the seconds the last call returned, and :meth:`answer` for each answer to one of
-    :attr:`probes`."""
+    :attr:`probes`. ``orphaned(serving)``, when given, is asked once a probe was answered and
+    no host holds the request, with how many of the hosts that answered it are not stopping
+    (:data:`~tghost.protocol.wire.DRAINING`): it sends the request again and says so, or says
+    not; once it did, it is not asked again."""
 
-    def __init__(self, send: Callable[[str], None]) -> None:
+    def __init__(self, send: Callable[[str], None], orphaned: Callable[[int], bool] | None = None) -> None:
         self._send = send
+        self._orphaned = orphaned
         self.probes: list[str] = []
         """The ids of every probe sent for the call."""
         self.answers = 0
         """Answers to the call's probes, from any host."""
         self.held = False
         """Whether a host answered that it holds the request (waiting or running)."""
+        self.resent = False
+        """Whether ``orphaned`` sent the request again."""
         self._out = False  # a probe is out, waiting for answers
         self._answered = False  # a host answered since the last probe went out
+        self._serving = 0  # answers to the last probe from hosts that are not stopping
+        self._holding = False  # a host answered the last probe that it holds the request
         self._misses = 0
         self._interval = PROBE_AFTER
 
@@ -70,8 +80,12 @@ class Watch:
     def answer(self, properties: Mapping[str, str]) -> None:
         """A host answered one of the call's probes (its properties: :data:`~tghost.protocol.wire.HOLDS`)."""
         self.answers += 1
-        self.held = self.held or properties.get(wire.HOLDS) == "1"
+        holds = properties.get(wire.HOLDS) == "1"
+        self.held = self.held or holds
         self._answered = True
+        if self.probes and properties.get("id") == self.probes[-1]:
+            self._holding = self._holding or holds
+            self._serving += properties.get(wire.DRAINING) != "1"
 
     def silent(self) -> float:
         """The call heard nothing for the last wait: probe if due. Seconds to wait next.
@@ -81,6 +95,9 @@ class Watch:
         """
         if self._out and self._answered:  # a host lives: rest longer each time, then probe again
             self._out, self._misses = False, 0
+            if not self._holding and self._orphaned is not None and self._orphaned(self._serving):
+                self._orphaned, self.resent = None, True
+                return self.heard()  # sent again: wait for it as for a new call
             self._interval = min(2 * self._interval, PROBE_EVERY)
             return self._interval
         if self._out:
@@ -88,7 +105,7 @@ class Watch:
             if self._misses >= PROBE_TRIES:
                 raise Silent(PROBE_TRIES * PROBE_WAIT)
         self.probes.append(probe := uuid.uuid4().hex)
-        self._out, self._answered = True, False
+        self._out, self._answered, self._serving, self._holding = True, False, 0, False
         self._send(probe)
         return PROBE_WAIT
 

@@ -18,6 +18,7 @@ __all__ = [
     "CANCEL",
     "CANCELLED",
     "CONTENT_TYPE",
+    "DRAINING",
     "HOLDS",
     "INVALID_ARGUMENTS",
     "JSON_CONTENT",
@@ -31,6 +32,7 @@ __all__ = [
     "PROGRESS",
     "RATE_LIMITED",
     "REDELIVERY_LIMIT",
+    "STARTED",
     "TIMEOUT",
     "TOOL_SERVICE_ERROR",
     "UNAUTHORIZED",
@@ -83,6 +85,9 @@ PROBES = "probes"
 #: On a probe's answer: ``1`` if the host holds the request the probe names (waiting or running),
 #: else ``0``.
 HOLDS = "tghost-holds"
+#: On a probe's answer: ``1`` if the host is stopping (it withdrew the service and drains), so a
+#: caller does not count it among the hosts that serve it (docs/protocol.md §2.15).
+DRAINING = "tghost-draining"
 #: The request property by which a caller asks for progress updates (docs/protocol.md §2.12).
 PROGRESS = "tghost-progress"
 #: The reply property that says how to read the observation (docs/protocol.md §2.14): only
@@ -136,12 +141,15 @@ class Progress(NamedTuple):
 class Response:
     """A decoded response envelope. ``error`` is ``{"type", "message"}`` or ``None``, with the
     answering host's ``host`` id and the ``request-id`` when the reply names them (docs/protocol.md
-    §2.6); ``progress`` is set on a progress update (an empty chunk, §2.12)."""
+    §2.6); ``progress`` is set on a progress update (an empty chunk, §2.12). ``started`` is the
+    error's ``started`` key (§2.6): ``False`` when the host says the call did not start, so the
+    caller may send it again; ``None`` when it does not say."""
 
     response: str
     end_of_stream: bool
     error: dict[str, str] | None = None
     progress: Progress | None = None
+    started: bool | None = None
 
 
 def _loads(raw: str, complaint: str) -> Any:
@@ -245,13 +253,21 @@ def encode_progress(update: Progress) -> bytes:
 ERROR_WHERE = ("host", "request-id")
 
 
-def encode_error(error_type: str, message: str, host: str | None = None, request_id: str | None = None) -> bytes:
+#: The key of an error object by which a host says whether the call started (docs/protocol.md §2.6).
+STARTED = "started"
+
+
+def encode_error(error_type: str, message: str, host: str | None = None, request_id: str | None = None,
+                 started: bool | None = None) -> bytes:
     """Encode an error response; always the last message of its stream. ``host`` (the answering
-    host's id) and ``request_id`` (the request's ``id``) go in the error object when given."""
-    error = {"type": error_type, "message": message}
+    host's id) and ``request_id`` (the request's ``id``) go in the error object when given, and
+    ``started`` (whether the call started) when not ``None``."""
+    error: dict[str, str | bool] = {"type": error_type, "message": message}
     for key, value in zip(ERROR_WHERE, (host, request_id), strict=True):
         if value:
             error[key] = value
+    if started is not None:
+        error[STARTED] = started
     return json.dumps({"error": error, "response": "", "end_of_stream": True}).encode()
 
 
@@ -269,6 +285,7 @@ def decode_response(payload: bytes) -> Response:
             end_of_stream=bool(envelope.get("end_of_stream", True)),
             error=_error(error),
             progress=_progress(envelope.get("progress")),
+            started=_started(error),
         )
     except (ValueError, AttributeError, TypeError) as exc:
         raise BadRequest(f"response is not a valid envelope: {exc}") from None
@@ -286,6 +303,12 @@ def _error(error: Any) -> dict[str, str] | None:
         return None
     read = {"type": str(error.get("type", "")), "message": str(error.get("message", ""))}
     return read | {key: error[key] for key in ERROR_WHERE if isinstance(error.get(key), str)}
+
+
+def _started(error: Any) -> bool | None:
+    """An error object's ``started`` key, when it is a boolean."""
+    started = error.get(STARTED) if error else None
+    return started if isinstance(started, bool) else None
 
 
 def _progress(value: Any) -> Progress | None:

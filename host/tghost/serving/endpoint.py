@@ -81,6 +81,7 @@ class ServiceEndpoint:
         self._peers: handoff.PeerLookout | None = None  # while draining alone
         self._unsubscribing: asyncio.Task[None] | None = None
         self._stopping = self._handed_off = self._released = False
+        self._arriving: set[str] = set()  # request ids received, on their way to the driver (a hop)
         self._unanswerable = LogSummary(
             log, f"service {self.descriptor.id}: dropped %(count)d request(s) that cannot be answered: %(reason)s "
                  "(e.g. %(example)s); a caller must set it (docs/protocol.md §2.3)")
@@ -160,6 +161,9 @@ class ServiceEndpoint:
         """The C++ listener thread: a request (a raw ``_pulsar.Message``) is in; to the loop first
         for a driver that takes on the loop."""
         if self._driver.on_loop:
+            request_id = message.properties().get("id")
+            if request_id is not None:
+                self._arriving.add(request_id)  # held from now on (a probe's answer says so)
             self._mailbox.put(self._take, message)
         else:
             self._take(message)
@@ -175,6 +179,7 @@ class ServiceEndpoint:
             self._mailbox.put(self._turn_away, message, request_id)
         else:
             self._driver.take(Request(CallRecord(self.descriptor.id, request_id), message))
+        self._arriving.discard(request_id)  # the driver holds it now (or it is answered)
 
     def _turn_away(self, message: Any, request_id: str | None) -> None:
         """On the loop: acknowledge a request without an ``id`` unanswered (and count it); answer
@@ -191,7 +196,7 @@ class ServiceEndpoint:
                 self._peers.mine(request_id)
             request.claim(wire.UNAVAILABLE, self._port)
             self._port.send(request, self.terms.error(request_id, wire.UNAVAILABLE,
-                                                      self.terms.refusal(wire.UNAVAILABLE)))
+                                                      self.terms.refusal(wire.UNAVAILABLE), started=False))
         self._port.settle(request.record, message, request.started)
 
     def _cancel(self, request_id: str, properties: Mapping[str, str]) -> None:
@@ -205,10 +210,14 @@ class ServiceEndpoint:
 
     def _answer_probe(self, probe_id: str, request_id: str) -> None:
         """The control topic's listener thread: a caller asks whether this host lives (docs/protocol.md
-        §2.15). Answer on the response topic with the probe's ``id``, and whether this host holds
-        ``request_id`` (admitted, waiting or running; not one still in the receive queue)."""
-        holds = self._driver.running(request_id) is not None
-        hop.send(self._port.producer, b"", {"id": probe_id, wire.ALIVE: "1", wire.HOLDS: "1" if holds else "0"})
+        §2.15). Answer on the response topic with the probe's ``id``, whether this host holds
+        ``request_id`` (from the moment its listener has it: on the way to the driver, waiting or
+        running; not one still in the client's receive queue) and, while it stops, that it does."""
+        holds = request_id in self._arriving or self._driver.running(request_id) is not None
+        answer = {"id": probe_id, wire.ALIVE: "1", wire.HOLDS: "1" if holds else "0"}
+        if self._stopping:
+            answer[wire.DRAINING] = "1"
+        hop.send(self._port.producer, b"", answer)
 
     def hand_off(self) -> None:
         """Another endpoint of this host serves the service from now on (a toolset's new object

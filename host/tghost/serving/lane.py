@@ -101,7 +101,7 @@ class ThreadLane:
             request.deadline = time.monotonic() + self._terms.timeout
             self._running[request] = None
         if self._stopping:
-            self._refuse(request, wire.UNAVAILABLE, self._terms.refusal(wire.UNAVAILABLE))
+            self._refuse(request, wire.UNAVAILABLE, self._terms.refusal(wire.UNAVAILABLE), started=False)
             return
         try:
             result = invoke(self._terms.service, self._terms.check(request, self._port))
@@ -149,9 +149,11 @@ class ThreadLane:
         """
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(self._terms.timeout)
 
-    def _refuse(self, request: Request, error_type: str, text: str, waiting_only: bool = False) -> bool:
-        """:meth:`_answer` with an error reply of ``error_type`` saying ``text``."""
-        return self._answer(request, error_type, self._terms.error(request.request_id, error_type, text),
+    def _refuse(self, request: Request, error_type: str, text: str, started: bool = True,
+                waiting_only: bool = False) -> bool:
+        """:meth:`_answer` with an error reply of ``error_type`` saying ``text`` (``started``:
+        whether the call may have started, :meth:`Terms.error`)."""
+        return self._answer(request, error_type, self._terms.error(request.request_id, error_type, text, started),
                             waiting_only)
 
     def _answer(self, request: Request, status: str | None, payload: bytes, waiting_only: bool = False) -> bool:
@@ -218,7 +220,7 @@ class ThreadLane:
             self._stopping = True
             waiting = list(self._waiting)
         for request in waiting:
-            if self._refuse(request, wire.UNAVAILABLE, self._terms.refusal(wire.UNAVAILABLE), waiting_only=True):
+            if self._refuse(request, wire.UNAVAILABLE, self._terms.refusal(wire.UNAVAILABLE), False, waiting_only=True):
                 self._abandon(request)
 
     async def idle(self) -> None:

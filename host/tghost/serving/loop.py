@@ -100,7 +100,7 @@ class LoopDriver:
         assert task is not None
         try:
             if self._stopping:
-                await self._refuse(request, wire.UNAVAILABLE, self._terms.refusal(wire.UNAVAILABLE))
+                await self._refuse(request, wire.UNAVAILABLE, self._terms.refusal(wire.UNAVAILABLE), started=False)
             elif (refusal := self._terms.over_capacity(self._admitted)) is not None:
                 await self._refuse(request, wire.OVERLOADED, refusal)
             else:
@@ -152,7 +152,7 @@ class LoopDriver:
             request.record.status = RETURNED
         else:
             with contextlib.suppress(Exception):
-                await self._refuse(request, wire.UNAVAILABLE, self._terms.refusal(wire.UNAVAILABLE, started))
+                await self._refuse(request, wire.UNAVAILABLE, self._terms.refusal(wire.UNAVAILABLE, started), started)
 
     async def _answer(self, request: Request, task: asyncio.Task[None]) -> None:
         """Check the request, invoke under the timeout, and send the reply (or error)."""
@@ -197,9 +197,10 @@ class LoopDriver:
         await confirmed_on_loop(rest)
         await self._reply(request, None, wire.encode_response("", True))
 
-    async def _refuse(self, request: Request, error_type: str, text: str) -> None:
-        """Answer the request with an error reply of ``error_type`` saying ``text``."""
-        await self._reply(request, error_type, self._terms.error(request.request_id, error_type, text))
+    async def _refuse(self, request: Request, error_type: str, text: str, started: bool = True) -> None:
+        """Answer the request with an error reply of ``error_type`` saying ``text`` (``started``:
+        whether the call may have started, :meth:`Terms.error`)."""
+        await self._reply(request, error_type, self._terms.error(request.request_id, error_type, text, started))
 
     async def _reply(self, request: Request, status: str | None, payload: bytes) -> None:
         """Claim the request and send its last reply (``status``: the error type, ``None`` for a

@@ -57,6 +57,7 @@ __all__ = [
     "CallListener",
     "CallRecord",
     "ChunkNotSent",
+    "NotStarted",
     "Port",
     "Prover",
     "Request",
@@ -136,6 +137,11 @@ CallListener = Callable[[CallRecord], None]
 
 class ChunkNotSent(Exception):
     """The broker did not take a chunk of a streamed reply (the connection dropped)."""
+
+
+class NotStarted(ToolError):
+    """A check refused the call before it could start (the service's replay record out of
+    reach): its ``unavailable`` reply says so (:meth:`Terms.error`)."""
 
 
 @dataclass(frozen=True)
@@ -247,6 +253,8 @@ class Terms:
         except Refused as exc:
             if exc.replay:
                 request.proof = None
+            if exc.error_type == wire.UNAVAILABLE:  # the replay record: the call did not start
+                raise NotStarted(str(exc), exc.error_type) from None
             raise ToolError(str(exc), exc.error_type) from None
         return caller
 
@@ -278,16 +286,20 @@ class Terms:
                     "started; retry")
         return "the host shut down before the call finished; retry"
 
-    def error(self, request_id: str, error_type: str, text: str) -> bytes:
+    def error(self, request_id: str, error_type: str, text: str, started: bool = True) -> bytes:
         """The error reply to request ``request_id``: ``error_type`` saying ``text``, with this
-        host's id and the request id (docs/protocol.md §2.6)."""
-        return wire.encode_error(error_type, text, self.host_id, request_id)
+        host's id and the request id (docs/protocol.md §2.6). An ``unavailable`` reply to a call
+        that did not start (``started`` False: refused by a stop, or by an unreachable replay
+        record, before its checks ended) says so, ``started: false``: its caller may send it again."""
+        unstarted = error_type == wire.UNAVAILABLE and not started
+        return wire.encode_error(error_type, text, self.host_id, request_id, False if unstarted else None)
 
-    def failure(self, exc: Exception, request_id: str) -> tuple[str, str]:
+    def failure(self, exc: Exception, request_id: str) -> tuple[str, str, bool]:
         """The error type and text of the reply to request ``request_id``, whose checks or
-        ``invoke`` raised ``exc``. A :class:`ToolError` keeps its type and message (the plugin
-        meant them for the caller), and the host's own failures (a result JSON cannot hold, a
-        reply too large, a chunk the broker did not take) say what they are; a
+        ``invoke`` raised ``exc``, and whether the call may have started (False only for the
+        replay record a host could not reach, :class:`NotStarted`). A :class:`ToolError` keeps its
+        type and message (the plugin meant them for the caller), and the host's own failures (a
+        result JSON cannot hold, a reply too large, a chunk the broker did not take) say what they are; a
         ``tool-service-error`` of these is logged in one line with the request id, as the caller
         is told. Any other exception is unexpected: logged with its traceback and the request id,
         and answered ``tool-service-error`` with as much of it as ``error_detail`` tells
@@ -298,7 +310,7 @@ class Terms:
             error_type = exc.error_type if isinstance(exc, ToolError) else wire.TOOL_SERVICE_ERROR
             if error_type == wire.TOOL_SERVICE_ERROR:
                 log.warning("service %s: request %s: %s: %s", self.service_id, request_id, error_type, exc)
-            return error_type, str(exc)
+            return error_type, str(exc), not isinstance(exc, NotStarted)
         if isinstance(exc, WorkerRaised):
             name, text = exc.name, exc.text
             log.error("service %s: request %s: invoke raised (in worker process %s)\n%s", self.service_id,
@@ -306,7 +318,7 @@ class Terms:
         else:
             name, text = type(exc).__name__, str(exc)
             log.error("service %s: request %s: invoke raised", self.service_id, request_id, exc_info=exc)
-        return wire.TOOL_SERVICE_ERROR, self._told(name, text, request_id)
+        return wire.TOOL_SERVICE_ERROR, self._told(name, text, request_id), True
 
     def _told(self, name: str, text: str, request_id: str) -> str:
         """What a caller is told of an unexpected exception ``name: text`` (see :meth:`failure`)."""
