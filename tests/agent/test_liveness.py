@@ -20,13 +20,14 @@ import pytest
 from tests.conftest import PluginDir, tghost_cli
 from tghost.agent.answers import Answers
 from tghost.agent.calls import NoProvider
-from tghost.agent.client import RESEND_PAUSE, RESENDS, ToolCallError, _may_resend, _Sent
+from tghost.agent.client import ToolCallError, _may_resend, _Sent
 from tghost.agent.directory import ToolDirectory
 from tghost.agent.hosts import late_hosts, live_hosts
 from tghost.agent.liveness import PROBE_AFTER, PROBE_EVERY, PROBE_WAIT, Silent, Watch
 from tghost.broker import EmbeddedBroker
 from tghost.discovery.discover import discover
 from tghost.protocol import wire
+from tghost.protocol.wire import RESEND_PAUSE, RESENDS
 from tghost.pulsar.clients import PulsarSettings
 from tghost.testing import LocalHost
 

@@ -75,10 +75,6 @@ def call_timeout(descriptor: ToolServiceDescriptor | None, given: float | None =
 RESPONSE_QUEUE = 10_000
 #: Seconds before its session expires that a caller starts a new one (docs/protocol.md §2.9).
 SESSION_RENEWAL = 300.0
-#: Times a call is sent again after an ``unavailable`` that did not start (docs/protocol.md §2.6),
-#: the pause before each doubling from :data:`RESEND_PAUSE` seconds (0.63 s in all).
-RESENDS = 6
-RESEND_PAUSE = 0.01
 
 
 @dataclass
@@ -97,11 +93,11 @@ class _Sent:
 
 def _may_resend(response: wire.Response, sent: _Sent, resends: int) -> bool:
     """Whether an error answer lets the call be sent again: ``unavailable`` from a host that
-    says the call did not start (docs/protocol.md §2.6), before any chunk, at most :data:`RESENDS`
+    says the call did not start (docs/protocol.md §2.6), before any chunk, at most :data:`~tghost.protocol.wire.RESENDS`
     times."""
     assert response.error is not None
     return (response.error["type"] == wire.UNAVAILABLE and response.started is False and not sent.heard
-            and resends < RESENDS)
+            and resends < wire.RESENDS)
 
 
 async def _next(answers: Answers, watch: Watch | None) -> wire.Response | Exception:
@@ -142,7 +138,7 @@ class ToolServiceClient:
     answers (within about 3 s) instead of waiting for its timeout. ``None``: never probe.
 
     A call answered ``unavailable`` by a stopping host that says the call did not start is sent
-    again (:data:`RESENDS` times at most, within its timeout; docs/protocol.md §2.6).
+    again (:data:`~tghost.protocol.wire.RESENDS` times at most, within its timeout; docs/protocol.md §2.6).
     ``handed_off(sent_at)`` (a directory gives it; ``sent_at`` in unix seconds) is the number of
     live hosts of the service now if one of its hosts withdrew it (a drain) since about
     ``sent_at``, else ``None``: a probed call that heard nothing, whose probes every live host
@@ -227,8 +223,8 @@ class ToolServiceClient:
         (``aclose()``), cancels the call on its host (§2.11).
 
         An ``unavailable`` that did not start is sent again under a new ``id`` (the stopping
-        host's answer ended the first), after a pause that doubles from :data:`RESEND_PAUSE`
-        seconds, at most :data:`RESENDS` times; then it is raised as any error. The call's span
+        host's answer ended the first), after a pause that doubles from :data:`~tghost.protocol.wire.RESEND_PAUSE`
+        seconds, at most :data:`~tghost.protocol.wire.RESENDS` times; then it is raised as any error. The call's span
         counts the sendings again (``tghost.resends``).
 
         Raises:
@@ -262,10 +258,10 @@ class ToolServiceClient:
                         self._send(sent.answers, sent.request_id, body, self._session_keys(), span, asks, signed=True)
                         continue  # a host we did not know: the same request, signed too
                     if response.error and _may_resend(response, sent, resends):
-                        await asyncio.sleep(RESEND_PAUSE * 2 ** resends)
+                        await asyncio.sleep(wire.RESEND_PAUSE * 2 ** resends)
                         resends += 1
                         log.debug("%s: request %s did not start on host %s (it is stopping): sent again (%d of %d)",
-                                  self._named(tool), sent.request_id, response.error.get("host"), resends, RESENDS)
+                                  self._named(tool), sent.request_id, response.error.get("host"), resends, wire.RESENDS)
                         self._close(sent)
                         sent = self._waiting(uuid.uuid4().hex, body, span, asks)
                         self._sending(sent, body, span, asks)

@@ -32,6 +32,8 @@ __all__ = [
     "PROGRESS",
     "RATE_LIMITED",
     "REDELIVERY_LIMIT",
+    "RESENDS",
+    "RESEND_PAUSE",
     "STARTED",
     "TIMEOUT",
     "TOOL_SERVICE_ERROR",
@@ -255,6 +257,12 @@ ERROR_WHERE = ("host", "request-id")
 
 #: The key of an error object by which a host says whether the call started (docs/protocol.md §2.6).
 STARTED = "started"
+#: Times a tghost caller sends a call again after an ``unavailable`` that did not start, the
+#: pause before each doubling from :data:`RESEND_PAUSE` seconds (0.63 s in all, the longest
+#: pause 0.32 s): a host that stays subscribed to its end waits out the longest pause
+#: (docs/protocol.md §2.6).
+RESENDS = 6
+RESEND_PAUSE = 0.01
 
 
 def encode_error(error_type: str, message: str, host: str | None = None, request_id: str | None = None,

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -51,6 +52,9 @@ log = logging.getLogger(__name__)
 #: use a persistent topic for such bursts, whose consumer buffers nothing and receives only when
 #: a slot is free. (tests/serving/test_faults.py sends 2000 at once; the default 1000 lost a third.)
 RECEIVER_QUEUE = 10_000
+#: Seconds a closing host that is the only one waits, beyond a caller's longest pause between
+#: sendings, for the last calls it answered ``unavailable`` (started: false) to come again.
+LAST_WORD_MARGIN = 0.1
 
 
 class ServiceEndpoint:
@@ -82,6 +86,8 @@ class ServiceEndpoint:
         self._unsubscribing: asyncio.Task[None] | None = None
         self._stopping = self._handed_off = self._released = False
         self._arriving: set[str] = set()  # request ids received, on their way to the driver (a hop)
+        self._sent_away = 0.0  # when a request last was answered 'unavailable', started: false (monotonic s)
+        self._last_word = False  # closing while the only host: 'unavailable' without started: false
         self._unanswerable = LogSummary(
             log, f"service {self.descriptor.id}: dropped %(count)d request(s) that cannot be answered: %(reason)s "
                  "(e.g. %(example)s); a caller must set it (docs/protocol.md §2.3)")
@@ -195,8 +201,10 @@ class ServiceEndpoint:
             if self._peers is not None:
                 self._peers.mine(request_id)
             request.claim(wire.UNAVAILABLE, self._port)
+            if not self._last_word:
+                self._sent_away = time.monotonic()
             self._port.send(request, self.terms.error(request_id, wire.UNAVAILABLE,
-                                                      self.terms.refusal(wire.UNAVAILABLE), started=False))
+                                                      self.terms.refusal(wire.UNAVAILABLE), started=self._last_word))
         self._port.settle(request.record, message, request.started)
 
     def _cancel(self, request_id: str, properties: Mapping[str, str]) -> None:
@@ -291,7 +299,10 @@ class ServiceEndpoint:
 
     async def close(self) -> None:
         """Close the consumer (first answering ``unavailable`` what arrived until then) and the
-        producer, and :meth:`release` the workers if that was not done; errors are logged, not raised."""
+        producer, and :meth:`release` the workers if that was not done; errors are logged, not raised.
+        Still subscribed (the only host), it answers ``unavailable`` from now on without
+        ``started: false`` (a caller would send the call again to a subscription nobody reads)."""
+        self._last_word = self._unsubscribing is None
         await self.release()
         await self._control.close()
         if self._replays is not None and self.terms.gate is not None:
@@ -299,6 +310,7 @@ class ServiceEndpoint:
             await self._replays.close()
             self._replays = None
         if self._unsubscribing is None:
+            await self._wait_out_resends()
             self._unsubscribing = asyncio.create_task(self._unsubscribe())
         await self._unsubscribing
         if self._receiving is not None:
@@ -309,6 +321,13 @@ class ServiceEndpoint:
         self._unanswerable.flush(force=True)
         await self._quietly("flush the producer", self._port.producer.flush())
         await self._quietly("close the producer", self._port.producer.close())
+
+    async def _wait_out_resends(self) -> None:
+        """The callers this host answered ``unavailable``, ``started: false``, send again within
+        the longest pause between sendings (docs/protocol.md §2.6): wait that long after the
+        last, so each is answered before the consumer closes."""
+        longest = wire.RESEND_PAUSE * 2 ** (wire.RESENDS - 1) + LAST_WORD_MARGIN
+        await asyncio.sleep(max(0.0, self._sent_away + longest - time.monotonic()))
 
     async def _quietly(self, what: str, closing: Any) -> None:
         try:
