@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -52,9 +51,6 @@ log = logging.getLogger(__name__)
 #: use a persistent topic for such bursts, whose consumer buffers nothing and receives only when
 #: a slot is free. (tests/serving/test_faults.py sends 2000 at once; the default 1000 lost a third.)
 RECEIVER_QUEUE = 10_000
-#: Seconds a closing host that is the only one waits, beyond a caller's longest pause between
-#: sendings, for the last calls it answered ``unavailable`` (started: false) to come again.
-LAST_WORD_MARGIN = 0.1
 
 
 class ServiceEndpoint:
@@ -82,12 +78,9 @@ class ServiceEndpoint:
         self._consumer: pulsar.asyncio.Consumer | None = None  # subscribed in open()
         self._replays: SharedReplays | None = None  # with an access policy
         self._receiving: asyncio.Task[None] | None = None  # a driver that receives by itself
-        self._peers: handoff.PeerLookout | None = None  # while draining alone
-        self._unsubscribing: asyncio.Task[None] | None = None
-        self._stopping = self._handed_off = self._released = False
+        self._departure = handoff.Departure(self.descriptor.id, self._close_consumer)
+        self._released = False
         self._arriving: set[str] = set()  # request ids received, on their way to the driver (a hop)
-        self._sent_away = 0.0  # when a request last was answered 'unavailable', started: false (monotonic s)
-        self._last_word = False  # closing while the only host: 'unavailable' without started: false
         self._unanswerable = LogSummary(
             log, f"service {self.descriptor.id}: dropped %(count)d request(s) that cannot be answered: %(reason)s "
                  "(e.g. %(example)s); a caller must set it (docs/protocol.md §2.3)")
@@ -161,7 +154,7 @@ class ServiceEndpoint:
     @property
     def stopping(self) -> bool:
         """Whether the service stopped taking new calls (:meth:`stop_receiving`)."""
-        return self._stopping
+        return self._departure.stopping
 
     def _on_message(self, consumer: Any, message: Any) -> None:
         """The C++ listener thread: a request (a raw ``_pulsar.Message``) is in; to the loop first
@@ -181,7 +174,7 @@ class ServiceEndpoint:
         ``unavailable`` once the broker has the reply.)"""
         self.counters["received"] += 1
         request_id = message.properties().get("id")
-        if request_id is None or (self._stopping and not self._handed_off and not self.persistent):
+        if request_id is None or (self._departure.turning_away and not self.persistent):
             self._mailbox.put(self._turn_away, message, request_id)
         else:
             self._driver.take(Request(CallRecord(self.descriptor.id, request_id), message))
@@ -198,13 +191,10 @@ class ServiceEndpoint:
                                    f"{self.descriptor.request_queue}")
             self._unanswerable.flush()
         else:
-            if self._peers is not None:
-                self._peers.mine(request_id)
+            started = self._departure.turn_away(request_id)
             request.claim(wire.UNAVAILABLE, self._port)
-            if not self._last_word:
-                self._sent_away = time.monotonic()
             self._port.send(request, self.terms.error(request_id, wire.UNAVAILABLE,
-                                                      self.terms.refusal(wire.UNAVAILABLE), started=self._last_word))
+                                                      self.terms.refusal(wire.UNAVAILABLE), started=started))
         self._port.settle(request.record, message, request.started)
 
     def _cancel(self, request_id: str, properties: Mapping[str, str]) -> None:
@@ -223,7 +213,7 @@ class ServiceEndpoint:
         running; not one still in the client's receive queue) and, while it stops, that it does."""
         holds = request_id in self._arriving or self._driver.running(request_id) is not None
         answer = {"id": probe_id, wire.ALIVE: "1", wire.HOLDS: "1" if holds else "0"}
-        if self._stopping:
+        if self._departure.stopping:
             answer[wire.DRAINING] = "1"
         hop.send(self._port.producer, b"", answer)
 
@@ -232,7 +222,7 @@ class ServiceEndpoint:
         of the same id, started already): :meth:`stop_receiving` then closes the request consumer
         at once, with no lookout, and serves the requests that still reach it meanwhile instead
         of answering them ``unavailable``."""
-        self._handed_off = True
+        self._departure.hand_off()
 
     async def stop_receiving(self) -> None:
         """Stop taking new requests; in-flight ones go on (see :meth:`drain`).
@@ -240,40 +230,26 @@ class ServiceEndpoint:
         Every request that reached this host and did not start (waiting for a slot, or arriving
         now) is answered ``unavailable`` at once. A non-persistent topic's request consumer is
         closed as soon as another host is seen sharing the subscription
-        (:class:`tghost.serving.handoff.PeerLookout`), so the broker routes new requests there; a
+        (:class:`tghost.serving.handoff.Departure`), so the broker routes new requests there; a
         host that is the only one stays subscribed until :meth:`close` and answers them
         ``unavailable`` (the broker would drop them otherwise). A persistent topic's requests
         stay with the broker, for another host or this service's next start: its consumer
         prefetches nothing and stops asking. After :meth:`hand_off`, see there.
         """
-        self._stopping = True
-        if not self._handed_off:
+        self._departure.stopping = True
+        if not self._departure.handed_off:
             self._driver.stop()
         if self.persistent and self._receiving is not None:
             self._receiving.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._receiving
-        elif self._handed_off and self._unsubscribing is None:
-            self._unsubscribing = asyncio.create_task(self._unsubscribe())
-            await self._unsubscribing  # what it receives until then is in flight, for the drain
-        elif self._consumer is not None and self.is_connected():  # else 'unavailable' until close()
-            self._peers = handoff.PeerLookout(self._hand_off)  # told of every request from now on
-            if not await self._peers.try_start(self._client, self.descriptor.request_queue, self.subscription):
-                self._peers = None
+        else:  # what a handed-off consumer receives until it closes is in flight, for the drain
+            await self._departure.stop(self._client, self.descriptor.request_queue, self.subscription,
+                                       self._consumer is not None and self.is_connected())
 
-    def _hand_off(self) -> None:
-        """Another host shares the subscription: close the request consumer now (once)."""
-        if self._unsubscribing is None:
-            log.info("service %s: another host serves it; stopped receiving its requests here", self.descriptor.id)
-            self._unsubscribing = asyncio.create_task(self._unsubscribe())
-
-    async def _unsubscribe(self) -> None:
-        """Close the request consumer, then the lookout (on a hand-off, as the draining consumer
-        has just received a request: the Shared subscription deals the next ones to other hosts)."""
+    async def _close_consumer(self) -> None:
         if self._consumer is not None:
             await self._quietly("close the consumer", self._consumer.close())
-        if self._peers is not None:
-            await self._peers.close()
 
     async def drain(self, grace: float, over: asyncio.Event | None = None) -> int:
         """Wait up to ``grace`` seconds (or until ``over`` is set: a second Ctrl-C) for in-flight
@@ -302,17 +278,14 @@ class ServiceEndpoint:
         producer, and :meth:`release` the workers if that was not done; errors are logged, not raised.
         Still subscribed (the only host), it answers ``unavailable`` from now on without
         ``started: false`` (a caller would send the call again to a subscription nobody reads)."""
-        self._last_word = self._unsubscribing is None
+        self._departure.last_word()
         await self.release()
         await self._control.close()
         if self._replays is not None and self.terms.gate is not None:
             self.terms.gate.unshare(self.descriptor.request_queue, self._replays)
             await self._replays.close()
             self._replays = None
-        if self._unsubscribing is None:
-            await self._wait_out_resends()
-            self._unsubscribing = asyncio.create_task(self._unsubscribe())
-        await self._unsubscribing
+        await self._departure.leave()
         if self._receiving is not None:
             self._receiving.cancel()
         with contextlib.suppress(TimeoutError):  # the answers to requests that arrived while stopping
@@ -321,13 +294,6 @@ class ServiceEndpoint:
         self._unanswerable.flush(force=True)
         await self._quietly("flush the producer", self._port.producer.flush())
         await self._quietly("close the producer", self._port.producer.close())
-
-    async def _wait_out_resends(self) -> None:
-        """The callers this host answered ``unavailable``, ``started: false``, send again within
-        the longest pause between sendings (docs/protocol.md §2.6): wait that long after the
-        last, so each is answered before the consumer closes."""
-        longest = wire.RESEND_PAUSE * 2 ** (wire.RESENDS - 1) + LAST_WORD_MARGIN
-        await asyncio.sleep(max(0.0, self._sent_away + longest - time.monotonic()))
 
     async def _quietly(self, what: str, closing: Any) -> None:
         try:

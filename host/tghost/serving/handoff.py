@@ -10,9 +10,11 @@ a subscription of its own, and the draining consumer reports each request it sti
 A Shared subscription dispatches the topic's messages in order, so a request that the lookout
 saw *before* one the draining consumer received, and that never reached the draining consumer,
 went to another consumer: another host is there (:meth:`PeerLookout.mine`). Then the draining
-host closes its request consumer (:mod:`tghost.serving.endpoint`).
+host closes its request consumer. :class:`Departure` is that whole leaving, for one service's
+endpoint (:mod:`tghost.serving.endpoint`): a hand-off within this host, the lookout, and the
+only host's last word (docs/protocol.md §2.6).
 
-Never answers requests and never knows about services.
+Never answers requests: it tells the endpoint how.
 """
 
 from __future__ import annotations
@@ -21,14 +23,15 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import pulsar
 import pulsar.asyncio
 
+from tghost.protocol import wire
 from tghost.pulsar import hop
 
-__all__ = ["LOOKOUT_TIMEOUT", "PEER_WAIT", "PeerLookout"]
+__all__ = ["LAST_WORD_MARGIN", "LOOKOUT_TIMEOUT", "PEER_WAIT", "Departure", "PeerLookout"]
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +40,9 @@ log = logging.getLogger(__name__)
 PEER_WAIT = 1.0
 #: Seconds the lookout's subscription may take; a host that cannot look out stays subscribed.
 LOOKOUT_TIMEOUT = 2.0
+#: Seconds the only host, closing, waits beyond a caller's longest pause between sendings for the
+#: last calls it answered ``unavailable`` (started: false) to come again (docs/protocol.md §2.6).
+LAST_WORD_MARGIN = 0.1
 #: Messages the lookout's consumer may buffer (it only notes ids; a burst beyond is not needed).
 LOOKOUT_QUEUE = 1000
 
@@ -132,4 +138,93 @@ class PeerLookout:
         except Exception as exc:
             log.debug("could not close the lookout: %s", exc)
 
+
+
+
+class Departure:
+    """How one service's endpoint leaves its Shared subscription once it stops (the module).
+
+    - :meth:`hand_off` first: another endpoint of this host serves the service; :meth:`stop`
+      closes the consumer at once, and the requests that still reach it are served.
+    - Else :meth:`stop` starts a :class:`PeerLookout`, and the consumer is closed as soon as
+      another host is seen; until then each request that reaches it is turned away
+      (:meth:`turn_away`), answered ``unavailable`` with ``started: false``.
+    - The only host stays subscribed until :meth:`leave`, at the endpoint's close: from
+      :meth:`last_word` on, its ``unavailable`` says nothing of a start (a caller would send the
+      call again to a subscription nobody reads), and it waits out a caller's longest pause after
+      the last ``started: false`` before it closes the consumer.
+
+    ``close_consumer`` closes the request consumer (errors are the endpoint's to log).
+    """
+
+    def __init__(self, service_id: str, close_consumer: Callable[[], Awaitable[None]]) -> None:
+        self._service_id = service_id
+        self._close_consumer = close_consumer
+        self.stopping = False
+        """Whether the service stopped taking new calls."""
+        self.handed_off = False
+        """Whether another endpoint of this host serves the service (:meth:`hand_off`)."""
+        self._peers: PeerLookout | None = None  # while draining, until another host is seen
+        self._leaving: asyncio.Task[None] | None = None  # closing the consumer, once
+        self._sent_away = 0.0  # when a request was last answered 'unavailable', started: false (monotonic s)
+        self._last_word = False
+
+    @property
+    def turning_away(self) -> bool:
+        """Whether a request that reaches the service now is answered ``unavailable``."""
+        return self.stopping and not self.handed_off
+
+    def hand_off(self) -> None:
+        """Another endpoint of this host serves the service from now on (see the class)."""
+        self.handed_off = True
+
+    async def stop(self, client: pulsar.asyncio.Client, topic: str, subscription: str, connected: bool) -> None:
+        """The service stops: close the consumer now after a :meth:`hand_off` (and wait for it),
+        else look out for another host (not while the broker is away: then the consumer stays
+        until :meth:`leave`)."""
+        self.stopping = True
+        if self.handed_off:
+            await self._leave_soon()
+        elif connected:
+            self._peers = PeerLookout(self._peer_found)  # told of every request from now on
+            if not await self._peers.try_start(client, topic, subscription):
+                self._peers = None
+
+    def turn_away(self, request_id: str) -> bool:
+        """A request reached the stopping service (on the loop): tell the lookout. Whether its
+        ``unavailable`` may say the call started (True after :meth:`last_word`), else
+        ``started: false``."""
+        if self._peers is not None:
+            self._peers.mine(request_id)
+        if not self._last_word:
+            self._sent_away = time.monotonic()
+        return self._last_word
+
+    def last_word(self) -> None:
+        """The endpoint closes: if still subscribed (the only host), say nothing of a start from now on."""
+        self._last_word = self._leaving is None
+
+    async def leave(self) -> None:
+        """Close the consumer, if not done; the only host first waits until every caller it
+        answered ``started: false`` had its longest pause (docs/protocol.md §2.6) to send again."""
+        if self._leaving is None:
+            longest = wire.RESEND_PAUSE * 2 ** (wire.RESENDS - 1) + LAST_WORD_MARGIN
+            await asyncio.sleep(max(0.0, self._sent_away + longest - time.monotonic()))
+        await self._leave_soon()
+
+    def _peer_found(self) -> None:
+        log.info("service %s: another host serves it; stopped receiving its requests here", self._service_id)
+        self._leave_soon()
+
+    def _leave_soon(self) -> asyncio.Task[None]:
+        if self._leaving is None:
+            self._leaving = asyncio.create_task(self._close())
+        return self._leaving
+
+    async def _close(self) -> None:
+        """Close the request consumer, then the lookout (as the draining consumer has just
+        received a request: the Shared subscription deals the next ones to other hosts)."""
+        await self._close_consumer()
+        if self._peers is not None:
+            await self._peers.close()
 
