@@ -25,6 +25,7 @@ from tghost.serving.executors.base import WorkerRaised
 from tghost.serving.request import (
     CallRecord,
     ChunkNotSent,
+    NotStarted,
     Port,
     Request,
     Terms,
@@ -94,10 +95,17 @@ def test_refusal_texts_name_the_service_its_limits_and_what_to_do() -> None:
 
 def test_failure_keeps_a_tool_error_type_and_makes_anything_else_a_tool_service_error() -> None:
     t = terms()
-    assert t.failure(tghost.ToolError("nope", "not-found"), "r1") == ("not-found", "nope")
-    assert t.failure(ChunkNotSent("lost"), "r1") == (wire.TOOL_SERVICE_ERROR, "lost")
+    assert t.failure(tghost.ToolError("nope", "not-found"), "r1") == ("not-found", "nope", True)
+    assert t.failure(ChunkNotSent("lost"), "r1") == (wire.TOOL_SERVICE_ERROR, "lost", True)
     assert t.failure(ZeroDivisionError("division by zero"), "r1") == \
-        (wire.TOOL_SERVICE_ERROR, "ZeroDivisionError: division by zero")
+        (wire.TOOL_SERVICE_ERROR, "ZeroDivisionError: division by zero", True)
+
+
+def test_failure_says_a_call_refused_for_an_unreachable_replay_record_did_not_start_and_no_plugin_can_say_so() -> None:
+    t = terms()
+    assert t.failure(NotStarted("the replay record is out of reach", wire.UNAVAILABLE), "r1") == \
+        (wire.UNAVAILABLE, "the replay record is out of reach", False)
+    assert t.failure(tghost.ToolError("down for now", wire.UNAVAILABLE), "r1")[2] is True  # a plugin's own
 
 
 @pytest.mark.parametrize(("detail", "told"), [
@@ -110,9 +118,9 @@ def test_error_detail_withholds_an_unexpected_exception_from_the_caller_never_a_
 ) -> None:
     caplog.set_level(logging.ERROR, logger="tghost.serving.request")
     t = terms(host_id="h1", error_detail=detail)
-    assert t.failure(KeyError("GBP"), "r1") == (wire.TOOL_SERVICE_ERROR, told)
+    assert t.failure(KeyError("GBP"), "r1") == (wire.TOOL_SERVICE_ERROR, told, True)
     assert t.failure(WorkerRaised("KeyError", "'GBP'", "Traceback ...\nKeyError: 'GBP'\n", 42), "r1") == \
-        (wire.TOOL_SERVICE_ERROR, told)
+        (wire.TOOL_SERVICE_ERROR, told, True)
     assert t.failure(tghost.InvalidArguments("argument 'x': required"), "r1")[1] == "argument 'x': required"
     assert t.failure(tghost.ToolError("no rate for GBP"), "r1")[1] == "no rate for GBP"
     own, worker = caplog.records
