@@ -2,9 +2,10 @@
 (tghost/serving/driver.py), on the embedded broker.
 
 One fixture, :func:`mode`, serves the same plugin, :data:`PARITY`, each way a host can serve a
-service: a plain ``def`` on the inline driver (its calls measured slow run on the lane's worker
-threads; tests/serving/test_inline.py runs them on the receive thread), the same under an access
-policy (the thread lane), an ``async def`` on the event loop, a plain ``def`` in worker processes,
+service: a plain ``def`` on the inline driver, its calls on the receive thread whenever nothing
+of the service is in flight (``inline``: every call eligible at once, as if its latest calls were
+short) or measured slow and run on the lane's worker threads (``inline-measured``), the same under
+an access policy (the thread lane), an ``async def`` on the event loop, a plain ``def`` in worker processes,
 and a plain ``def`` on a persistent topic (the loop driver, receiving one request per free
 slot). Each test causes one case (timeout, overloaded, cancel, drain, stream
 pacing, progress, authorize, access refusals, persistent acknowledgement) and counts the replies
@@ -33,6 +34,7 @@ from tghost.discovery.catalog import Catalog
 from tghost.discovery.discover import discover
 from tghost.protocol import wire
 from tghost.protocol.access import AccessPolicy
+from tghost.serving import inline
 from tghost.serving.driver import Driver
 from tghost.serving.executors.base import PROCESS, THREAD
 from tghost.serving.inline import InlineDriver
@@ -194,6 +196,7 @@ class Mode:
 
 MODES = {  # plain def, isolation, persistent topic, access policy, driver
     "inline": (True, THREAD, False, False, InlineDriver),
+    "inline-measured": (True, THREAD, False, False, InlineDriver),
     "lane": (True, THREAD, False, True, ThreadLane),
     "loop": (False, THREAD, False, False, LoopDriver),
     "process": (True, PROCESS, False, False, LoopDriver),
@@ -203,8 +206,11 @@ MODES = {  # plain def, isolation, persistent topic, access policy, driver
 
 @pytest.fixture(params=list(MODES))
 def mode(request: pytest.FixtureRequest, plugin_dir: PluginDir, pulsar_broker: EmbeddedBroker,
-         tmp_path: Path) -> Mode:
+         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Mode:
     plain, isolation, persistent, gated, driver = MODES[request.param]
+    if request.param == "inline":  # every call may run on the receive thread from the first
+        monkeypatch.setattr(inline, "RECENT", 0)
+        monkeypatch.setattr(inline, "BUDGET", 60.0)
     return Mode(request.param, plain, isolation, persistent, gated, driver, plugin_dir, pulsar_broker.url, tmp_path)
 
 
