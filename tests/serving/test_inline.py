@@ -244,3 +244,27 @@ async def test_an_inline_call_that_turns_slow_hands_the_receiving_over_and_max_c
     assert together == ["first"]  # the second waits for the one slot
     assert busy == 1
     assert answers[0] == "first on tghost-solo-receive-0" and answers[1].startswith("second on tghost-solo_")
+
+
+async def test_an_inline_calls_stream_that_times_out_leaves_its_worker_thread_counted_stuck(
+    pulsar_broker: EmbeddedBroker, eager: None,
+) -> None:
+    release = threading.Event()
+
+    @tghost.tool(timeout=0.3)
+    def trickle() -> Iterator[str]:
+        yield "first"
+        release.wait(30)
+        yield "never sent"
+
+    async with LocalHost(pulsar_broker.url, [trickle]) as host, RawWire(pulsar_broker.url, trickle.descriptor) as raw:
+        [endpoint] = host.server.endpoints
+        await raw.send(wire.encode_request("u", {}, {}), {"id": "s"})
+        replies = await raw.raw_replies("s", timeout=10)
+        for _ in range(100):  # the timer answers first, then lets the thread go
+            if (stats := endpoint.executor.stats()).stuck:
+                break
+            await asyncio.sleep(0.02)
+        release.set()
+    assert [(reply.json().get("error") or {}).get("type") for reply in replies] == [None, "timeout"]
+    assert (stats.stuck, stats.busy) == (1, 0)  # as the lane's: slot free, thread stuck until the plugin returns

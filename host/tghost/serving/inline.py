@@ -15,7 +15,8 @@ service's, and one of its requests runs right there when it is safe:
 
 Everything else is the lane's: the checks, the timer that answers ``timeout``, ``cancel``,
 ``overloaded``, ``unavailable`` at a drain or when the grace ends, the call listeners. A
-stream's chunks go on a worker thread (the receive thread must not wait for a stream).
+stream's chunks go on a worker thread (the receive thread must not wait for a stream), as a job
+of the service's executor, which a timeout or cancel abandons as the lane's.
 
 A call measured short may turn slow (a cache miss, a lock, a plugin that blocks). Once an inline
 call has run :data:`HANDOVER` seconds, the lane's timer thread hands the service's receiving to a
@@ -120,10 +121,12 @@ class InlineDriver(ThreadLane):
             aside.set()
 
     def _stream(self, request: Request, chunks: Any) -> None:
-        if request.job is _INLINE:  # the receive thread never waits for a stream
-            self._executor.submit(self._stream_apart, request, chunks)
-        else:
+        if request.job is not _INLINE:
             super()._stream(request, chunks)
+            return
+        with self._lock:  # the receive thread never waits for a stream: a worker runs it, as the lane's
+            if not request.answered:
+                request.job = self._executor.submit(self._stream_apart, request, chunks)
 
     def _stream_apart(self, request: Request, chunks: Any) -> None:
         """On a worker thread: an inline call's stream, answered as :meth:`ThreadLane._run` would."""
