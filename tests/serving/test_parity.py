@@ -142,9 +142,15 @@ def released(mark):
     return "counted"
 
 
+@tghost.tool(service="bail-{tag}"{options})
+{def} bail(code: int) -> str:
+    """Exit, as a command-line library called by a tool does."""
+    raise SystemExit(code)
+
+
 @tghost.hookimpl
 def tghost_register_services(register):
-    for service in (dawdle, narrow, held, picky, ticker, report, hurry, chatter, count):
+    for service in (dawdle, narrow, held, picky, ticker, report, hurry, chatter, count, bail):
         register(service)
 '''
 
@@ -400,3 +406,14 @@ async def test_an_answered_request_is_acknowledged_and_never_delivered_again(mod
     async with mode.host(catalog, records=records):  # a persistent topic redelivers what was not acknowledged
         await asyncio.sleep(1.0)
     assert len(list(mark.iterdir())) == 1 and records == []
+
+
+async def test_a_tool_that_exits_is_answered_an_error_and_the_service_serves_on(mode: Mode) -> None:
+    async with mode.host() as host:
+        with pytest.raises(ToolCallError) as info:
+            await host.call("bail", {"code": 3}, timeout=10)
+        assert await host.call("picky", {"n": 2}) == "4"
+        with pytest.raises(ToolCallError):
+            await host.call("bail", {"code": 3}, timeout=10)  # and again, on the same service
+    said = "died during the call (exit code 3)" if mode.isolation == PROCESS else "SystemExit: 3"  # a new worker
+    assert info.value.error_type == wire.TOOL_SERVICE_ERROR and said in info.value.message

@@ -44,7 +44,7 @@ import pulsar.asyncio
 
 from tghost.serving.executors.thread import ThreadExecutor
 from tghost.serving.lane import ThreadLane
-from tghost.serving.request import Port, Request, Terms
+from tghost.serving.request import FAILURES, Port, Request, Terms
 
 __all__ = ["BUDGET", "HANDOVER", "RECENT", "InlineDriver"]
 
@@ -132,7 +132,7 @@ class InlineDriver(ThreadLane):
         """On a worker thread: an inline call's stream, answered as :meth:`ThreadLane._run` would."""
         try:
             super()._stream(request, chunks)
-        except Exception as exc:
+        except FAILURES as exc:
             self._refuse(request, *self._terms.failure(exc, request.request_id))
 
     def _abandon(self, request: Request) -> None:

@@ -38,7 +38,7 @@ from typing import Any
 from tghost.author.service import invoke, observation
 from tghost.protocol import wire
 from tghost.serving.executors.thread import ThreadExecutor
-from tghost.serving.request import Port, Request, Terms, confirmed
+from tghost.serving.request import FAILURES, Port, Request, Terms, confirmed
 
 __all__ = ["ThreadLane"]
 
@@ -111,7 +111,7 @@ class ThreadLane:
                 self._stream(request, result)
                 return
             payload = wire.encode_response(observation(self._terms.service_id, result))
-        except Exception as exc:
+        except FAILURES as exc:
             self._refuse(request, *self._terms.failure(exc, request.request_id))
             return
         if not self._answer(request, None, payload):
