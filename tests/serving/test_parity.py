@@ -16,6 +16,7 @@ rule differs (the broker keeps what the host has not taken), the test says so.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -49,6 +50,7 @@ from tghost.testing import LocalHost, RawWire
 #: (a persistent topic keeps what one test left for the next).
 PARITY = '''
 import asyncio
+import threading
 import pathlib
 import time
 import uuid
@@ -417,3 +419,17 @@ async def test_a_tool_that_exits_is_answered_an_error_and_the_service_serves_on(
             await host.call("bail", {"code": 3}, timeout=10)  # and again, on the same service
     said = "died during the call (exit code 3)" if mode.isolation == PROCESS else "SystemExit: 3"  # a new worker
     assert info.value.error_type == wire.TOOL_SERVICE_ERROR and said in info.value.message
+
+
+async def test_a_stopped_host_leaves_no_thread_behind(mode: Mode) -> None:
+    before = set(threading.enumerate())
+    async with mode.host() as host:
+        for n in range(12):  # the inline driver's measured calls, then inline ones
+            assert await host.call("picky", {"n": n}) == str(n * 2)
+        assert [chunk async for chunk in host.stream("ticker", {"count": 2})] == ["tick-0", "tick-1"]
+        during = {thread.name for thread in set(threading.enumerate()) - before}
+
+    def left() -> list[str]:  # the loop's own executor (asyncio.to_thread) is the test's, not the host's
+        return [t.name for t in set(threading.enumerate()) - before if not t.name.startswith("asyncio_")]
+
+    await until(lambda: not left(), f"the host's threads end (left: {left()}, during: {sorted(during)})", timeout=10)
