@@ -1,8 +1,9 @@
 """inline: the inline driver (tghost/serving/inline.py) runs a short plain ``def`` call on its
 service's receive thread, on the embedded broker. A service runs inline only once its latest
-calls were measured short; what a call on the receive thread keeps (one reply at its timeout, a
-cancel, the grace's end, the call listeners, ``authorize``, a stream) is checked here with every
-call eligible (``eager``), and every other rule in tests/serving/test_parity.py."""
+calls were measured short; what is the inline driver's own (which thread a call runs on, the
+receive thread handed over, a call left with its plugin counted stuck, a stream on a worker) is
+checked here with every call eligible (``eager``); every request rule runs over it in
+tests/serving/test_parity.py too (its ``inline`` and ``inline-measured`` modes)."""
 
 from __future__ import annotations
 

@@ -4,9 +4,11 @@ For a service whose plain (blocking) ``invoke`` runs in the host's worker thread
 non-persistent request topic, the C++ listener thread admits each request and hands it straight
 to a worker thread (:meth:`tghost.serving.executors.thread.ThreadExecutor.submit`); the worker
 checks it, invokes, sends the reply and acknowledges the request. That is a raw sync echo's path
-plus one thread hop. The event loop sees only what is rare: a shutdown's drain. Every other
-service is driven on the loop (:class:`tghost.serving.loop.LoopDriver`); the interface both
-have is :class:`tghost.serving.driver.Driver`.
+plus one thread hop. The event loop sees only what is rare: a shutdown's drain. The inline
+driver (:class:`tghost.serving.inline.InlineDriver`) is this lane with a receive thread of its
+own, which runs short calls itself; every other service is driven on the loop
+(:class:`tghost.serving.loop.LoopDriver`). The interface they share is
+:class:`tghost.serving.driver.Driver`.
 
 The lane drives the one request state machine of :mod:`tghost.serving.request` (the service's
 :class:`~tghost.serving.request.Terms`, :func:`~tghost.serving.request.failure`, a

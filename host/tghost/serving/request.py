@@ -6,7 +6,11 @@ take a request along it, and none calls into another:
 - the event loop (:class:`tghost.serving.loop.LoopDriver`): ``async def`` tools, process
   isolation and persistent topics;
 - the thread lane (:class:`tghost.serving.lane.ThreadLane`): a plain ``def`` tool on a
-  non-persistent topic, served from the C++ listener thread on the service's worker threads.
+  non-persistent topic under an access policy, served from the C++ listener thread on the
+  service's worker threads;
+- the inline driver (:class:`tghost.serving.inline.InlineDriver`): the lane of such a tool
+  without an access policy, receiving on a thread of the service's own and running short calls
+  there.
 
 What they share is here: the service's :class:`Terms` (limits, the checks before ``invoke``,
 the texts of refusals and the reply an exception comes to, :meth:`Terms.failure`), one
