@@ -1,8 +1,9 @@
 """inline: the inline driver (tghost/serving/inline.py) runs a short plain ``def`` call on its
 service's receive thread, on the embedded broker. A service runs inline only once its latest
-calls were measured short; what a call on the receive thread keeps (one reply at its timeout, a
-cancel, the grace's end, the call listeners, ``authorize``, a stream) is checked here with every
-call eligible (``eager``), and every other rule in tests/serving/test_parity.py."""
+calls were measured short; what is the inline driver's own (which thread a call runs on, the
+receive thread handed over, a call left with its plugin counted stuck, a stream on a worker) is
+checked here with every call eligible (``eager``); every request rule runs over it in
+tests/serving/test_parity.py too (its ``inline`` and ``inline-measured`` modes)."""
 
 from __future__ import annotations
 
@@ -109,7 +110,8 @@ async def test_an_inline_call_is_cancelled_at_once_and_told(pulsar_broker: Embed
         second = asyncio.create_task(host.call("grind", timeout=30))
         await asyncio.to_thread(started.wait, 30)
         [endpoint] = host.server.endpoints
-        endpoint._cancel(endpoint._driver._current.request_id, {})  # a cancel with no caller to check
+        [request_id] = endpoint._driver._by_id
+        endpoint._cancel(request_id, {})  # a cancel with no caller to check
         with pytest.raises(ToolCallError) as info:
             await second
     assert info.value.error_type == wire.CANCELLED
@@ -131,11 +133,14 @@ async def test_an_inline_call_running_when_the_grace_ends_is_answered_unavailabl
         call = asyncio.create_task(host.call("endless", timeout=30))
         await asyncio.to_thread(running.wait, 30)
         [endpoint] = host.server.endpoints
-        assert endpoint.in_flight == 1 and endpoint._driver._current is not None  # running inline
+        assert endpoint.in_flight == 1 and next(iter(endpoint._driver._by_id.values())).job is inline._INLINE
         assert await host.server.stop(grace=0.2) == 1
-        stuck = endpoint.executor.stats()
         with pytest.raises(ToolCallError) as info:
             await call
+        async with asyncio.timeout(10):  # a worker thread waited for the call handed over; freed at the cut-off
+            while endpoint.executor.stats().busy:
+                await asyncio.sleep(0.01)
+        stuck = endpoint.executor.stats()
         release.set()
         async with asyncio.timeout(10):  # its thread is freed when the plugin returns
             while endpoint.executor.stats().stuck:
@@ -207,3 +212,60 @@ async def test_an_inline_calls_stream_goes_on_a_worker_thread(pulsar_broker: Emb
         chunks = [chunk async for chunk in host.stream("ticker", {"count": 3})]
     assert [chunk.split(" on ")[0] for chunk in chunks] == ["0", "1", "2"]
     assert all(chunk.split(" on ")[1].startswith("tghost-ticker_") for chunk in chunks)
+
+
+async def test_an_inline_call_that_turns_slow_hands_the_receiving_over_and_max_concurrency_holds(
+    pulsar_broker: EmbeddedBroker, eager: None,
+) -> None:
+    release = threading.Event()
+    running: list[str] = []
+
+    @tghost.tool(timeout=60, max_concurrency=1)
+    def solo(name: str) -> str:
+        running.append(name)
+        release.wait(30)
+        running.remove(name)
+        return f"{name} on {here()}"
+
+    async with LocalHost(pulsar_broker.url, [solo]) as host:
+        [endpoint] = host.server.endpoints
+        first = asyncio.create_task(host.call("solo", {"name": "first"}, timeout=60))
+        async with asyncio.timeout(10):
+            while not running:
+                await asyncio.sleep(0.01)
+        second = asyncio.create_task(host.call("solo", {"name": "second"}, timeout=60))
+        async with asyncio.timeout(10):  # received on a new thread while the first still blocks
+            while endpoint.in_flight < 2:
+                await asyncio.sleep(0.01)
+        await asyncio.sleep(0.3)
+        together = list(running)
+        busy = endpoint.executor.stats().busy  # a worker thread waits for the call handed over
+        release.set()
+        answers = await asyncio.gather(first, second)
+    assert together == ["first"]  # the second waits for the one slot
+    assert busy == 1
+    assert answers[0] == "first on tghost-solo-receive-0" and answers[1].startswith("second on tghost-solo_")
+
+
+async def test_an_inline_calls_stream_that_times_out_leaves_its_worker_thread_counted_stuck(
+    pulsar_broker: EmbeddedBroker, eager: None,
+) -> None:
+    release = threading.Event()
+
+    @tghost.tool(timeout=0.3)
+    def trickle() -> Iterator[str]:
+        yield "first"
+        release.wait(30)
+        yield "never sent"
+
+    async with LocalHost(pulsar_broker.url, [trickle]) as host, RawWire(pulsar_broker.url, trickle.descriptor) as raw:
+        [endpoint] = host.server.endpoints
+        await raw.send(wire.encode_request("u", {}, {}), {"id": "s"})
+        replies = await raw.raw_replies("s", timeout=10)
+        for _ in range(100):  # the timer answers first, then lets the thread go
+            if (stats := endpoint.executor.stats()).stuck:
+                break
+            await asyncio.sleep(0.02)
+        release.set()
+    assert [(reply.json().get("error") or {}).get("type") for reply in replies] == [None, "timeout"]
+    assert (stats.stuck, stats.busy) == (1, 0)  # as the lane's: slot free, thread stuck until the plugin returns

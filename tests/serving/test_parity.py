@@ -2,9 +2,10 @@
 (tghost/serving/driver.py), on the embedded broker.
 
 One fixture, :func:`mode`, serves the same plugin, :data:`PARITY`, each way a host can serve a
-service: a plain ``def`` on the inline driver (its calls measured slow run on the lane's worker
-threads; tests/serving/test_inline.py runs them on the receive thread), the same under an access
-policy (the thread lane), an ``async def`` on the event loop, a plain ``def`` in worker processes,
+service: a plain ``def`` on the inline driver, its calls on the receive thread whenever nothing
+of the service is in flight (``inline``: every call eligible at once, as if its latest calls were
+short) or measured slow and run on the lane's worker threads (``inline-measured``), the same under
+an access policy (the thread lane), an ``async def`` on the event loop, a plain ``def`` in worker processes,
 and a plain ``def`` on a persistent topic (the loop driver, receiving one request per free
 slot). Each test causes one case (timeout, overloaded, cancel, drain, stream
 pacing, progress, authorize, access refusals, persistent acknowledgement) and counts the replies
@@ -15,6 +16,7 @@ rule differs (the broker keeps what the host has not taken), the test says so.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -33,6 +35,7 @@ from tghost.discovery.catalog import Catalog
 from tghost.discovery.discover import discover
 from tghost.protocol import wire
 from tghost.protocol.access import AccessPolicy
+from tghost.serving import inline
 from tghost.serving.driver import Driver
 from tghost.serving.executors.base import PROCESS, THREAD
 from tghost.serving.inline import InlineDriver
@@ -47,6 +50,7 @@ from tghost.testing import LocalHost, RawWire
 #: (a persistent topic keeps what one test left for the next).
 PARITY = '''
 import asyncio
+import threading
 import pathlib
 import time
 import uuid
@@ -140,9 +144,15 @@ def released(mark):
     return "counted"
 
 
+@tghost.tool(service="bail-{tag}"{options})
+{def} bail(code: int) -> str:
+    """Exit, as a command-line library called by a tool does."""
+    raise SystemExit(code)
+
+
 @tghost.hookimpl
 def tghost_register_services(register):
-    for service in (dawdle, narrow, held, picky, ticker, report, hurry, chatter, count):
+    for service in (dawdle, narrow, held, picky, ticker, report, hurry, chatter, count, bail):
         register(service)
 '''
 
@@ -194,6 +204,7 @@ class Mode:
 
 MODES = {  # plain def, isolation, persistent topic, access policy, driver
     "inline": (True, THREAD, False, False, InlineDriver),
+    "inline-measured": (True, THREAD, False, False, InlineDriver),
     "lane": (True, THREAD, False, True, ThreadLane),
     "loop": (False, THREAD, False, False, LoopDriver),
     "process": (True, PROCESS, False, False, LoopDriver),
@@ -203,8 +214,11 @@ MODES = {  # plain def, isolation, persistent topic, access policy, driver
 
 @pytest.fixture(params=list(MODES))
 def mode(request: pytest.FixtureRequest, plugin_dir: PluginDir, pulsar_broker: EmbeddedBroker,
-         tmp_path: Path) -> Mode:
+         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Mode:
     plain, isolation, persistent, gated, driver = MODES[request.param]
+    if request.param == "inline":  # every call may run on the receive thread from the first
+        monkeypatch.setattr(inline, "RECENT", 0)
+        monkeypatch.setattr(inline, "BUDGET", 60.0)
     return Mode(request.param, plain, isolation, persistent, gated, driver, plugin_dir, pulsar_broker.url, tmp_path)
 
 
@@ -394,3 +408,28 @@ async def test_an_answered_request_is_acknowledged_and_never_delivered_again(mod
     async with mode.host(catalog, records=records):  # a persistent topic redelivers what was not acknowledged
         await asyncio.sleep(1.0)
     assert len(list(mark.iterdir())) == 1 and records == []
+
+
+async def test_a_tool_that_exits_is_answered_an_error_and_the_service_serves_on(mode: Mode) -> None:
+    async with mode.host() as host:
+        with pytest.raises(ToolCallError) as info:
+            await host.call("bail", {"code": 3}, timeout=10)
+        assert await host.call("picky", {"n": 2}) == "4"
+        with pytest.raises(ToolCallError):
+            await host.call("bail", {"code": 3}, timeout=10)  # and again, on the same service
+    said = "died during the call (exit code 3)" if mode.isolation == PROCESS else "SystemExit: 3"  # a new worker
+    assert info.value.error_type == wire.TOOL_SERVICE_ERROR and said in info.value.message
+
+
+async def test_a_stopped_host_leaves_no_thread_behind(mode: Mode) -> None:
+    before = set(threading.enumerate())
+    async with mode.host() as host:
+        for n in range(12):  # the inline driver's measured calls, then inline ones
+            assert await host.call("picky", {"n": n}) == str(n * 2)
+        assert [chunk async for chunk in host.stream("ticker", {"count": 2})] == ["tick-0", "tick-1"]
+        during = {thread.name for thread in set(threading.enumerate()) - before}
+
+    def left() -> list[str]:  # the loop's own executor (asyncio.to_thread) is the test's, not the host's
+        return [t.name for t in set(threading.enumerate()) - before if not t.name.startswith("asyncio_")]
+
+    await until(lambda: not left(), f"the host's threads end (left: {left()}, during: {sorted(during)})", timeout=10)

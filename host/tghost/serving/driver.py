@@ -1,10 +1,11 @@
 """driver: the one interface of every driver of a service's requests (:class:`Driver`).
 
 A driver takes each answerable request along the one request state machine
-(:mod:`tghost.serving.request`): admit, check, invoke, answer, settle. There are two, and
-none imports another: the event loop (:class:`tghost.serving.loop.LoopDriver`), the thread
-lane (:class:`tghost.serving.lane.ThreadLane`) and the inline driver, the lane that runs short
-calls on the thread that received them (:class:`tghost.serving.inline.InlineDriver`). The endpoint
+(:mod:`tghost.serving.request`): admit, check, invoke, answer, settle. There are three: the
+event loop (:class:`tghost.serving.loop.LoopDriver`), the thread lane
+(:class:`tghost.serving.lane.ThreadLane`) and the inline driver, the lane that runs short calls
+on the thread that received them (:class:`tghost.serving.inline.InlineDriver`, a subclass of the
+lane); the loop driver and the lane never import each other. The endpoint
 (:class:`tghost.serving.endpoint.ServiceEndpoint`) picks one per service when it opens
 (:func:`driver_for`), hands it every answerable request, and never asks
 which kind it is.
@@ -34,8 +35,9 @@ class Driver(Protocol):
     ``listens``: the endpoint subscribes with a C++ message listener and calls :meth:`take` from
     it; else the driver receives by itself (:class:`Receiving`). ``on_loop``: :meth:`take` is
     called on the event loop (the endpoint hops there first, and decides there what the driver
-    does not take); else on the thread that received the request. Every other method is called
-    on the event loop the service's endpoint runs on.
+    does not take); else on the thread that received the request. :meth:`running` is also
+    called on the control topic's listener thread (a liveness probe); every other method on the
+    event loop the service's endpoint runs on.
     """
 
     listens: bool

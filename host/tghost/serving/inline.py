@@ -15,10 +15,18 @@ service's, and one of its requests runs right there when it is safe:
 
 Everything else is the lane's: the checks, the timer that answers ``timeout``, ``cancel``,
 ``overloaded``, ``unavailable`` at a drain or when the grace ends, the call listeners. A
-stream's chunks go on a worker thread (the receive thread must not wait for a stream). An inline
-call its caller was answered for (a timeout, a cancel, the grace's end) leaves the receive thread
-with the plugin, counted one of the service's stuck threads; a new receive thread takes over at
-once, the old one ends when the plugin returns, and until then no call runs inline.
+stream's chunks go on a worker thread (the receive thread must not wait for a stream), as a job
+of the service's executor, which a timeout or cancel abandons as the lane's.
+
+A call measured short may turn slow (a cache miss, a lock, a plugin that blocks). Once an inline
+call has run :data:`HANDOVER` seconds, the lane's timer thread hands the service's receiving to a
+new receive thread, so the requests behind it are admitted, queued, answered ``overloaded`` past
+the bound, cancelled and drained as the lane's; the call goes on where it runs, and one of the
+service's worker threads waits until it ends, so ``max_concurrency`` holds. The timer looks only
+while inline calls run: the first after a quiet spell wakes it. An inline call its caller was
+answered for (a timeout, a cancel, the grace's end) leaves its thread with the plugin, counted one
+of the service's stuck threads; a new receive thread takes over at once (if none did already),
+the old one ends when the plugin returns, and until then no call runs inline.
 """
 
 from __future__ import annotations
@@ -36,9 +44,9 @@ import pulsar.asyncio
 
 from tghost.serving.executors.thread import ThreadExecutor
 from tghost.serving.lane import ThreadLane
-from tghost.serving.request import Port, Request, Terms
+from tghost.serving.request import FAILURES, Port, Request, Terms
 
-__all__ = ["BUDGET", "RECENT", "InlineDriver"]
+__all__ = ["BUDGET", "HANDOVER", "RECENT", "InlineDriver"]
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +54,8 @@ log = logging.getLogger(__name__)
 BUDGET = 0.001
 #: How many of a service's latest calls must each have been within :data:`BUDGET`.
 RECENT = 8
+#: Seconds an inline call may run before its service receives on a new thread (see the module).
+HANDOVER = 0.05
 #: Milliseconds a receive thread waits for a request before it looks whether to end.
 RECEIVE_WAIT_MS = 1000
 
@@ -63,13 +73,16 @@ class InlineDriver(ThreadLane):
     on_loop = False
 
     def __init__(self, terms: Terms, port: Port, executor: ThreadExecutor, loop: asyncio.AbstractEventLoop) -> None:
-        super().__init__(terms, port, executor, loop)
         self._took: collections.deque[float] = collections.deque(maxlen=RECENT)  # seconds of the latest calls
-        self._current: Request | None = None  # the call running inline now
+        self._current: Request | None = None  # the call running inline now, on the receive thread
+        self._aside: dict[Request, threading.Event] = {}  # inline calls handed over: set when each ends
         self._left: set[Request] = set()  # inline calls whose caller was answered while the plugin runs on
+        self._watched = False  # the timer looks at the inline calls (else it sleeps until a deadline)
+        self._inlined = False  # an inline call started since the timer last looked
         self._generation = 0  # the receive thread that takes requests now; an older one ends
         self._source: tuple[pulsar.asyncio.Consumer, Callable[[Any], None]] | None = None  # set by receive()
         self._receiving: asyncio.Future[None] | None = None
+        super().__init__(terms, port, executor, loop)  # last: it starts the timer thread, which reads the above
 
     def take(self, request: Request) -> None:
         with self._lock:
@@ -81,6 +94,10 @@ class InlineDriver(ThreadLane):
                 self._current = request
                 self._waiting[request] = None
                 self._by_id[request.request_id] = request
+                self._inlined = True
+                if not self._watched:  # the first inline call after a quiet spell wakes the timer
+                    self._watched = True
+                    self._wake.notify()
         if inline:
             self._run(request)
         else:
@@ -96,39 +113,71 @@ class InlineDriver(ThreadLane):
             self._took.append(took)
             if request is self._current:
                 self._current = None
-            left = request in self._left
-            self._left.discard(request)  # its plugin returned: inline calls may run again
-        if left:
-            self._executor.hold(-1)
+            if request in self._left:  # its plugin returned: inline calls may run again
+                self._left.discard(request)
+                self._executor.hold(-1)
+            aside = self._aside.pop(request, None)
+        if aside is not None:
+            aside.set()
 
     def _stream(self, request: Request, chunks: Any) -> None:
-        if request.job is _INLINE:  # the receive thread never waits for a stream
-            self._executor.submit(self._stream_apart, request, chunks)
-        else:
+        if request.job is not _INLINE:
             super()._stream(request, chunks)
+            return
+        with self._lock:  # the receive thread never waits for a stream: a worker runs it, as the lane's
+            if not request.answered:
+                request.job = self._executor.submit(self._stream_apart, request, chunks)
 
     def _stream_apart(self, request: Request, chunks: Any) -> None:
         """On a worker thread: an inline call's stream, answered as :meth:`ThreadLane._run` would."""
         try:
             super()._stream(request, chunks)
-        except Exception as exc:
+        except FAILURES as exc:
             self._refuse(request, *self._terms.failure(exc, request.request_id))
 
     def _abandon(self, request: Request) -> None:
         """The caller of ``request`` was answered (a timeout, a cancel, the grace's end): a call
-        still running inline keeps its receive thread, and a new one takes over at once."""
-        if request.job is not _INLINE:
-            super()._abandon(request)
-            return
+        still running inline keeps its thread, counted stuck, and a new receive thread takes over
+        at once if none did already."""
         with self._lock:
-            if request is not self._current:  # it returned meanwhile, or its stream went to a worker
+            if request.job is not _INLINE:
+                super()._abandon(request)
                 return
-            self._current = None
+            aside = self._aside.pop(request, None)
+            if request is not self._current and aside is None:  # it returned meanwhile
+                return
             self._left.add(request)
-            self._generation += 1
-            generation = self._generation
-        self._executor.hold(1)
-        self._start_receiving(generation)
+            self._executor.hold(1)
+            generation = self._hand_over() if request is self._current else None
+        if aside is not None:
+            aside.set()  # its worker thread's wait is over: the slot is free
+        if generation is not None:
+            self._start_receiving(generation)
+
+    def _watch(self, wait: float) -> float:
+        """The timer thread, holding the lock: hand the receiving over once the inline call has
+        run :data:`HANDOVER` seconds; else look again by then while inline calls run, or sleep
+        until a deadline once none ran since the last look."""
+        current, inlined, self._inlined = self._current, self._inlined, False
+        if current is None:
+            self._watched = inlined
+            return min(wait, HANDOVER) if inlined else wait
+        ran = time.perf_counter() - current.started
+        if ran < HANDOVER:
+            return min(wait, HANDOVER - ran)
+        log.debug("service %s: request %s ran %.3fs inline; receiving on a new thread", self._terms.service_id,
+                  current.request_id, ran)
+        self._aside[current] = ended = threading.Event()
+        self._executor.submit(ended.wait)  # one of the service's threads waits for it: max_concurrency holds
+        self._start_receiving(self._hand_over())
+        return wait
+
+    def _hand_over(self) -> int:
+        """Hold the lock: the current inline call keeps its thread; the next receive thread's
+        generation, which takes the requests from now on."""
+        self._current = None
+        self._generation += 1
+        return self._generation
 
     async def receive(self, consumer: pulsar.asyncio.Consumer, take: Callable[[Any], None]) -> None:
         """Receive the service's requests on a thread of its own and hand each (a raw

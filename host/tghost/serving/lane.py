@@ -4,9 +4,11 @@ For a service whose plain (blocking) ``invoke`` runs in the host's worker thread
 non-persistent request topic, the C++ listener thread admits each request and hands it straight
 to a worker thread (:meth:`tghost.serving.executors.thread.ThreadExecutor.submit`); the worker
 checks it, invokes, sends the reply and acknowledges the request. That is a raw sync echo's path
-plus one thread hop. The event loop sees only what is rare: a shutdown's drain. Every other
-service is driven on the loop (:class:`tghost.serving.loop.LoopDriver`); the interface both
-have is :class:`tghost.serving.driver.Driver`.
+plus one thread hop. The event loop sees only what is rare: a shutdown's drain. The inline
+driver (:class:`tghost.serving.inline.InlineDriver`) is this lane with a receive thread of its
+own, which runs short calls itself; every other service is driven on the loop
+(:class:`tghost.serving.loop.LoopDriver`). The interface they share is
+:class:`tghost.serving.driver.Driver`.
 
 The lane drives the one request state machine of :mod:`tghost.serving.request` (the service's
 :class:`~tghost.serving.request.Terms`, :func:`~tghost.serving.request.failure`, a
@@ -38,7 +40,7 @@ from typing import Any
 from tghost.author.service import invoke, observation
 from tghost.protocol import wire
 from tghost.serving.executors.thread import ThreadExecutor
-from tghost.serving.request import Port, Request, Terms, confirmed
+from tghost.serving.request import FAILURES, Port, Request, Terms, confirmed
 
 __all__ = ["ThreadLane"]
 
@@ -111,7 +113,7 @@ class ThreadLane:
                 self._stream(request, result)
                 return
             payload = wire.encode_response(observation(self._terms.service_id, result))
-        except Exception as exc:
+        except FAILURES as exc:
             self._refuse(request, *self._terms.failure(exc, request.request_id))
             return
         if not self._answer(request, None, payload):
@@ -193,10 +195,15 @@ class ThreadLane:
                     due, wait = _due(self._running, time.monotonic(), self._terms.timeout)
                     if due:
                         break
-                    self._wake.wait(wait)
+                    self._wake.wait(self._watch(wait))
             for request in due:  # answered first, then its thread let go: the caller hears at once
                 self._refuse(request, wire.TIMEOUT, self._terms.refusal(wire.TIMEOUT))
                 self._abandon(request)
+
+    def _watch(self, wait: float) -> float:
+        """The timer thread, holding the lock, before it sleeps ``wait`` seconds (until the next
+        deadline): how long it sleeps. The inline driver looks at its running call here."""
+        return wait
 
     def running(self, request_id: str) -> Request | None:
         """The call of ``request_id`` in the lane (waiting or running), if any."""

@@ -28,7 +28,7 @@ from tghost.protocol import wire
 from tghost.protocol.callers import CALLER
 from tghost.serving.deadlines import Deadlines
 from tghost.serving.executors.base import Executor
-from tghost.serving.request import NOT_STARTED, RETURNED, Port, Request, Terms, confirmed_on_loop
+from tghost.serving.request import FAILURES, NOT_STARTED, RETURNED, Port, Request, Terms, confirmed_on_loop
 
 __all__ = ["LoopDriver"]
 
@@ -167,7 +167,7 @@ class LoopDriver:
             if not self._clock.expired(task):
                 raise
             await self._refuse(request, wire.TIMEOUT, self._terms.refusal(wire.TIMEOUT))
-        except Exception as exc:
+        except FAILURES as exc:  # a SystemExit too, which would end the event loop
             await self._refuse(request, *self._terms.failure(exc, request.request_id))
 
     async def _checked(self, request: Request) -> Call:

@@ -6,7 +6,11 @@ take a request along it, and none calls into another:
 - the event loop (:class:`tghost.serving.loop.LoopDriver`): ``async def`` tools, process
   isolation and persistent topics;
 - the thread lane (:class:`tghost.serving.lane.ThreadLane`): a plain ``def`` tool on a
-  non-persistent topic, served from the C++ listener thread on the service's worker threads.
+  non-persistent topic under an access policy, served from the C++ listener thread on the
+  service's worker threads;
+- the inline driver (:class:`tghost.serving.inline.InlineDriver`): the lane of such a tool
+  without an access policy, receiving on a thread of the service's own and running short calls
+  there.
 
 What they share is here: the service's :class:`Terms` (limits, the checks before ``invoke``,
 the texts of refusals and the reply an exception comes to, :meth:`Terms.failure`), one
@@ -51,6 +55,7 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Span
 
 __all__ = [
+    "FAILURES",
     "NOT_STARTED",
     "RETURNED",
     "UNANSWERABLE",
@@ -73,6 +78,10 @@ UNANSWERABLE = "unanswerable"
 RETURNED = "returned"
 #: The cancel message of a request cancelled by shutdown while it waited for a slot.
 NOT_STARTED = "not started"
+#: What a call's checks or plugin code may raise that is answered as an error (:meth:`Terms.failure`):
+#: every exception, and ``SystemExit``, which a tool (or a command-line library it calls) may raise,
+#: and which is the plugin's, not a reason for the host or a thread of it to end.
+FAILURES = (Exception, SystemExit)
 #: Seconds between two progress updates of one call sent to its caller (more are dropped).
 PROGRESS_INTERVAL = 0.1
 _UNKNOWN = object()  # a request's proof before its first answer looks it up
@@ -294,7 +303,7 @@ class Terms:
         unstarted = error_type == wire.UNAVAILABLE and not started
         return wire.encode_error(error_type, text, self.host_id, request_id, False if unstarted else None)
 
-    def failure(self, exc: Exception, request_id: str) -> tuple[str, str, bool]:
+    def failure(self, exc: BaseException, request_id: str) -> tuple[str, str, bool]:
         """The error type and text of the reply to request ``request_id``, whose checks or
         ``invoke`` raised ``exc``, and whether the call may have started (False only for the
         replay record a host could not reach, :class:`NotStarted`). A :class:`ToolError` keeps its
