@@ -111,7 +111,7 @@ async def test_an_inline_call_is_cancelled_at_once_and_told(pulsar_broker: Embed
         await asyncio.to_thread(started.wait, 30)
         [endpoint] = host.server.endpoints
         [request_id] = endpoint._driver._by_id
-        endpoint._cancel(request_id, {})  # a cancel with no caller to check
+        endpoint._control._cancel(request_id, {})  # a cancel with no caller to check
         with pytest.raises(ToolCallError) as info:
             await second
     assert info.value.error_type == wire.CANCELLED

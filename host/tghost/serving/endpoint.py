@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import pulsar
@@ -34,23 +34,17 @@ from tghost.pulsar import hop
 from tghost.serving import executors, handoff
 from tghost.serving.access import Fleet, Gate
 from tghost.serving.cancels import ControlTopic
-from tghost.serving.driver import Driver, Receiving, driver_for
+from tghost.serving.driver import Driver, Receiving, driver_for, subscription_options
 from tghost.serving.executors.base import Executor
 from tghost.serving.replays import SharedReplays
 from tghost.serving.request import UNANSWERABLE, CallListener, CallRecord, Port, Prover, Request, Terms
 from tghost.serving.settings import ServeSettings
 from tghost.system.logs import LogSummary
 
-__all__ = ["RECEIVER_QUEUE", "ServiceEndpoint"]
+__all__ = ["ServiceEndpoint"]
 
 log = logging.getLogger(__name__)
 
-#: Messages the client may buffer per consumer of a non-persistent request topic: the burst one
-#: host absorbs per service (beyond the service's bound, the driver answers ``overloaded``). A
-#: larger burst, faster than the host takes it, is partly dropped by the broker (no free permit):
-#: use a persistent topic for such bursts, whose consumer buffers nothing and receives only when
-#: a slot is free. (tests/serving/test_faults.py sends 2000 at once; the default 1000 lost a third.)
-RECEIVER_QUEUE = 10_000
 
 
 class ServiceEndpoint:
@@ -74,13 +68,14 @@ class ServiceEndpoint:
         self._port = port
         self._driver = driver
         self._mailbox = mailbox
-        self._control = ControlTopic(self.descriptor, self._cancel, self._answer_probe, mailbox)
         self._consumer: pulsar.asyncio.Consumer | None = None  # subscribed in open()
         self._replays: SharedReplays | None = None  # with an access policy
         self._receiving: asyncio.Task[None] | None = None  # a driver that receives by itself
         self._departure = handoff.Departure(self.descriptor.id, self._close_consumer)
         self._released = False
         self._arriving: set[str] = set()  # request ids received, on their way to the driver (a hop)
+        self._control = ControlTopic(terms, driver, port.producer, mailbox, self._arriving,
+                                     lambda: self._departure.stopping)
         self._unanswerable = LogSummary(
             log, f"service {self.descriptor.id}: dropped %(count)d request(s) that cannot be answered: %(reason)s "
                  "(e.g. %(example)s); a caller must set it (docs/protocol.md §2.3)")
@@ -125,12 +120,7 @@ class ServiceEndpoint:
         if gate is not None:
             self._replays = await SharedReplays.open(self._client, self.descriptor.request_queue, gate.window)
             gate.share(self.descriptor.request_queue, self._replays)
-        options: dict[str, Any] = {"receiver_queue_size": RECEIVER_QUEUE}
-        if self._driver.listens:
-            options["message_listener"] = self._on_message
-        elif self.persistent:  # received only when a slot is free; past the redeliveries, to the dead letters
-            options = {"receiver_queue_size": 0,
-                       "dead_letter_policy": pulsar.ConsumerDeadLetterPolicy(self.terms.max_redeliveries + 1)}
+        options = subscription_options(self._driver, self.terms, self._on_message)
         self._consumer = self._port.consumer = await self._client.subscribe(
             self.descriptor.request_queue, self.subscription, consumer_type=pulsar.ConsumerType.Shared, **options)
         if isinstance(self._driver, Receiving) and not self._driver.listens:
@@ -196,26 +186,6 @@ class ServiceEndpoint:
             self._port.send(request, self.terms.error(request_id, wire.UNAVAILABLE,
                                                       self.terms.refusal(wire.UNAVAILABLE), started=started))
         self._port.settle(request.record, message, request.started)
-
-    def _cancel(self, request_id: str, properties: Mapping[str, str]) -> None:
-        """A cancel from the control topic (docs/protocol.md §2.11): stop the call if this host
-        runs it and the cancel comes from its caller; answer it ``cancelled`` at once."""
-        request = self._driver.running(request_id)
-        if request is None or not self.terms.may_cancel(request.record, properties, self._control.topic):
-            return  # another host's call, a finished one, or not its caller's cancel
-        request.cancelled.set()
-        self._driver.cancel(request)
-
-    def _answer_probe(self, probe_id: str, request_id: str) -> None:
-        """The control topic's listener thread: a caller asks whether this host lives (docs/protocol.md
-        §2.15). Answer on the response topic with the probe's ``id``, whether this host holds
-        ``request_id`` (from the moment its listener has it: on the way to the driver, waiting or
-        running; not one still in the client's receive queue) and, while it stops, that it does."""
-        holds = request_id in self._arriving or self._driver.running(request_id) is not None
-        answer = {"id": probe_id, wire.ALIVE: "1", wire.HOLDS: "1" if holds else "0"}
-        if self._departure.stopping:
-            answer[wire.DRAINING] = "1"
-        hop.send(self._port.producer, b"", answer)
 
     def hand_off(self) -> None:
         """Another endpoint of this host serves the service from now on (a toolset's new object
