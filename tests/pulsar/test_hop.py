@@ -88,14 +88,15 @@ async def ping() -> str:
 
 async def test_a_request_arriving_after_the_host_stopped_receiving_is_answered_unavailable(
         pulsar_broker: EmbeddedBroker) -> None:
-    """A non-persistent request delivered while the host drains is not left unanswered."""
+    """A non-persistent request delivered while the host drains is not left unanswered: it is
+    answered 'unavailable', saying it did not start, each of the times its caller sends it."""
     async with LocalHost(pulsar_broker.url, [ping]) as host:
         assert await host.call("ping") == "pong"
         [endpoint] = host.server.endpoints
         await endpoint.stop_receiving()
         with pytest.raises(ToolCallError) as info:
             await host.call("ping")
-        assert endpoint.counters["received"] == 2
+        assert endpoint.counters["received"] == 2 + wire.RESENDS  # the first call, then the refused one's sendings
     assert info.value.error_type == "unavailable" and "shutting down" in info.value.message
 
 
