@@ -24,7 +24,7 @@ DOCS = Path(__file__).resolve().parent.parent / "docs"
 PAGE = DOCS / "reference" / "errors.md"
 #: Upper-case strings of the wire module that are not error types: a user, a status, property names.
 NOT_TYPES = {"DEFAULT_USER", "OK", "CANCEL", "PROGRESS", "CONTENT_TYPE", "JSON_CONTENT", "PROBE", "ALIVE", "HOLDS",
-             "PROBES"}
+             "PROBES", "DRAINING", "STARTED"}
 
 
 def section(text: str, heading: str) -> str:
