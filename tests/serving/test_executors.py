@@ -51,7 +51,7 @@ class QuotaError(tghost.ToolError):
         super().__init__(message, "quota-exceeded")
 
 
-@tghost.tool(service="misbehave", timeout=1.0, max_concurrency=2)
+@tghost.tool(service="misbehave", timeout=2.0, max_concurrency=2)
 def misbehave(behaviour: str = "normal") -> str:
     """Answers with its pid, or misbehaves as asked."""
     if behaviour == "segfault":
@@ -232,23 +232,24 @@ async def test_under_process_isolation_a_crash_a_hang_or_a_leak_costs_one_worker
     expected = {
         "segfault": ("tool-service-error", "died during the call (killed by SIGSEGV)"),
         "exit": ("tool-service-error", "died during the call (exit code 3)"),
-        "spin": ("timeout", "did not finish within 1.0s"),
+        "spin": ("timeout", "did not finish within 2.0s"),
         "allocate": ("tool-service-error", "MemoryError"),
     }
     for behaviour, (error_type, words) in expected.items():
         with pytest.raises(ToolCallError) as info:
             await misbehave_client.call({}, {"behaviour": behaviour}, timeout=10)
         assert info.value.error_type == error_type and words in str(info.value), (behaviour, str(info.value))
-        # the next call succeeds within 2 s: the call's own timeout says so (it raises past it)
-        answer = await misbehave_client.call({}, {}, timeout=2.0)
+        # the next call succeeds, within the tool's own 2 s timeout, which counts the wait for the
+        # replacement worker to start (the caller's timeout only bounds the test)
+        answer = await misbehave_client.call({}, {}, timeout=10)
         assert pid_of(answer) != pid
         assert host.process.poll() is None and host.process.pid == pid  # the host lives on
 
-    # Ten spinning calls, more than max_concurrency (2): every one is answered 'timeout'.
-    spins = await asyncio.gather(*(misbehave_client.call({}, {"behaviour": "spin"}, timeout=60) for _ in range(10)),
+    # Six spinning calls, more than max_concurrency (2): every one is answered 'timeout'.
+    spins = await asyncio.gather(*(misbehave_client.call({}, {"behaviour": "spin"}, timeout=60) for _ in range(6)),
                                  return_exceptions=True)
-    assert [e.error_type if isinstance(e, ToolCallError) else e for e in spins] == ["timeout"] * 10
-    assert pid_of(await misbehave_client.call({}, {}, timeout=2.0)) != pid
+    assert [e.error_type if isinstance(e, ToolCallError) else e for e in spins] == ["timeout"] * 6
+    assert pid_of(await misbehave_client.call({}, {}, timeout=10)) != pid
 
     state = await asyncio.to_thread(health, port)
     workers = state["workers"]["misbehave"]
@@ -257,7 +258,7 @@ async def test_under_process_isolation_a_crash_a_hang_or_a_leak_costs_one_worker
     # replacement worker to start was answered 'timeout' without running.
     killed = workers["restarts"]["timeout"]
     assert workers["restarts"] == {"crash": 2, "timeout": killed, "cancelled": 0, "memory": 1, "recycled": 0}
-    assert 2 <= killed <= 11
+    assert 2 <= killed <= 7
     text = await asyncio.to_thread(metrics, port)
     assert 'tghost_worker_restarts_total{reason="crash",service="misbehave"} 2.0' in text
     assert f'tghost_worker_restarts_total{{reason="timeout",service="misbehave"}} {killed}.0' in text
