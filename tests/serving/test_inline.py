@@ -11,6 +11,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -269,3 +270,27 @@ async def test_an_inline_calls_stream_that_times_out_leaves_its_worker_thread_co
         release.set()
     assert [(reply.json().get("error") or {}).get("type") for reply in replies] == [None, "timeout"]
     assert (stats.stuck, stats.busy) == (1, 0)  # as the lane's: slot free, thread stuck until the plugin returns
+
+
+async def test_a_request_the_receive_thread_fails_to_take_is_logged_and_the_service_receives_on(
+    pulsar_broker: EmbeddedBroker, eager: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    @tghost.tool
+    def quick() -> str:
+        return here()
+
+    take, failed = InlineDriver.take, threading.Event()
+
+    def fails_once(driver: InlineDriver, request: Any) -> None:
+        if not failed.is_set():
+            failed.set()
+            raise RuntimeError("a defect in taking this request")
+        take(driver, request)
+
+    monkeypatch.setattr(InlineDriver, "take", fails_once)
+    async with LocalHost(pulsar_broker.url, [quick]) as host:
+        with pytest.raises(ToolCallError) as lost:
+            await host.call("quick", timeout=2)
+        assert lost.value.error_type == "timeout"  # that one request is lost, and said so in the log
+        assert await host.call("quick") == "tghost-quick-receive-0"  # the same receive thread goes on
+    assert "service quick: could not take a request; receiving goes on" in caplog.text

@@ -205,7 +205,10 @@ class InlineDriver(ThreadLane):
                 log.warning("service %s: receive failed (%s); retrying", self._terms.service_id, exc)
                 time.sleep(0.5)
                 continue
-            take(message)
+            try:
+                take(message)
+            except Exception:  # a defect in taking one request must not end the service's receiving
+                log.exception("service %s: could not take a request; receiving goes on", self._terms.service_id)
         if generation == self._generation:
             self._finish()
 
