@@ -23,6 +23,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from tghost.agent.client import ToolCallError, ToolServiceClient
+from tghost.protocol import wire
 from tghost.system.net import free_port
 
 from .common import broker, host_env, process, ready, report, service_client
@@ -89,7 +90,8 @@ async def outcome(svc: ToolServiceClient) -> str:
     try:
         await svc.call({}, {}, timeout=CALL_TIMEOUT)
     except ToolCallError as exc:
-        return UNANSWERED if "gave no complete answer" in exc.message else exc.error_type
+        # the caller's own timeout: the tool's (120 s) is far past CALL_TIMEOUT
+        return UNANSWERED if exc.error_type == wire.TIMEOUT else exc.error_type
     return "ok"
 
 

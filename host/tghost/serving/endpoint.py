@@ -181,10 +181,10 @@ class ServiceEndpoint:
                                    f"{self.descriptor.request_queue}")
             self._unanswerable.flush()
         else:
-            started = self._departure.turn_away(request_id)
+            resend = self._departure.turn_away(request_id)
             request.claim(wire.UNAVAILABLE, self._port)
             self._port.send(request, self.terms.error(request_id, wire.UNAVAILABLE,
-                                                      self.terms.refusal(wire.UNAVAILABLE), started=started))
+                                                      self.terms.refusal(wire.UNAVAILABLE), started=not resend))
         self._port.settle(request.record, message, request.started)
 
     def hand_off(self) -> None:

@@ -192,13 +192,14 @@ class Departure:
 
     def turn_away(self, request_id: str) -> bool:
         """A request reached the stopping service (on the loop): tell the lookout. Whether its
-        ``unavailable`` may say the call started (True after :meth:`last_word`), else
-        ``started: false``."""
+        ``unavailable`` says ``started: false``, so that its caller sends it again (not after
+        :meth:`last_word`)."""
         if self._peers is not None:
             self._peers.mine(request_id)
-        if not self._last_word:
-            self._sent_away = time.monotonic()
-        return self._last_word
+        if self._last_word:
+            return False
+        self._sent_away = time.monotonic()
+        return True
 
     def last_word(self) -> None:
         """The endpoint closes: if still subscribed (the only host), say nothing of a start from now on."""

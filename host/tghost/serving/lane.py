@@ -103,7 +103,7 @@ class ThreadLane:
             request.deadline = time.monotonic() + self._terms.timeout
             self._running[request] = None
         if self._stopping:
-            self._refuse(request, wire.UNAVAILABLE, self._terms.refusal(wire.UNAVAILABLE), started=False)
+            self._refuse(request, *self._terms.stopped(False))
             return
         try:
             result = invoke(self._terms.service, self._terms.check(request, self._port))
@@ -227,7 +227,7 @@ class ThreadLane:
             self._stopping = True
             waiting = list(self._waiting)
         for request in waiting:
-            if self._refuse(request, wire.UNAVAILABLE, self._terms.refusal(wire.UNAVAILABLE), False, waiting_only=True):
+            if self._refuse(request, *self._terms.stopped(False), waiting_only=True):
                 self._abandon(request)
 
     async def idle(self) -> None:
@@ -252,7 +252,7 @@ class ThreadLane:
         cut = 0
         for request in left:
             self._abandon(request)
-            cut += self._refuse(request, wire.UNAVAILABLE, self._terms.refusal(wire.UNAVAILABLE, started=True))
+            cut += self._refuse(request, *self._terms.stopped(True))
         return cut
 
     def close(self) -> None:

@@ -100,7 +100,7 @@ class LoopDriver:
         assert task is not None
         try:
             if self._stopping:
-                await self._refuse(request, wire.UNAVAILABLE, self._terms.refusal(wire.UNAVAILABLE), started=False)
+                await self._refuse(request, *self._terms.stopped(False))
             elif (refusal := self._terms.over_capacity(self._admitted)) is not None:
                 await self._refuse(request, wire.OVERLOADED, refusal)
             else:
@@ -152,7 +152,7 @@ class LoopDriver:
             request.record.status = RETURNED
         else:
             with contextlib.suppress(Exception):
-                await self._refuse(request, wire.UNAVAILABLE, self._terms.refusal(wire.UNAVAILABLE, started), started)
+                await self._refuse(request, *self._terms.stopped(started))
 
     async def _answer(self, request: Request, task: asyncio.Task[None]) -> None:
         """Check the request, invoke under the timeout, and send the reply (or error)."""

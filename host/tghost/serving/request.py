@@ -295,6 +295,12 @@ class Terms:
                     "started; retry")
         return "the host shut down before the call finished; retry"
 
+    def stopped(self, started: bool) -> tuple[str, str, bool]:
+        """The error type, text and ``started`` (:meth:`error`) of the ``unavailable`` reply to a
+        call this host's stop refused before it started (``started`` False), or cut off while it
+        ran (True)."""
+        return wire.UNAVAILABLE, self.refusal(wire.UNAVAILABLE, started), started
+
     def error(self, request_id: str, error_type: str, text: str, started: bool = True) -> bytes:
         """The error reply to request ``request_id``: ``error_type`` saying ``text``, with this
         host's id and the request id (docs/protocol.md §2.6). An ``unavailable`` reply to a call
