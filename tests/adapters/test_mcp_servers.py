@@ -27,7 +27,7 @@ pytest.importorskip("tghost_mcp", reason="the MCP servers' mount: tox -e mcp-ser
 
 from tghost_mcp.settings import ServerSettings, server_tables
 
-from tests.adapters.test_mcp import mcp_client
+from tests.adapters.test_mcp import mcp_client, wait_for_port
 from tests.conftest import HostProcess, tghost_cli
 from tests.operate.test_metrics import get
 from tests.test_docs import ROOT, block, commands
@@ -209,8 +209,11 @@ class HttpNotes:
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
+        """Start the server and wait until it listens: a host started before that finds nothing
+        at the URL, and its plugin does not load."""
         self.process = subprocess.Popen([sys.executable, str(NOTES), "--http", str(self.port), self.token],
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for_port(self.port, self.process)
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
