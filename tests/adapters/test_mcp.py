@@ -173,7 +173,7 @@ async def test_a_second_host_with_a_new_plugin_sends_list_changed_and_the_new_to
         assert host.finish() == 0
 
 
-def wait_for_port(port: int, process: subprocess.Popen[Any], timeout: float = 30.0) -> None:
+def wait_for_port(port: int, process: subprocess.Popen[str], timeout: float = 30.0) -> None:
     """Wait until something accepts connections on 127.0.0.1:``port``, or fail if ``process`` exits."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and process.poll() is None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 import tomllib
@@ -27,7 +26,7 @@ pytest.importorskip("tghost_mcp", reason="the MCP servers' mount: tox -e mcp-ser
 
 from tghost_mcp.settings import ServerSettings, server_tables
 
-from tests.adapters.test_mcp import mcp_client, wait_for_port
+from tests.adapters.test_mcp import mcp_client
 from tests.conftest import HostProcess, tghost_cli
 from tests.operate.test_metrics import get
 from tests.test_docs import ROOT, block, commands
@@ -37,6 +36,8 @@ from tghost.system.net import free_port
 
 PAGE = "docs/integrations/mcp-servers.md"
 NOTES = ROOT / "plugins" / "tghost-mcp" / "tests" / "notes_server.py"
+sys.path.insert(0, str(NOTES.parent))  # the plugin's test helpers, as its own tests import them
+from mcp_helpers import HttpNotes  # noqa: E402
 
 CONFIG = f"""
 [mcp-servers.notes]
@@ -200,31 +201,10 @@ def test_a_server_killed_under_the_host_is_started_again_and_calls_work_again(
         os.kill(server, 0)  # the host stopped the server it started
 
 
-class HttpNotes:
-    """The notes server on streamable HTTP on a port of its own, wanting ``Bearer <token>``."""
-
-    def __init__(self, port: int, token: str) -> None:
-        self.port, self.token = port, token
-        self.url = f"http://127.0.0.1:{port}/mcp"
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        """Start the server and wait until it listens: a host started before that finds nothing
-        at the URL, and its plugin does not load."""
-        self.process = subprocess.Popen([sys.executable, str(NOTES), "--http", str(self.port), self.token],
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_for_port(self.port, self.process)
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
-
-
 @pytest.fixture
 def http_notes() -> Iterator[HttpNotes]:
-    server = HttpNotes(free_port(), uuid.uuid4().hex)
-    server.start()
+    """The notes server on streamable HTTP (the plugin's own test helper), listening."""
+    server = HttpNotes(token=uuid.uuid4().hex).start()
     try:
         yield server
     finally:
