@@ -301,3 +301,29 @@ async def test_a_colliding_consumer_id_is_retried_with_the_next_one(
     finally:
         await first.close()
         await second.close()
+
+
+async def test_a_message_published_as_soon_as_a_subscribe_returns_reaches_the_consumer(
+        pulsar_broker: EmbeddedBroker) -> None:
+    """A non-persistent topic drops a message while no consumer holds a permit, and a consumer
+    sends its first permits only after the broker confirmed the subscription: ``subscribe``
+    returns once the broker took them, so a request sent at that moment (by a caller on another
+    connection) is received. Before, 2 of 1,000 were lost here idle, and 6 of 150 under load."""
+    settings = PulsarSettings(pulsar_broker.url)
+    host, caller = await settings.connect(), await settings.connect()
+    topic = f"non-persistent://tg/test/permits-{uuid.uuid4().hex[:8]}"
+    producer = await caller.create_producer(topic, batching_enabled=False)
+    lost = 0
+    try:
+        for n in range(1000):
+            consumer = await host.subscribe(topic, f"svc-{n}", consumer_type=pulsar.ConsumerType.Shared)
+            await producer.send(f"{n}".encode())
+            try:
+                lost += (await asyncio.wait_for(consumer.receive(), 5)).data() != f"{n}".encode()
+            except TimeoutError:
+                lost += 1
+            await consumer.close()
+    finally:
+        await host.close()
+        await caller.close()
+    assert lost == 0

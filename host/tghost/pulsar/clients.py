@@ -299,12 +299,15 @@ class _Client(pulsar.asyncio.Client):  # type: ignore[misc]
 async def _subscribe_on(client: pulsar.asyncio.Client, topic: Any, subscription_name: str,
                         consumer_type: pulsar.ConsumerType, kwargs: dict[str, Any]) -> pulsar.asyncio.Consumer:
     """Subscribe on ``client`` itself (never :class:`_Client`'s spreading), with a message
-    listener when ``kwargs`` has ``message_listener``."""
+    listener when ``kwargs`` has ``message_listener``; returns once the broker took the consumer's
+    first permits (:func:`tghost.pulsar.hop.permits_taken`)."""
     options = dict(kwargs)
     listener = options.pop("message_listener", None)
     if listener is not None:
         return await hop.subscribe_listening(client, topic, subscription_name, consumer_type, listener, **options)
-    return await pulsar.asyncio.Client.subscribe(client, topic, subscription_name, consumer_type, **options)
+    consumer = await pulsar.asyncio.Client.subscribe(client, topic, subscription_name, consumer_type, **options)
+    await hop.permits_taken(client, topic)
+    return consumer
 
 
 #: Seconds (whole) a non-exclusive subscribe may take on a loopback URL before it is retried with
