@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from tghost.protocol import wire
 from tghost.protocol.descriptors import ToolServiceDescriptor
+from tghost.pulsar import hop
 from tghost.pulsar.clients import PulsarSettings
 
 __all__ = ["Conformance", "Finding", "RawWire", "Reply", "check_conformance"]
@@ -65,6 +66,7 @@ class RawWire:
     async def __aexit__(self, *exc: object) -> None:
         if self._collect is not None:
             self._collect.cancel()
+        await hop.leave(self.consumer)
         await self.client.close()
 
     async def _receive(self) -> None:

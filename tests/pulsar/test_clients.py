@@ -21,8 +21,10 @@ import pulsar
 import pulsar.asyncio
 import pytest
 
+import tghost
 from tests.conftest import OwnBrokers, tghost_cli
 from tghost.broker import EmbeddedBroker
+from tghost.protocol import wire
 from tghost.pulsar import clients
 from tghost.pulsar.clients import (
     CLIENT_LOG,
@@ -32,6 +34,7 @@ from tghost.pulsar.clients import (
     client_logger,
 )
 from tghost.system.net import free_port
+from tghost.testing import LocalHost
 
 
 async def until(condition: Callable[[], bool], timeout: float = 60.0) -> None:
@@ -327,3 +330,45 @@ async def test_a_message_published_as_soon_as_a_subscribe_returns_reaches_the_co
         await host.close()
         await caller.close()
     assert lost == 0
+
+
+@tghost.tool
+async def shout(text: str) -> str:
+    """Say the text louder."""
+    return text.upper()
+
+
+async def test_closed_callers_and_a_service_served_again_leave_no_subscription_behind(
+        own_brokers: OwnBrokers) -> None:
+    """Each caller's response subscription, each endpoint's control subscription and each
+    drain's lookout is its own, and goes when it closes: pulsar-lite would keep it and visit it
+    for every later message on the topic (its debug log names each such dead subscription)."""
+    broker = own_brokers.start(log_level="debug")
+    settings = PulsarSettings(broker.url)
+    toolset = tghost.ToolSet("leaving")
+    toolset.replace([shout])
+    async with LocalHost(broker.url, [toolset]) as host:
+        descriptor = host.descriptors["shout"]
+        queues = descriptor.request_queue, descriptor.response_queue
+        client = await settings.connect()
+        try:
+            for round_ in range(3):
+                async with tghost.ToolServiceClient(client, *queues) as caller:
+                    assert await caller.call({}, {"text": f"r{round_}"}) == f"R{round_}"
+                toolset.replace([])  # drained with a lookout, as the only host
+                await toolset.wait_applied()
+                toolset.replace([shout])
+                await toolset.wait_applied()
+        finally:
+            await client.close()
+    probe = await settings.connect()  # a message on each topic, now every subscription closed
+    try:
+        for topic in (*queues, wire.control_topic(descriptor.request_queue)):
+            consumer = await probe.subscribe(topic, "probe")
+            await (await probe.create_producer(topic)).send(b"probe")
+            await consumer.receive()
+    finally:
+        await probe.close()
+    await until(lambda: broker.log_path.read_text().count("[dispatch-metrics] sub='probe'") == 3)
+    dead = set(re.findall(r"No non-persistent runtime found for subscription '([^']+)'", broker.log_path.read_text()))
+    assert dead <= {"shout-request"}  # the Shared one stays for the service's hosts, then and later

@@ -432,11 +432,14 @@ class ToolServiceClient:
                                                              timeout=timeout, tool=tool, progress=progress)])
 
     async def close(self) -> None:
-        """Close the producer and the consumer (responses still arriving are dropped)."""
-        for closable in (self._producer, self._control, self._consumer):
+        """Close the producers and leave the response subscription (:func:`tghost.pulsar.hop.leave`;
+        responses still arriving are dropped)."""
+        for closable in (self._producer, self._control):
             if closable is not None:
                 with contextlib.suppress(Exception):
                     await closable.close()
+        if self._consumer is not None:
+            await hop.leave(self._consumer)
 
     async def __aenter__(self) -> ToolServiceClient:
         return await self.start()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -26,8 +27,8 @@ import pulsar.asyncio
 import pulsar.schema
 
 __all__ = [
-    "STREAM_WINDOW", "SWITCH_INTERVAL", "Listener", "Mailbox", "acknowledge", "permits_taken", "receipt", "send",
-    "subscribe_listening",
+    "STREAM_WINDOW", "SWITCH_INTERVAL", "Listener", "Mailbox", "acknowledge", "leave", "permits_taken", "receipt",
+    "send", "subscribe_listening",
 ]
 
 #: Called on a C++ listener thread with the raw ``_pulsar.Consumer`` and ``_pulsar.Message``;
@@ -139,6 +140,25 @@ async def permits_taken(client: pulsar.asyncio.Client, topic: Any) -> None:
     except pulsar.asyncio.PulsarException as exc:
         log.debug("after subscribing on %s, the lookup that waits for its permits failed: %s", topic, exc)
 
+
+
+async def leave(consumer: pulsar.asyncio.Consumer) -> None:
+    """Close ``consumer``, whose subscription is its own (Exclusive, a name no one else uses),
+    and drop that subscription: unsubscribe, else (the broker away, or refusing) close. Never
+    raises. Never for a Shared subscription other hosts use.
+
+    pulsar-lite 0.2.0 keeps a non-persistent subscription after its consumer closed, and visits
+    it for every message on the topic: 3,000 left behind by closed callers made a round trip on
+    their response topic 6 times slower (0.94 to 5.75 ms). Apache Pulsar drops such a
+    subscription itself when its consumer closes; unsubscribing is the same there.
+    """
+    try:
+        await consumer.unsubscribe()
+    except Exception as exc:
+        log.debug("could not unsubscribe %s on %s (%s); closing the consumer", consumer.subscription_name(),
+                  consumer.topic(), exc)
+        with contextlib.suppress(Exception):
+            await consumer.close()
 
 def _settle(future: asyncio.Future[Any], value: Any) -> None:
     if future.done():

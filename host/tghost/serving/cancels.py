@@ -16,7 +16,6 @@ stopping a call means is the driver's.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import uuid
 from collections.abc import Callable, Container, Mapping
@@ -97,6 +96,6 @@ class ControlTopic:
         hop.send(self._producer, b"", answer)
 
     async def close(self) -> None:
+        """Leave this host's subscription (:func:`tghost.pulsar.hop.leave`)."""
         if self._consumer is not None:
-            with contextlib.suppress(Exception):
-                await self._consumer.close()
+            await hop.leave(self._consumer)

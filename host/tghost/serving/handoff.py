@@ -127,16 +127,12 @@ class PeerLookout:
         self._found()
 
     async def close(self) -> None:
-        """Close the lookout's consumer (its subscription goes with it) and tell nothing more;
-        errors are logged."""
+        """Leave the lookout's subscription (:func:`tghost.pulsar.hop.leave`) and tell nothing more."""
         self._closed = True
         if self._consumer is None:
             return
         consumer, self._consumer = self._consumer, None
-        try:
-            await consumer.close()
-        except Exception as exc:
-            log.debug("could not close the lookout: %s", exc)
+        await hop.leave(consumer)
 
 
 

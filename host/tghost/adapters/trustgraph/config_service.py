@@ -21,6 +21,8 @@ import pulsar
 import pulsar.asyncio
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from tghost.pulsar import hop
+
 __all__ = [
     "PUSH_QUEUE",
     "REQUEST_QUEUE",
@@ -190,10 +192,12 @@ class ConfigServiceClient:
                 await self._route_task
         for future in self._pending.values():
             future.cancel()
-        for handle in (self._producer, self._responses, self._pushes):
-            if handle is not None:
-                with contextlib.suppress(Exception):
-                    await handle.close()
+        if self._producer is not None:
+            with contextlib.suppress(Exception):
+                await self._producer.close()
+        for consumer in (self._responses, self._pushes):
+            if consumer is not None:
+                await hop.leave(consumer)
 
     async def _route(self) -> None:
         assert self._responses is not None
