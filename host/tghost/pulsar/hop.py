@@ -120,6 +120,15 @@ async def subscribe_listening(
     return consumer
 
 
+def _settle(future: asyncio.Future[Any], value: Any) -> None:
+    if future.done():
+        return
+    if isinstance(value, _pulsar.Error):
+        future.set_exception(pulsar.asyncio.PulsarException(value.error, value.message))
+    else:
+        future.set_result(value)
+
+
 async def permits_taken(client: pulsar.asyncio.Client, topic: Any) -> None:
     """After a consumer of ``client`` subscribed on ``topic``: wait until the broker took the
     first permits it sent, if ``topic`` is one non-persistent topic (else return at once).
@@ -141,7 +150,6 @@ async def permits_taken(client: pulsar.asyncio.Client, topic: Any) -> None:
         log.debug("after subscribing on %s, the lookup that waits for its permits failed: %s", topic, exc)
 
 
-
 async def leave(consumer: pulsar.asyncio.Consumer) -> None:
     """Close ``consumer``, whose subscription is its own (Exclusive, a name no one else uses),
     and drop that subscription: unsubscribe, else (the broker away, or refusing) close. Never
@@ -159,14 +167,6 @@ async def leave(consumer: pulsar.asyncio.Consumer) -> None:
                   consumer.topic(), exc)
         with contextlib.suppress(Exception):
             await consumer.close()
-
-def _settle(future: asyncio.Future[Any], value: Any) -> None:
-    if future.done():
-        return
-    if isinstance(value, _pulsar.Error):
-        future.set_exception(pulsar.asyncio.PulsarException(value.error, value.message))
-    else:
-        future.set_result(value)
 
 
 def send(producer: pulsar.asyncio.Producer, payload: bytes, properties: dict[str, str],

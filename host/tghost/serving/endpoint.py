@@ -46,7 +46,6 @@ __all__ = ["ServiceEndpoint"]
 log = logging.getLogger(__name__)
 
 
-
 class ServiceEndpoint:
     """Serves one tool service: receive, hand each request to the driver, hand off, drain, close.
 

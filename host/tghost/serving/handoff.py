@@ -135,8 +135,6 @@ class PeerLookout:
         await hop.leave(consumer)
 
 
-
-
 class Departure:
     """How one service's endpoint leaves its Shared subscription once it stops (the module).
 
