@@ -166,6 +166,18 @@ def own_brokers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OwnBrokers
 READY = r"\d+ service\(s\), \d+ tool\(s\) on"
 
 
+async def until(condition: Callable[[], object], what: str = "the condition", timeout: float = 30.0) -> None:
+    """Wait on the running loop until ``condition()`` is true, checking every 20 ms.
+
+    Raises:
+        AssertionError: not within ``timeout`` seconds; the message names ``what``.
+    """
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout}s"
+        await asyncio.sleep(0.02)
+
+
 def tghost_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60,
                cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     """Run ``tghost ARGS`` as a user would, in a process of its own (in ``cwd``), and capture what it prints."""

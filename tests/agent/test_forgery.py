@@ -19,7 +19,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 import tghost
-from tests.conftest import tghost_cli
+from tests.conftest import tghost_cli, until
 from tghost.adapters.export import select_tools
 from tghost.agent.client import ToolCallError
 from tghost.agent.directory import CONFLICT, OVER_LIMIT, STALE, ToolDirectory
@@ -75,12 +75,6 @@ async def publish(client: pulsar.asyncio.Client, topic: str, messages: list[tupl
     for key, value in messages:
         await producer.send(json.dumps(value).encode(), partition_key=key)
     await producer.close()
-
-
-async def until(condition: Any, timeout: float = 10.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not condition():
-            await asyncio.sleep(0.02)
 
 
 async def outcomes(directory: ToolDirectory, calls: int, timeout: float | None = 5) -> list[str]:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import PluginDir, tghost_cli
+from tests.conftest import PluginDir, tghost_cli, until
 from tghost.agent.answers import Answers
 from tghost.agent.calls import NoProvider
 from tghost.agent.client import ToolCallError, _may_resend, _Sent
@@ -62,13 +62,6 @@ def topic() -> str:
 def host_env(broker: EmbeddedBroker, topic: str, plugins: PluginDir) -> dict[str, str]:
     plugins.add("sleepy", SLEEPY)
     return plugins.env(TGHOST_PULSAR_URL=broker.url, TGHOST_DESCRIPTORS_TOPIC=topic, TGHOST_LOAD_PLUGINS="sleepy")
-
-
-async def until(condition: Any, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "never happened"
-        await asyncio.sleep(0.05)
 
 
 async def test_a_call_whose_only_host_was_killed_ends_no_provider_naming_tool_host_and_last_heard(

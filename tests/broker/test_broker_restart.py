@@ -9,14 +9,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import tghost
-from tests.conftest import OwnBrokers
+from tests.conftest import OwnBrokers, until
 from tghost.agent.directory import Change, ToolDirectory
 from tghost.discovery.discover import catalog_of
 from tghost.pulsar.clients import PulsarSettings
@@ -41,12 +40,6 @@ async def count(text: str) -> int:
 def catalog() -> Any:
     return catalog_of([search, count], [search.tool("query-customers", collection="customers"),
                                         search.tool("query-products", collection="products")])
-
-
-async def until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not condition():
-            await asyncio.sleep(0.02)
 
 
 def connected(host: LocalHost, found: ToolDirectory) -> bool:

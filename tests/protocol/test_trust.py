@@ -3,7 +3,6 @@ trusted hosts (on the embedded broker), plus ``tghost keygen`` / ``--signing-key
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import hashlib
 import json
@@ -25,7 +24,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 import tghost
 from tests.broker.test_embedded import ECHO
-from tests.conftest import HostProcess, PluginDir
+from tests.conftest import HostProcess, PluginDir, until
 from tghost.agent.directory import HIJACK, ToolDirectory
 from tghost.announcing.announcer import Announcer, HostIdentity, announcement_key
 from tghost.broker import EmbeddedBroker
@@ -189,12 +188,6 @@ async def trusting_directory(broker: EmbeddedBroker, topic: str, *signers: Signe
     return await ToolDirectory(PulsarSettings(broker.url), topic, expiry_interval=0.05, trusted=trusted).start()
 
 
-async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not condition():
-            await asyncio.sleep(0.02)
-
-
 async def test_a_directory_trusting_a_hosts_key_sees_its_signed_tools(
     pulsar_broker: EmbeddedBroker, topic: str, trusted_signer: Signer
 ) -> None:
@@ -307,8 +300,6 @@ def test_a_bad_key_file_is_a_usage_error_that_says_what_to_do(tmp_path: Path) ->
     assert run.returncode == 2 and "tghost keygen" in run.stderr and "--signing-key" in run.stderr
     call = tghost_cli("call", "--identity", str(tmp_path / "none.key"), "x", "--pulsar-url", "pulsar://127.0.0.1:1")
     assert call.returncode == 2 and "--identity" in call.stderr and "cannot read the caller key" in call.stderr
-
-
 
 
 def test_run_signs_and_tools_trusts_by_key_files(

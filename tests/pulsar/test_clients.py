@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pulsar
@@ -22,7 +22,7 @@ import pulsar.asyncio
 import pytest
 
 import tghost
-from tests.conftest import OwnBrokers, tghost_cli
+from tests.conftest import OwnBrokers, tghost_cli, until
 from tghost.broker import EmbeddedBroker
 from tghost.protocol import wire
 from tghost.pulsar import clients
@@ -35,12 +35,6 @@ from tghost.pulsar.clients import (
 )
 from tghost.system.net import free_port
 from tghost.testing import LocalHost
-
-
-async def until(condition: Callable[[], bool], timeout: float = 60.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not condition():
-            await asyncio.sleep(0.05)
 
 
 def test_client_kwargs_without_auth_or_tls_pass_only_the_logger_and_tls_defaults() -> None:
@@ -203,7 +197,7 @@ async def test_connect_waits_for_a_broker_that_starts_later(own_brokers: OwnBrok
     port = free_port()
     url = f"pulsar://127.0.0.1:{port}"
     connecting = asyncio.create_task(PulsarSettings(url, connect_timeout=120, retry_interval=0.5).connect())
-    await until(lambda: any(f"waiting for a Pulsar broker at {url}" in r.message for r in caplog.records))
+    await until(lambda: any(f"waiting for a Pulsar broker at {url}" in r.message for r in caplog.records), timeout=60)
     broker = await asyncio.to_thread(own_brokers.start, port=port)
     try:
         client = await asyncio.wait_for(connecting, 60)

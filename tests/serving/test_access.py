@@ -21,7 +21,7 @@ import pytest
 from prometheus_client import generate_latest
 
 import tghost
-from tests.conftest import live_tools, tghost_cli
+from tests.conftest import live_tools, tghost_cli, until
 from tests.test_docs import block
 from tghost.adapters.inspector.views import snapshot
 from tghost.agent.client import ToolCallError, ToolServiceClient
@@ -109,6 +109,7 @@ async def test_a_signed_caller_gets_its_tools_and_the_anonymous_ones_and_the_too
     assert await call(host, "calculate", {"expression": "2"}, keys["bob"]) == wire.UNAUTHORIZED
     assert await call(host, "calculate", {"expression": "3"}, keys["mallory"]) == wire.UNAUTHORIZED
     assert INVOKED == ["calculate", "tell-joke"]
+    await until(lambda: len(host.records) == 4, "every call is recorded")  # type: ignore[attr-defined]  # after its reply
     callers = [(r.status, r.caller.name if r.caller else None) for r in host.records]  # type: ignore[attr-defined]
     assert callers == [("ok", "alice"), ("ok", "alice"), (wire.UNAUTHORIZED, None), (wire.UNAUTHORIZED, None)]
 
@@ -183,7 +184,7 @@ async def announced(pulsar_broker: EmbeddedBroker, tmp_path: Path,
     records: list[CallRecord] = []
     metrics = HostMetrics()
     async with LocalHost(pulsar_broker.url, catalog, announce_as="guarded", topic=topic,
-                         listeners=[records.append, metrics.calls]) as started:
+                         listeners=[metrics.calls, records.append]) as started:  # a record: the metrics have it too
         started.records = records  # type: ignore[attr-defined]
         started.metrics = metrics  # type: ignore[attr-defined]
         yield started, topic
@@ -206,6 +207,7 @@ async def test_the_directory_lists_each_caller_the_tools_its_hosts_admit_it_to(
                     await found.invoke("calculate", {"expression": "2+2"})
                 assert refused.value.error_type == wire.UNAUTHORIZED and "its hosts admit" in refused.value.message
     assert listed == {None: ["tell-joke"], "alice": ["calculate", "tell-joke"], "bob": ["tell-joke"]}
+    await until(lambda: host.records, "the call is recorded")  # type: ignore[attr-defined]  # after its reply
     entry = audit_entry(host.records[0])  # type: ignore[attr-defined]
     assert entry["caller"] == {"name": "alice", "key_id": keys["alice"].key_id} and entry["status"] == "ok"
     scraped = generate_latest(host.metrics.registry).decode()  # type: ignore[attr-defined]
@@ -463,6 +465,7 @@ async def test_a_session_request_without_a_mac_for_the_host_is_resent_signed_and
     async with ToolServiceClient(host.client, descriptor.request_queue, descriptor.response_queue,
                                  identity=keys["alice"], host_keys=host_keys) as caller:
         assert await caller.call({}, {"expression": "1+2"}, timeout=10) == "1+2 for alice"
+    await until(lambda: len(host.records) == 2, "both answers are recorded")  # type: ignore[attr-defined]  # after the reply
     statuses = [r.status for r in host.records]  # type: ignore[attr-defined]
     assert INVOKED == ["calculate"] and statuses == [wire.UNKNOWN_SESSION, "ok"]
 

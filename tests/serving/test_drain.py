@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 import tghost
-from tests.conftest import READY, HostProcess, PluginDir
+from tests.conftest import READY, HostProcess, PluginDir, until
 from tghost.agent.client import ToolCallError, ToolServiceClient
 from tghost.broker import EmbeddedBroker
 from tghost.protocol.wire import RESENDS
@@ -113,14 +113,6 @@ class SteadyLoad:
         self._stopped.set()
         await self._sender
         return list(await asyncio.gather(*self._calls))
-
-
-async def until(condition: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
-    for _ in range(int(timeout / 0.02)):
-        if condition():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"{what}: not within {timeout}s")
 
 
 def test_peer_lookout_tells_another_consumer_by_the_order_of_requests_and_never_for_a_lone_one() -> None:

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 import tghost
-from tests.conftest import HostProcess, PluginDir
+from tests.conftest import HostProcess, PluginDir, until
 from tghost.agent.client import ToolCallError, ToolServiceClient
 from tghost.broker import EmbeddedBroker
 from tghost.discovery.catalog import Catalog
@@ -150,12 +150,6 @@ async def test_a_call_behaves_the_same_in_threads_and_in_processes(
     assert sorted((r.service, r.status) for r in records) == [
         ("acount", "ok"), ("count", "ok"), ("misbehave", "invalid-arguments"), ("misbehave", "not-allowed"),
         ("misbehave", "ok"), ("misbehave", "quota-exceeded"), ("shout", "ok")]
-
-
-async def until(ready: Any, timeout: float = 5.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not ready():
-            await asyncio.sleep(0.01)
 
 
 async def test_a_worker_is_recycled_after_max_calls(pulsar_broker: EmbeddedBroker, misbehave: Catalog) -> None:
@@ -307,7 +301,7 @@ async def test_thread_mode_counts_stuck_threads_and_reports_the_service_degraded
                     catalog) as host:
         monitor = host.monitor
         assert monitor is not None
-        await until(lambda: monitor.health.connected() is not None, 10)
+        await until(lambda: monitor.health.connected() is not None, "the monitor connects", 10)
         client = await PulsarSettings(pulsar_broker.url).connect()
         caller = await ToolServiceClient(client, request_queue("stuck"), response_queue("stuck")).start()
         try:

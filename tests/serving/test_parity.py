@@ -19,7 +19,7 @@ import asyncio
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import PluginDir
+from tests.conftest import PluginDir, until
 from tghost import Progress
 from tghost.agent.client import ToolCallError
 from tghost.broker import EmbeddedBroker
@@ -220,13 +220,6 @@ def mode(request: pytest.FixtureRequest, plugin_dir: PluginDir, pulsar_broker: E
         monkeypatch.setattr(inline, "RECENT", 0)
         monkeypatch.setattr(inline, "BUDGET", 60.0)
     return Mode(request.param, plain, isolation, persistent, gated, driver, plugin_dir, pulsar_broker.url, tmp_path)
-
-
-async def until(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"{what}: not within {timeout}s"
-        await asyncio.sleep(0.02)
 
 
 async def answered_at_once(calls: list[asyncio.Task[Any]], expected: int) -> set[asyncio.Task[Any]]:

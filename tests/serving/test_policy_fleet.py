@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import tghost
-from tests.conftest import tghost_cli
+from tests.conftest import tghost_cli, until
 from tghost.agent.client import ToolCallError, ToolServiceClient
 from tghost.agent.directory import ToolDirectory
 from tghost.broker import EmbeddedBroker
@@ -105,12 +105,6 @@ async def signed_outcomes(client: tghost.ToolServiceClient) -> list[str]:
         except ToolCallError as exc:
             got.append(exc.error_type)
     return got
-
-
-async def until(condition: object, timeout: float = 10.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not condition():  # type: ignore[operator]
-            await asyncio.sleep(0.02)
 
 
 async def test_a_host_without_the_policy_refuses_what_the_strict_one_forbids_and_every_view_says_so(
