@@ -21,7 +21,7 @@ import pytest
 from mcp import ClientSession
 from mcp.shared.memory import create_client_server_memory_streams
 
-from tests.conftest import PluginDir
+from tests.conftest import PluginDir, until
 from tghost.adapters.mcp import Bridge
 from tghost.agent.client import ToolCallError, ToolServiceClient
 from tghost.agent.directory import ToolDirectory
@@ -142,13 +142,12 @@ async def test_a_cancelled_call_stops_on_its_host_and_frees_the_slot_at_once(
         with pytest.raises(asyncio.CancelledError):
             await call
         if tool != "stubborn" and isolation == THREAD:  # the tool saw it: a task is cancelled, a thread told
-            deadline = time.monotonic() + 10
-            while not (first / "cancelled").exists():
-                assert time.monotonic() < deadline, "the tool was never told"
-                await asyncio.sleep(0.02)
+            await until(lambda: (first / "cancelled").exists(), "the tool is told", 10)
         try:
             answer = await host.call(tool, {"seconds": 0, "mark": str(second)}, timeout=30)
             [endpoint] = [e for e in host.server.endpoints if e.descriptor.id == tool]
+            if tool != "stubborn":  # a told tool returns, and its thread is free again (not at once)
+                await until(lambda: endpoint.executor.stats().stuck == 0, "the told tool's thread is free", 10)
             stuck, restarts = endpoint.executor.stats().stuck, endpoint.executor.stats().restarts
             await asyncio.sleep(STUCK_WARNING_AFTER + 0.3)  # a warning only for a thread still in plugin code
             warned = "stuck of" in caplog.text

@@ -14,7 +14,7 @@ import pulsar
 import pytest
 
 import tghost
-from tests.conftest import PluginDir
+from tests.conftest import PluginDir, until
 from tghost.agent.client import ToolCallError
 from tghost.broker import EmbeddedBroker
 from tghost.discovery.discover import catalog_of, discover
@@ -330,10 +330,13 @@ async def test_a_stuck_sync_service_uses_up_only_its_own_threads(pulsar_broker: 
     async with LocalHost(pulsar_broker.url, [stuck, steady]) as host:
         try:
             errors = []
+            [executor] = [e.executor for e in host.server.endpoints if e.descriptor.id == "stuck"]
             for _ in range(6):  # more calls than it may leave stuck: each is answered at once
                 with pytest.raises(ToolCallError) as info:
                     await host.call("stuck")
                 errors.append(info.value.error_type)
+                # a timed-out call's thread is counted stuck just after its caller is answered
+                await until(lambda: executor.stats().stuck == min(len(errors), 4), "its thread is counted stuck")
             # Four ran and timed out, each freeing its slot; the next two found all the service's
             # threads (twice its max concurrency) stuck and never started.
             assert errors == ["timeout"] * 4 + ["overloaded"] * 2

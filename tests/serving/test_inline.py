@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 import tghost
+from tests.conftest import until
 from tghost.agent.client import ToolCallError
 from tghost.broker import EmbeddedBroker
 from tghost.discovery.discover import catalog_of
@@ -75,12 +76,13 @@ async def test_an_inline_call_past_its_timeout_gets_one_reply_and_a_new_receive_
         await raw.send(wire.encode_request("u", {}, {"seconds": 1.5}), {"id": "slow"})
         replies = await raw.raw_replies("slow", timeout=10)
         answered_after = time.monotonic() - started
+        # the timed-out call is set aside with its plugin just after its caller is answered
+        await until(lambda: host.server.endpoints[0]._driver._left, "the call is set aside")
         during = await host.call("dawdle", {"seconds": 0})  # while the plugin still holds the old thread
         await asyncio.to_thread(returned.wait, 10)
         settled = await raw.raw_replies("slow", settle=0.5)
-        async with asyncio.timeout(10):  # the old thread's call ends a moment after the plugin returned
-            while host.server.endpoints[0]._driver._left:
-                await asyncio.sleep(0.01)
+        # the old thread's call ends a moment after the plugin returned
+        await until(lambda: not host.server.endpoints[0]._driver._left, "the set-aside call ends", 10)
         after = await host.call("dawdle", {"seconds": 0})
     assert len(replies) == 1 and answered_after < 1.5 and replies[0].json()["error"]["type"] == "timeout"
     assert len(settled) == 1  # the late result is dropped
