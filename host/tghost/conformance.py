@@ -89,10 +89,12 @@ class RawWire:
         await self.send(wire.encode_request(user, config or {}, arguments), {"id": request_id})
         return await self.replies(request_id)
 
-    async def raw_replies(self, request_id: str, timeout: float = 10.0, settle: float = 0.0) -> list[Reply]:
-        """Every reply carrying ``id == request_id``, up to the first whose payload says
+    async def raw_replies(self, request_id: str, timeout: float = 10.0, settle: float = 0.0,
+                          ends: int = 1) -> list[Reply]:
+        """Every reply carrying ``id == request_id``, up to the ``ends``-th whose payload says
         ``end_of_stream`` (or is not a JSON object saying it is not), plus any that came within
-        ``settle`` seconds after it.
+        ``settle`` seconds after it. ``ends`` above 1: the id was sent more than once (a replay,
+        a copy), and each copy's last reply is awaited.
 
         Raises:
             TimeoutError: no reply came within ``timeout`` seconds of the previous one.
@@ -101,7 +103,7 @@ class RawWire:
             self._collect = asyncio.create_task(self._receive(), name="raw wire replies")
         async with self._arrived:
             got = self._by_id[request_id]
-            while not any(_ends(reply) for reply in got):
+            while sum(_ends(reply) for reply in got) < ends:
                 await asyncio.wait_for(self._arrived.wait_for(_longer_than(got, len(got))), timeout)
         if settle:
             await asyncio.sleep(settle)

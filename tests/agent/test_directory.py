@@ -15,6 +15,7 @@ import pytest
 from prometheus_client import generate_latest
 
 import tghost
+from tests.conftest import until
 from tghost.agent.client import ToolCallError
 from tghost.agent.directory import CONFLICT, Change, ToolCallRecord, ToolDirectory
 from tghost.announcing.announcer import announcement_key
@@ -148,9 +149,7 @@ async def test_a_directory_behind_its_topic_expires_no_host_whose_renewal_it_has
         assert seen == [] and "count" in found.tools, seen
         assert host.announcer is not None and host.announcer._heartbeat is not None
         other.loop.call_soon_threadsafe(host.announcer._heartbeat.cancel)  # now the host "dies"
-        async with asyncio.timeout(10):
-            while "count" in found.tools:
-                await asyncio.sleep(0.05)
+        await until(lambda: "count" not in found.tools and seen, "the service expires", 10)
         assert {change.kind for change in seen} == {"expired"}
         follow.cancel()
     finally:
@@ -192,21 +191,24 @@ async def _collect(changes: AsyncIterator[Change], into: list[Change]) -> None:
         into.append(change)
 
 
+def providers(found: ToolDirectory) -> list[str]:
+    """The ids of the hosts ``found`` knows to serve ``count``."""
+    return sorted(p.host["id"] for p in found.tools["count"].providers) if "count" in found.tools else []
+
+
 async def test_two_providers_keep_a_service_alive_when_one_leaves(pulsar_broker: EmbeddedBroker, topic: str) -> None:
     found = await directory(pulsar_broker, topic)
     try:
         async with LocalHost(pulsar_broker.url, kb_catalog(), announce_as="one", topic=topic) as one:
             async with LocalHost(pulsar_broker.url, kb_catalog(), announce_as="two", topic=topic) as two:
-                await asyncio.sleep(0.3)
-                assert sorted(p.host["id"] for p in found.tools["count"].providers) == ["one", "two"]
+                await until(lambda: providers(found) == ["one", "two"], "both hosts are read", 10)
                 results = await asyncio.gather(*(found.invoke("count", {"text": "x" * i}, groups=["*"])
                                                  for i in range(30)))
                 assert results == [str(i) for i in range(30)]
                 received = [w.counters["received"] for h in (one, two) for w in h.server.endpoints
                             if w.descriptor.id == "count"]
                 assert all(r > 0 for r in received) and sum(received) == 30
-            await asyncio.sleep(0.3)
-            assert [p.host["id"] for p in found.tools["count"].providers] == ["one"]
+            await until(lambda: providers(found) == ["one"], "the withdrawal is read", 10)
             assert await found.invoke("count", {"text": "after"}, groups=["math"]) == "5"
     finally:
         await found.close()
@@ -647,6 +649,10 @@ async def test_two_live_processes_on_one_host_id_are_reported_and_one_leaving_hi
     pulsar_broker: EmbeddedBroker, topic: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     found = await directory(pulsar_broker, topic)
+
+    def clash_lines() -> int:
+        return sum("announced by 2 live processes" in r.getMessage() for r in caplog.records)
+
     first = LocalHost(pulsar_broker.url, kb_catalog(), announce_as="same", lease=0.9, topic=topic)
     second = LocalHost(pulsar_broker.url, kb_catalog(), announce_as="same", lease=0.9, topic=topic)
     try:
@@ -663,9 +669,10 @@ async def test_two_live_processes_on_one_host_id_are_reported_and_one_leaving_hi
                 metrics = HostMetrics()
                 metrics.collect_directory(found)
                 assert "tghost_directory_host_id_clashes 1.0" in generate_latest(metrics.registry).decode()
-            await asyncio.sleep(2.0)  # more than two leases after the second one withdrew
-            assert found.clashes == {}
-            assert [p.host["instance"] for p in found.tools["count"].providers] == [first.announcer.identity.instance]
+                await until(lambda: clash_lines() == 3, "found and each host's own directory report the clash", 10)
+            only = [first.announcer.identity.instance]
+            await until(lambda: not found.clashes and [p.host["instance"] for p in found.tools["count"].providers]
+                        == only, "the clash ends once the second withdrew", 10)
             late = await directory(pulsar_broker, topic)  # its catch-up reads the clash, over by now
             try:
                 assert late.clashes == {} and len(late.tools["count"].providers) == 1
@@ -673,8 +680,7 @@ async def test_two_live_processes_on_one_host_id_are_reported_and_one_leaving_hi
                 await late.close()
     finally:
         await found.close()
-    assert sum("announced by 2 live processes" in r.getMessage() for r in caplog.records) == 3  # by found and
-    # each host's own directory, not by late
+    assert clash_lines() == 3  # by found and each host's own directory, not by late
 
 
 async def test_byte_identical_duplicates_are_counted_and_never_logged(

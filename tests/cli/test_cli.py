@@ -175,10 +175,13 @@ def test_a_call_that_no_live_host_serves_fails_at_once_saying_how_to_start_one(e
     assert typo.returncode == 1 and ("Error: unknown-tool: no live tool named 'ecoh'; did you mean 'echo' (no live "
                                      "host serves it)? see 'tghost tools'") in typo.stderr
     waited = tghost_cli("call", "--wait", "0.5", "echo", "text=hi", env=env)
-    assert waited.returncode == 1 and waited.stderr.startswith("waited 0.5s: no live host serves tool 'echo' yet\n")
+    assert waited.returncode == 1 and waited.stderr.startswith(
+        "waiting up to 0.5s for a live host to serve tool 'echo' (Ctrl-C stops)\n"
+        "waited 0.5s: no live host serves tool 'echo' yet\n")
     interrupted = subprocess.Popen([sys.executable, "-m", "tghost", "call", "--wait", "60", "echo", "text=hi"],
                                    env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(1.5)  # it waits for a host: no call went out
+    assert interrupted.stderr is not None
+    assert interrupted.stderr.readline().startswith("waiting up to 60s")  # it waits for a host: no call went out
     interrupted.send_signal(signal.SIGINT)
     assert interrupted.wait(30) == 130 and interrupted.communicate()[1].endswith("cancelled before a call was sent\n")
 

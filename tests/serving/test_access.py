@@ -130,7 +130,7 @@ async def test_a_tampered_body_a_replay_and_a_stale_signature_are_refused_and_su
         await raw.send(wire.encode_request("u", {}, {"expression": "666"}), tampered)
         await raw.send(body, signed(body, "stale", time.time() - 120))
         outcomes = {rid: (await raw.replies(rid))[0][1]["error"] for rid in ("tampered", "stale")}
-        replies = [reply.json() for reply in await raw.raw_replies("good", settle=0.5)]
+        replies = [reply.json() for reply in await raw.raw_replies("good", settle=0.5, ends=2)]
     [replayed] = [reply["error"] for reply in replies if reply["error"]]
     assert [reply["response"] for reply in replies if not reply["error"]] == ["6*7 for alice"]
     assert replayed["type"] == wire.UNAUTHORIZED and "already received (a replay)" in replayed["message"]
@@ -436,7 +436,7 @@ async def test_a_session_request_is_checked_by_its_mac_and_a_tamper_replay_stale
                 await raw.send(payload, properties)
         await raw.send(body, good)  # the same request again: a replay
         outcomes = {rid: (await raw.replies(rid))[0][1] for rid in ("tampered", "stale", "forged", "expired")}
-        replies = [reply.json() for reply in await raw.raw_replies("good", settle=0.5)]
+        replies = [reply.json() for reply in await raw.raw_replies("good", settle=0.5, ends=2)]
     assert [r["response"] for r in replies if not r["error"]] == ["6*7 for alice"]
     assert ["already received (a replay)" in r["error"]["message"] for r in replies if r["error"]] == [True]
     says = {"tampered": "MAC does not verify", "stale": "more than 60s", "forged": "binding does not verify",

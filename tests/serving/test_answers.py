@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,7 @@ import pulsar
 import pytest
 
 import tghost
+from tests.conftest import until
 from tghost.agent.client import ToolCallError, ToolServiceClient
 from tghost.agent.directory import ToolDirectory
 from tghost.broker import EmbeddedBroker
@@ -26,11 +27,20 @@ from tghost.protocol.trust import Signer, TrustedKeys, write_key_pair
 from tghost.pulsar.clients import PulsarSettings
 from tghost.testing import LocalHost
 
+#: ``slow_sum``'s n-th call answers once ``INTERLOPER[0](n)`` is true: the tap or copier has done
+#: its part for that request, so what it causes reaches the caller before the call's own answer.
+INTERLOPER: list[Callable[[int], bool]] = []
+SUMS: list[int] = []
+
 
 @tghost.tool
 async def slow_sum(a: int, b: int, ctx: tghost.Context) -> str:
     """Add two numbers, slowly, telling how far it got."""
     ctx.progress(1, 2, "adding")
+    SUMS.append(a)
+    calls = len(SUMS)
+    if INTERLOPER:
+        await until(lambda: INTERLOPER[0](calls), "the interloper did its part", 10)
     await asyncio.sleep(0.2)
     return str(a + b)
 
@@ -92,6 +102,8 @@ async def test_a_hosts_proven_refusal_of_a_copy_never_ends_the_callers_call(
     """The copy is refused (a replay, or a bad request): the refusal goes unproven, or is proven
     for another body, so the caller drops it and takes its own call's answer."""
     copier = Copier(host.pulsar.url, host.descriptors["slow-sum"], forge)
+    [endpoint] = host.server.endpoints
+    INTERLOPER.append(lambda calls: endpoint.counters["received"] >= 2 * calls)  # its copy reached the host
     try:
         async with ToolDirectory(PulsarSettings(host.pulsar.url), host.announced_on,  # type: ignore[attr-defined]
                                  identity=keys["alice"]) as directory:
@@ -116,15 +128,18 @@ async def host(pulsar_broker: EmbeddedBroker, tmp_path: Path, keys: dict[str, Si
     catalog.access = AccessPolicy.from_table(
         {"anonymous": ["slow-sum"], "callers": {"alice": {"public-key": "keys/alice.pub"}}}, tmp_path)
     topic = f"persistent://tg/config/answers-{uuid.uuid4().hex[:8]}"
+    SUMS.clear()
     async with LocalHost(pulsar_broker.url, catalog, announce_as="proving", signer=keys["host"],
                          topic=topic) as started:
         started.announced_on = topic  # type: ignore[attr-defined]
         yield started
+    INTERLOPER.clear()
 
 
 @pytest.fixture
 def tap(host: LocalHost) -> Iterator[Tap]:
     tapping = Tap(host.pulsar.url, host.descriptors["slow-sum"])
+    INTERLOPER.append(lambda calls: tapping.answered >= calls)  # its answers went out first
     yield tapping
     tapping.close()
 

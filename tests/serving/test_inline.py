@@ -108,7 +108,8 @@ async def test_an_inline_call_is_cancelled_at_once_and_told(pulsar_broker: Embed
         with pytest.raises(asyncio.CancelledError):
             await call
         assert await asyncio.to_thread(told.wait, 10)
-        await asyncio.sleep(0.2)  # the plugin returns; its thread ends
+        # the plugin returns; the call set aside with it ends, so the next one runs inline again
+        await until(lambda: not host.server.endpoints[0]._driver._left, "the cancelled call ends", 10)
         started.clear()
         second = asyncio.create_task(host.call("grind", timeout=30))
         await asyncio.to_thread(started.wait, 30)
@@ -240,13 +241,13 @@ async def test_an_inline_call_that_turns_slow_hands_the_receiving_over_and_max_c
         async with asyncio.timeout(10):  # received on a new thread while the first still blocks
             while endpoint.in_flight < 2:
                 await asyncio.sleep(0.01)
+        # a worker thread takes the call handed over, and waits for the one slot
+        await until(lambda: endpoint.executor.stats().busy == 1, "a worker thread holds the second call", 10)
         await asyncio.sleep(0.3)
         together = list(running)
-        busy = endpoint.executor.stats().busy  # a worker thread waits for the call handed over
         release.set()
         answers = await asyncio.gather(first, second)
     assert together == ["first"]  # the second waits for the one slot
-    assert busy == 1
     assert answers[0] == "first on tghost-solo-receive-0" and answers[1].startswith("second on tghost-solo_")
 
 

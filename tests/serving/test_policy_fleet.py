@@ -207,6 +207,7 @@ async def _forge_the_strict_hosts_word(fleet: Fleet, pulsar_broker: EmbeddedBrok
         elif value["kind"] == "tool":
             value = {key: field for key, field in value.items() if key != "access"}
         forged.append((key, {**value, "lease": {**value["lease"], "sent_at": value["lease"]["sent_at"] + 1}}))
+    directory, rejected = watch.directory, watch.directory.rejections.total()
     client = pulsar.asyncio.Client(pulsar_broker.url)
     try:
         producer = await client.create_producer(current_topic(fleet.strict.config.topic), batching_enabled=False)
@@ -215,5 +216,7 @@ async def _forge_the_strict_hosts_word(fleet: Fleet, pulsar_broker: EmbeddedBrok
         await producer.close()
     finally:
         await client.close()
-    await asyncio.sleep(1.0)  # let the loose host's directory read the forgery
+    # the loose host's directory reads the forgery: it rejects each message (signed), or believes it (open mode)
+    await until(lambda: directory.rejections.total() >= rejected + len(forged)
+                or not directory.services["calculator"].policy_mismatch, "the forgery is read", 10)
     assert set(await raw_outcomes(pulsar_broker.url, descriptor)) == {wire.UNAUTHORIZED}

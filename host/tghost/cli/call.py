@@ -231,9 +231,10 @@ async def _echo_stream(chunks: AsyncIterator[str], line: ProgressLine) -> None:
 
 
 async def _wait_for(directory: ToolDirectory, name: str, wait: float, kind: Literal["tool", "tool-service"]) -> None:
-    """Give a host that is starting ``wait`` seconds to serve ``name``; then the call goes on
-    (and is refused if none does)."""
-    if wait:
+    """Give a host that is starting ``wait`` seconds to serve ``name``, saying so on stderr; then
+    the call goes on (and is refused if none does)."""
+    if wait and name not in directory.calls.live(kind):
+        click.echo(f"waiting up to {wait:g}s for a live host to serve {described(kind, name)} (Ctrl-C stops)", err=True)
         try:
             await directory.wait_for(name, wait, kind=kind)
         except TimeoutError:
