@@ -132,11 +132,12 @@ async def test_heartbeats_keep_a_short_lease_alive(pulsar_broker: EmbeddedBroker
 async def test_a_directory_behind_its_topic_expires_no_host_whose_renewal_it_has_not_read_yet(
     pulsar_broker: EmbeddedBroker, topic: str,
 ) -> None:
-    """The directory's loop stalls for 2 s (a starved process) while a host on another loop
-    renews its 0.6 s lease: the renewals wait unread, and every lease the directory has read
-    ended. Caught up, it has shown no change at all; a host that really stops still expires."""
+    """The directory's loop stalls for 3.5 s (a starved process) while a host on another loop
+    renews its 1.5 s lease: the renewals wait unread, and every lease the directory has read
+    ended. Caught up, it has shown no change at all; a host that really stops still expires.
+    (A shorter lease would leave a loaded machine's late renewal to expire the host for real.)"""
     other = LoopThread("host loop")  # the host keeps heartbeating while this loop is stuck
-    host = LocalHost(pulsar_broker.url, kb_catalog(), announce_as="busy", lease=0.6, topic=topic)
+    host = LocalHost(pulsar_broker.url, kb_catalog(), announce_as="busy", lease=1.5, topic=topic)
     found = await directory(pulsar_broker, topic)
     try:
         other.run(host.__aenter__())
@@ -144,7 +145,7 @@ async def test_a_directory_behind_its_topic_expires_no_host_whose_renewal_it_has
         seen: list[Change] = []
         follow = asyncio.create_task(_collect(found.changes(), seen))
         await asyncio.sleep(0.1)
-        time.sleep(2.0)  # the stall under test: the directory's loop runs nothing
+        time.sleep(3.5)  # the stall under test: the directory's loop runs nothing
         await asyncio.sleep(1.0)  # it reads the queued renewals
         assert seen == [] and "count" in found.tools, seen
         assert host.announcer is not None and host.announcer._heartbeat is not None
@@ -710,7 +711,7 @@ async def test_byte_identical_duplicates_are_counted_and_never_logged(
 async def test_a_directory_started_after_a_host_died_expires_it_within_its_lease(
     pulsar_broker: EmbeddedBroker, topic: str
 ) -> None:
-    host = LocalHost(pulsar_broker.url, kb_catalog(), announce_as="dying", lease=2.0, topic=topic)
+    host = LocalHost(pulsar_broker.url, kb_catalog(), announce_as="dying", lease=5.0, topic=topic)
     await host.__aenter__()
     assert host.announcer is not None and host.announcer._heartbeat is not None
     host.announcer._heartbeat.cancel()  # the host "dies": no heartbeat, no withdrawal
@@ -719,7 +720,7 @@ async def test_a_directory_started_after_a_host_died_expires_it_within_its_lease
         late = await directory(pulsar_broker, topic)  # started after the death, within the lease
         try:
             assert "count" in late.tools
-            await late.wait_for("count", present=False, timeout=2.0 + 1.0 - (time.time() - died))
+            await late.wait_for("count", present=False, timeout=5.0 + 1.0 - (time.time() - died))
         finally:
             await late.close()
         later = await directory(pulsar_broker, topic)  # started after the lease ran out

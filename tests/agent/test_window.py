@@ -146,8 +146,9 @@ async def test_a_catch_up_reads_on_where_pulsar_lite_stops_delivering(pulsar_bro
 
 
 async def handed_on(client: pulsar.asyncio.Client, base: str) -> set[bytes]:
-    """The first word of every message a fresh window's catch-up of ``base`` hands on (2 s to stall)."""
-    window = TopicWindow(client, base, max_clock_skew=60.0, stall_timeout=2.0)
+    """The first word of every message a fresh window's catch-up of ``base`` hands on (10 s to
+    stall: far past the 0.5 s after which a silent reader is replaced, even on a loaded machine)."""
+    window = TopicWindow(client, base, max_clock_skew=60.0, stall_timeout=10.0)
     handed: set[bytes] = set()
     try:
         await window.catch_up(lambda message: handed.add(message.data().split(b" ")[0]))

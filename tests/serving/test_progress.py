@@ -99,7 +99,10 @@ async def test_a_plain_def_tools_progress_reaches_its_caller_in_each_isolation_m
     updates: list[Progress] = []
     async with LocalHost(pulsar_broker.url, reporting, ServeSettings(isolation=isolation)) as host:
         assert await host.call("crawl", {"pages": 3}, progress=updates.append) == "fetched 3 pages"
-    assert updates == CRAWLED
+    if isolation == THREAD:
+        assert updates == CRAWLED
+    else:  # paced where the host reads the worker's pipe: a stall there may merge two updates into the later
+        assert updates[-1] == CRAWLED[-1] and updates == [u for u in CRAWLED if u in updates], updates
 
 
 async def test_progress_comes_through_the_directory_from_an_async_tool_and_in_order_with_chunks(
