@@ -306,10 +306,11 @@ async def test_listeners_get_one_record_per_request_with_its_status_and_user(
     finally:
         await server.stop()
         await client.close()
-    assert [(r.status, r.user) for r in records] == [
-        ("ok", "alice"), ("missing-config", "test"), ("unanswerable", None), ("tool-service-error", "test")]
-    assert all(r.service == "recorder" and r.duration > 0 for r in records)
-    assert records[0].request_id is not None and records[2].request_id is None
+    told = {r.status: r for r in records}  # each told by the thread that answered it: in any order
+    assert sorted((r.status, r.user or "") for r in records) == [
+        ("missing-config", "test"), ("ok", "alice"), ("tool-service-error", "test"), ("unanswerable", "")]
+    assert told["unanswerable"].user is None and all(r.service == "recorder" and r.duration > 0 for r in records)
+    assert told["ok"].request_id is not None and told["unanswerable"].request_id is None
 
 
 async def test_a_stuck_sync_service_uses_up_only_its_own_threads(pulsar_broker: EmbeddedBroker) -> None:
@@ -434,8 +435,8 @@ async def test_a_denied_call_is_not_allowed_with_the_reason_and_never_invoked(
     assert denied["error"] == {"type": "not-allowed", "message": "bob may not call recorder",
                                "request-id": denied_properties["id"]}
     assert allowed["error"] is None and recorder.calls == 1
-    assert [(r.status, r.user, r.arguments) for r in records] == [
-        ("not-allowed", "bob", {"q": "secret"}), ("ok", "alice", {"q": 1})]
+    assert sorted(((r.status, r.user, r.arguments) for r in records), key=lambda told: told[0]) == [
+        ("not-allowed", "bob", {"q": "secret"}), ("ok", "alice", {"q": 1})]  # each told by its thread: any order
 
 
 async def test_an_authorize_check_that_raises_denies_and_is_logged_with_its_plugin(
