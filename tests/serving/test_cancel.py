@@ -11,6 +11,7 @@ import logging
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -21,6 +22,7 @@ import pytest
 from mcp import ClientSession
 from mcp.shared.memory import create_client_server_memory_streams
 
+import tghost
 from tests.conftest import PluginDir, until
 from tghost.adapters.mcp import Bridge
 from tghost.agent.client import ToolCallError, ToolServiceClient
@@ -33,6 +35,7 @@ from tghost.protocol.access import AccessPolicy
 from tghost.protocol.callers import sign_request
 from tghost.protocol.trust import Signer, write_key_pair
 from tghost.pulsar.clients import PulsarSettings
+from tghost.serving import inline
 from tghost.serving.executors.base import PROCESS, THREAD
 from tghost.serving.executors.thread import STUCK_WARNING_AFTER
 from tghost.serving.request import CallRecord
@@ -196,6 +199,44 @@ async def test_a_caller_still_listening_gets_a_cancelled_reply(pulsar_broker: Em
             with pytest.raises(ToolCallError) as cancelled:
                 await waiting
         assert cancelled.value.error_type == wire.CANCELLED
+
+
+@pytest.mark.parametrize("inline_calls", [False, True], ids=["lane", "inline"])
+async def test_a_plain_def_told_of_its_cancel_finds_its_caller_answered_already(
+    pulsar_broker: EmbeddedBroker, monkeypatch: pytest.MonkeyPatch, inline_calls: bool,
+) -> None:
+    """The reply ``cancelled`` goes out first, then the plugin is told, so one that returns the
+    moment it is told never answers its result instead. (Told first, 3 of 3,000 such cancels on
+    a loaded machine were answered with the plugin's result.)"""
+    if inline_calls:  # every call may run on the thread that received it
+        monkeypatch.setattr(inline, "RECENT", 0)
+        monkeypatch.setattr(inline, "BUDGET", 60.0)
+    records: list[CallRecord] = []
+    started, answered_when_told = threading.Event(), []
+
+    @tghost.tool(timeout=60)
+    def grind(ctx: tghost.Context) -> str:
+        started.set()
+        ctx.cancelled.wait(30)
+        answered_when_told.append(bool(records))  # the call's record is told right after its reply
+        return "ground"
+
+    outcomes = []
+    async with LocalHost(pulsar_broker.url, [grind], listeners=[records.append]) as host:
+        [endpoint] = host.server.endpoints
+        for _ in range(20):
+            records.clear()
+            started.clear()
+            call = asyncio.create_task(host.call("grind", timeout=30))
+            await asyncio.to_thread(started.wait, 30)
+            [request_id] = endpoint._driver._by_id
+            endpoint._control._cancel(request_id, {})  # as its caller's cancel, once checked
+            with pytest.raises(ToolCallError) as info:
+                await call
+            outcomes.append(info.value.error_type)
+            await until(lambda: len(answered_when_told) == len(outcomes) and not endpoint._driver._left,
+                        "the plugin returns")
+    assert outcomes == [wire.CANCELLED] * 20 and answered_when_told == [True] * 20
 
 
 async def test_unknown_cancels_even_a_storm_of_them_stop_nothing_and_leave_nothing(

@@ -77,12 +77,14 @@ class ControlTopic:
 
     def _cancel(self, request_id: str, properties: Mapping[str, str]) -> None:
         """On the loop, a cancel (docs/protocol.md §2.11): stop the call if this host runs it and
-        the cancel comes from its caller; it is answered ``cancelled`` at once."""
+        the cancel comes from its caller; it is answered ``cancelled`` at once, and then the plugin
+        is told (``tghost.Context.cancelled``), so a plugin that returns when told never answers
+        first. (A worker process's call is killed later, by its task: it still reads it as a cancel.)"""
         request = self._driver.running(request_id)
         if request is None or not self._terms.may_cancel(request.record, properties, self.topic):
             return  # another host's call, a finished one, or not its caller's cancel
-        request.cancelled.set()
         self._driver.cancel(request)
+        request.cancelled.set()
 
     def _answer_probe(self, probe_id: str, request_id: str) -> None:
         """A caller asks whether this host lives (docs/protocol.md §2.15). Answer on the response
