@@ -165,7 +165,7 @@ async def test_a_cancelled_call_stops_on_its_host_and_frees_the_slot_at_once(
         assert warned is (tool == "stubborn" and isolation == THREAD), caplog.text
         if isolation == PROCESS:  # its worker was killed for the cancel, not for a timeout
             assert (restarts["cancelled"], restarts["timeout"]) == (1, 0)
-    assert [r.status for r in records] == [wire.CANCELLED, wire.OK]
+    assert sorted(r.status for r in records) == [wire.CANCELLED, wire.OK]  # the freed slot may answer first
 
 
 async def test_closing_a_stream_early_cancels_its_call_on_the_host(

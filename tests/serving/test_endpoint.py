@@ -20,6 +20,7 @@ from tghost.broker import EmbeddedBroker
 from tghost.discovery.discover import catalog_of, discover
 from tghost.protocol import wire
 from tghost.pulsar.clients import PulsarSettings
+from tghost.serving import inline
 from tghost.serving.deadlines import Deadlines
 from tghost.serving.request import CallRecord
 from tghost.serving.server import Server
@@ -311,6 +312,38 @@ async def test_listeners_get_one_record_per_request_with_its_status_and_user(
         ("missing-config", "test"), ("ok", "alice"), ("tool-service-error", "test"), ("unanswerable", "")]
     assert told["unanswerable"].user is None and all(r.service == "recorder" and r.duration > 0 for r in records)
     assert told["ok"].request_id is not None and told["unanswerable"].request_id is None
+
+
+@pytest.mark.parametrize("inline_calls", [False, True], ids=["lane", "inline"])
+async def test_a_timed_out_call_is_counted_stuck_before_its_caller_hears(
+    pulsar_broker: EmbeddedBroker, monkeypatch: pytest.MonkeyPatch, inline_calls: bool,
+) -> None:
+    """So a caller that hears ``timeout`` and calls again at once meets the service as it is:
+    with all its threads (twice its max concurrency) stuck, it is refused ``overloaded``."""
+    if inline_calls:  # every call may run on the thread that received it
+        monkeypatch.setattr(inline, "RECENT", 0)
+        monkeypatch.setattr(inline, "BUDGET", 60.0)
+    release = threading.Event()
+    stuck_when_told: list[int] = []
+
+    @tghost.tool(timeout=0.2, max_concurrency=1)
+    def held() -> str:
+        release.wait(30)
+        return "released"
+
+    async with LocalHost(pulsar_broker.url, [held], listeners=[
+            lambda _: stuck_when_told.append(executor.stats().stuck)]) as host:  # told right after the reply
+        [executor] = [endpoint.executor for endpoint in host.server.endpoints]
+        errors = []
+        try:
+            for _ in range(3):
+                with pytest.raises(ToolCallError) as info:
+                    await host.call("held", timeout=10)
+                errors.append(info.value.error_type)
+        finally:
+            release.set()
+    assert errors == [wire.TIMEOUT, wire.TIMEOUT, wire.OVERLOADED]
+    assert stuck_when_told[:2] == [1, 2]  # (the third is told after its reply: the threads may be released by then)
 
 
 async def test_a_stuck_sync_service_uses_up_only_its_own_threads(pulsar_broker: EmbeddedBroker) -> None:

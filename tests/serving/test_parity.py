@@ -315,7 +315,7 @@ async def test_a_cancelled_call_is_answered_cancelled_and_frees_its_slot_at_once
         (second / "release").touch()
         answer = await host.call("held", {"mark": str(second)}, timeout=30)  # the one slot is free
     assert answer == "done"
-    assert [r.status for r in records] == [wire.CANCELLED, wire.OK]
+    assert sorted(r.status for r in records) == [wire.CANCELLED, wire.OK]  # the freed slot may answer first
 
 
 async def test_requests_waiting_for_a_slot_are_answered_unavailable_when_the_host_stops(mode: Mode) -> None:

@@ -196,9 +196,9 @@ class ThreadLane:
                     if due:
                         break
                     self._wake.wait(self._watch(wait))
-            for request in due:  # answered first, then its thread let go: the caller hears at once
-                self._refuse(request, wire.TIMEOUT, self._terms.refusal(wire.TIMEOUT))
+            for request in due:  # let go first: a caller that hears it and calls again finds it counted stuck
                 self._abandon(request)
+                self._refuse(request, wire.TIMEOUT, self._terms.refusal(wire.TIMEOUT))
 
     def _watch(self, wait: float) -> float:
         """The timer thread, holding the lock, before it sleeps ``wait`` seconds (until the next
@@ -210,11 +210,11 @@ class ThreadLane:
         return self._by_id.get(request_id)
 
     def cancel(self, request: Request) -> None:
-        """The caller cancelled ``request``: answer it ``cancelled`` and free its slot at once;
-        a plain ``def`` still in its thread is told (``tghost.Context.cancelled``) and counted
-        stuck until it returns."""
-        self._refuse(request, wire.CANCELLED, self._terms.refusal(wire.CANCELLED))
+        """The caller cancelled ``request``: free its slot and answer it ``cancelled`` at once; a
+        plain ``def`` still in its thread is counted stuck until it returns (and is told, by the
+        control topic, once answered: ``tghost.Context.cancelled``)."""
         self._abandon(request)
+        self._refuse(request, wire.CANCELLED, self._terms.refusal(wire.CANCELLED))
 
     def _abandon(self, request: Request) -> None:
         if request.job is not None:
