@@ -35,7 +35,6 @@ from tghost.protocol.access import AccessPolicy
 from tghost.protocol.callers import sign_request
 from tghost.protocol.trust import Signer, write_key_pair
 from tghost.pulsar.clients import PulsarSettings
-from tghost.serving import inline
 from tghost.serving.executors.base import PROCESS, THREAD
 from tghost.serving.executors.thread import STUCK_WARNING_AFTER
 from tghost.serving.request import CallRecord
@@ -201,16 +200,12 @@ async def test_a_caller_still_listening_gets_a_cancelled_reply(pulsar_broker: Em
         assert cancelled.value.error_type == wire.CANCELLED
 
 
-@pytest.mark.parametrize("inline_calls", [False, True], ids=["lane", "inline"])
 async def test_a_plain_def_told_of_its_cancel_finds_its_caller_answered_already(
-    pulsar_broker: EmbeddedBroker, monkeypatch: pytest.MonkeyPatch, inline_calls: bool,
+    pulsar_broker: EmbeddedBroker, inline_calls: bool,
 ) -> None:
     """The reply ``cancelled`` goes out first, then the plugin is told, so one that returns the
     moment it is told never answers its result instead. (Told first, 3 of 3,000 such cancels on
     a loaded machine were answered with the plugin's result.)"""
-    if inline_calls:  # every call may run on the thread that received it
-        monkeypatch.setattr(inline, "RECENT", 0)
-        monkeypatch.setattr(inline, "BUDGET", 60.0)
     records: list[CallRecord] = []
     started, answered_when_told = threading.Event(), []
 

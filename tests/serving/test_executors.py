@@ -306,13 +306,10 @@ async def test_thread_mode_counts_stuck_threads_and_reports_the_service_degraded
         caller = await ToolServiceClient(client, request_queue("stuck"), response_queue("stuck")).start()
         try:
             errors = []
-            [executor] = [e.executor for e in host.server.endpoints]
             for _ in range(5):
                 with pytest.raises(ToolCallError) as info:
                     await caller.call({}, {}, timeout=10)
                 errors.append((info.value.error_type, str(info.value)))
-                # a timed-out call's thread is counted stuck just after its caller is answered
-                await until(lambda: executor.stats().stuck == min(len(errors), 4), "its thread is counted stuck")
             degraded = await asyncio.to_thread(health, monitor.http.port)
             text = await asyncio.to_thread(metrics, monitor.http.port)
             status = await asyncio.to_thread(

@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import PluginDir, until
+from tests.serving.conftest import every_call_inline
 from tghost import Progress
 from tghost.agent.client import ToolCallError
 from tghost.broker import EmbeddedBroker
@@ -34,7 +35,6 @@ from tghost.discovery.catalog import Catalog
 from tghost.discovery.discover import discover
 from tghost.protocol import wire
 from tghost.protocol.access import AccessPolicy
-from tghost.serving import inline
 from tghost.serving.driver import Driver
 from tghost.serving.executors.base import PROCESS, THREAD
 from tghost.serving.inline import InlineDriver
@@ -218,8 +218,7 @@ def mode(request: pytest.FixtureRequest, plugin_dir: PluginDir, pulsar_broker: E
          tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Mode:
     plain, isolation, persistent, gated, driver = MODES[request.param]
     if request.param == "inline":  # every call may run on the receive thread from the first
-        monkeypatch.setattr(inline, "RECENT", 0)
-        monkeypatch.setattr(inline, "BUDGET", 60.0)
+        every_call_inline(monkeypatch)
     return Mode(request.param, plain, isolation, persistent, gated, driver, plugin_dir, pulsar_broker.url, tmp_path)
 
 

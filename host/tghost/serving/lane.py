@@ -196,9 +196,8 @@ class ThreadLane:
                     if due:
                         break
                     self._wake.wait(self._watch(wait))
-            for request in due:  # let go first: a caller that hears it and calls again finds it counted stuck
-                self._abandon(request)
-                self._refuse(request, wire.TIMEOUT, self._terms.refusal(wire.TIMEOUT))
+            for request in due:
+                self._let_go(request, wire.TIMEOUT, self._terms.refusal(wire.TIMEOUT))
 
     def _watch(self, wait: float) -> float:
         """The timer thread, holding the lock, before it sleeps ``wait`` seconds (until the next
@@ -213,8 +212,14 @@ class ThreadLane:
         """The caller cancelled ``request``: free its slot and answer it ``cancelled`` at once; a
         plain ``def`` still in its thread is counted stuck until it returns (and is told, by the
         control topic, once answered: ``tghost.Context.cancelled``)."""
+        self._let_go(request, wire.CANCELLED, self._terms.refusal(wire.CANCELLED))
+
+    def _let_go(self, request: Request, error_type: str, text: str, started: bool = True) -> bool:
+        """Let go of ``request``'s thread (counted stuck while the plugin runs on; its slot is
+        free), then answer it (:meth:`_refuse`, whose result it returns): a caller that hears
+        the answer and calls again at once meets the service as it is."""
         self._abandon(request)
-        self._refuse(request, wire.CANCELLED, self._terms.refusal(wire.CANCELLED))
+        return self._refuse(request, error_type, text, started)
 
     def _abandon(self, request: Request) -> None:
         if request.job is not None:
@@ -251,8 +256,7 @@ class ThreadLane:
             left = list(self._waiting) + list(self._running)
         cut = 0
         for request in left:
-            self._abandon(request)
-            cut += self._refuse(request, *self._terms.stopped(True))
+            cut += self._let_go(request, *self._terms.stopped(True))
         return cut
 
     def close(self) -> None:
