@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import contextlib
 import functools
 import hmac
 import json
@@ -41,6 +40,7 @@ from tghost.protocol import wire
 from tghost.protocol.descriptors import ToolDescriptor
 from tghost.protocol.groups import DEFAULT_GROUPS, WILDCARD
 from tghost.protocol.wire import Progress
+from tghost.system.tasks import cancel_and_wait
 
 __all__ = ["CALL_TOOL", "PAGE_SIZE", "SEARCH_TOOLS", "BearerToken", "Bridge", "Selection", "meta_tools", "page",
            "serve", "transport_security"]
@@ -374,9 +374,7 @@ async def serve(directory: ToolDirectory, groups: Sequence[str] | None, state: s
             else:
                 await _serve_http(bridge.server, host, port, allowed_hosts, token, on_ready)
         finally:
-            follower.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await follower
+            await cancel_and_wait(follower)
 
 
 async def _serve_stdio(server: Server[Any]) -> None:

@@ -74,6 +74,7 @@ from tghost.protocol.epochs import DEFAULT_TOPIC, EPOCH_SECONDS
 from tghost.protocol.groups import select
 from tghost.protocol.trust import Signer, TrustedKeys
 from tghost.pulsar.clients import BrokerError, PulsarSettings
+from tghost.system.tasks import cancel_and_wait
 
 __all__ = [
     "CONFLICT",
@@ -315,9 +316,7 @@ class ToolDirectory:
         """Stop following and close every client. Idempotent (also after a failed :meth:`start`)."""
         tasks, self._tasks = self._tasks, []
         for task in tasks:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
         await self.calls.close()
         window, self._window = self._window, None
         if window is not None:

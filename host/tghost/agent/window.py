@@ -20,6 +20,7 @@ import pulsar.exceptions
 
 from tghost.broker import local_disk_trouble
 from tghost.protocol.epochs import EPOCH_SECONDS, epoch_topic, read_window
+from tghost.system.tasks import cancel_and_wait
 
 __all__ = ["CATCH_UP_BATCH", "CATCH_UP_NUDGE", "CATCH_UP_POLL_MS", "CATCH_UP_STALL", "CatchUpStalled", "NoReader",
            "TopicWindow"]
@@ -253,11 +254,7 @@ class TopicWindow:
 
     async def _close(self, epoch: int) -> None:
         self._unheard.discard(epoch)
-        task = self._tasks.pop(epoch, None)
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(self._tasks.pop(epoch, None))
         reader = self.readers.pop(epoch)
         with contextlib.suppress(Exception):
             await reader.close()

@@ -43,6 +43,7 @@ from tghost.protocol.sessions import SESSION_KEY, HostSessionKey
 from tghost.protocol.trust import Signer
 from tghost.pulsar.clients import is_reachable
 from tghost.system.locks import first_free_slot
+from tghost.system.tasks import cancel_and_wait
 
 __all__ = ["DEFAULT_TOPIC", "Announcer", "HostIdentity", "announcement_key"]
 
@@ -476,10 +477,7 @@ class Announcer:
         §4.7). A withdrawal the broker has not confirmed within 0.8 x :data:`UNCONFIRMED_AFTER`
         seconds (or of lease/3) is given up.
         """
-        if self._heartbeat is not None:
-            self._heartbeat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._heartbeat
+        await cancel_and_wait(self._heartbeat)
         if self._producer is None:
             return
         if not self.is_connected() or self.problem is not None:

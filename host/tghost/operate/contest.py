@@ -12,7 +12,6 @@ check what the other providers announce.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Collection
 from datetime import datetime
@@ -24,6 +23,7 @@ from tghost.announcing.announcer import Announcer, HostIdentity
 from tghost.operate.policies import mismatch_problems
 from tghost.protocol.trust import TrustedKeys
 from tghost.pulsar.clients import BrokerError, PulsarSettings
+from tghost.system.tasks import cancel_and_wait
 
 __all__ = ["ContestWatch"]
 
@@ -85,10 +85,7 @@ class ContestWatch:
 
     async def close(self) -> None:
         """Stop following. Idempotent; never raises (errors are logged at debug level)."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
         try:
             await self.directory.close()
         except Exception as exc:

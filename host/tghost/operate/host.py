@@ -38,6 +38,7 @@ from tghost.serving.request import CallListener
 from tghost.serving.server import Server
 from tghost.serving.settings import ServeSettings
 from tghost.system.paths import app_dir
+from tghost.system.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
     from tghost.operate.contest import ContestWatch
@@ -376,9 +377,7 @@ class Host:
         if announcing.done():
             announcing.result()
             return
-        announcing.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await announcing
+        await cancel_and_wait(announcing)
         log.warning("stopped before the broker confirmed the first announcement")
 
     async def stop(self, grace: float | None = None) -> int:

@@ -17,7 +17,6 @@ start after it), wait for a restart too.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib
 import logging
 import os
@@ -31,6 +30,7 @@ from tghost.discovery.catalog import Catalog, PluginReport
 from tghost.discovery.discover import ENTRY_POINT_GROUP, PluginSelection, discover
 from tghost.operate.toolsets import ToolSets, lose_tools, toolset_services
 from tghost.serving.server import Server
+from tghost.system.tasks import cancel_and_wait
 
 __all__ = ["PluginWatcher", "WatchSettings"]
 
@@ -156,10 +156,7 @@ class PluginWatcher:
 
     async def stop(self) -> None:
         """Stop polling; what is served stays served (the host shuts it down)."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
 
     async def _run(self) -> None:
         while True:

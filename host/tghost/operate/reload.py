@@ -39,6 +39,7 @@ from tghost.operate.host import Host
 from tghost.operate.plugin_watch import installed_plugins
 from tghost.system.paths import app_dir
 from tghost.system.processes import describe_exit
+from tghost.system.tasks import cancel_and_wait
 
 __all__ = ["EXPECT_ENV", "STALE_EXIT", "WORKER_ENV", "ReloadWorker", "Reloader", "broken_after_change", "standing_by"]
 
@@ -282,9 +283,7 @@ class Reloader:
             task.cancel()
         if watching in done:
             return watching.result()
-        watching.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watching
+        await cancel_and_wait(watching)
         if not self._stopping.is_set():
             log.error("reload: the worker stopped by itself (%s)", describe_exit(worker.process.returncode))
         return None

@@ -20,6 +20,7 @@ from tghost.announcing.announcer import Announcer
 from tghost.discovery.catalog import Catalog, PluginReport, ToolSetReport
 from tghost.discovery.discover import toolset_part
 from tghost.serving.server import Server
+from tghost.system.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
     from tghost.serving.endpoint import ServiceEndpoint
@@ -219,10 +220,7 @@ class ToolSets:
             entry.toolset._unbind(notify)
         self._bound.clear()
         self._due.clear()
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
 
     async def retired(self) -> None:
         """Wait until the services the toolsets stopped serving have drained (each within the grace)."""

@@ -40,6 +40,7 @@ from tghost.serving.replays import SharedReplays
 from tghost.serving.request import UNANSWERABLE, CallListener, CallRecord, Port, Prover, Request, Terms
 from tghost.serving.settings import ServeSettings
 from tghost.system.logs import LogSummary
+from tghost.system.tasks import cancel_and_wait
 
 __all__ = ["ServiceEndpoint"]
 
@@ -209,9 +210,7 @@ class ServiceEndpoint:
         if not self._departure.handed_off:
             self._driver.stop()
         if self.persistent and self._receiving is not None:
-            self._receiving.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._receiving
+            await cancel_and_wait(self._receiving)
         else:  # what a handed-off consumer receives until it closes is in flight, for the drain
             await self._departure.stop(self._client, self.descriptor.request_queue, self.subscription,
                                        self._consumer is not None and self.is_connected())

@@ -40,6 +40,7 @@ import pulsar.exceptions
 from tghost.agent.window import Handler, TopicWindow
 from tghost.protocol.epochs import epoch_of, epoch_topic
 from tghost.pulsar import hop
+from tghost.system.tasks import cancel_and_wait
 
 __all__ = ["MARGIN", "REPLAY_EPOCH_SECONDS", "SharedReplays", "replay_epochs", "replays_topic"]
 
@@ -299,10 +300,7 @@ class SharedReplays:
 
     async def close(self) -> None:
         """Stop tailing and close the readers and producers; waiting marks fail."""
-        if self._moving is not None:
-            self._moving.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._moving
+        await cancel_and_wait(self._moving)
         await self._marks.close()
         for producer in self._producers.values():
             with contextlib.suppress(Exception):

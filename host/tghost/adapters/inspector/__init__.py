@@ -11,13 +11,13 @@ elsewhere, and nothing is built.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Sequence
 
 from tghost.adapters.inspector.app import Inspector
 from tghost.adapters.web import serve_app, warn_if_unreachable_by_name
 from tghost.agent.directory import ToolDirectory
+from tghost.system.tasks import cancel_and_wait
 
 __all__ = ["Inspector", "serve"]
 
@@ -40,6 +40,4 @@ async def serve(directory: ToolDirectory, host: str, port: int, allowed_hosts: S
         try:
             await serve_app(inspector.app, "the inspector", host, port, on_ready=on_ready)
         finally:
-            follower.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await follower
+            await cancel_and_wait(follower)

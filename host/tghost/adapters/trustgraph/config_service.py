@@ -22,6 +22,7 @@ import pulsar.asyncio
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tghost.pulsar import hop
+from tghost.system.tasks import cancel_and_wait
 
 __all__ = [
     "PUSH_QUEUE",
@@ -186,10 +187,7 @@ class ConfigServiceClient:
 
     async def close(self) -> None:
         """Stop routing responses; pending requests fail with ``asyncio.CancelledError``."""
-        if self._route_task is not None:
-            self._route_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._route_task
+        await cancel_and_wait(self._route_task)
         for future in self._pending.values():
             future.cancel()
         if self._producer is not None:

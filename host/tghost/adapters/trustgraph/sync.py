@@ -9,7 +9,6 @@ their owner), and never leaves a tool item pointing at a tool-service item that 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -21,6 +20,7 @@ import pulsar.asyncio
 from tghost.adapters.export import select_tools, trustgraph_config
 from tghost.adapters.trustgraph.config_service import ConfigServiceClient, ConfigServiceError, ItemKey
 from tghost.agent.directory import ToolDirectory
+from tghost.system.tasks import cancel_and_wait
 
 __all__ = ["MARKER", "TYPES", "ItemChange", "Plan", "TrustGraphSync", "desired_items", "plan", "summary"]
 
@@ -249,9 +249,7 @@ class TrustGraphSync:
                     failing, backoff = None, 1.0
         finally:
             for task in tasks:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                await cancel_and_wait(task)
 
     async def _follow_directory(self) -> None:
         async for change in self.directory.changes():
