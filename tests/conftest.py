@@ -115,11 +115,40 @@ def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Generator[None, object, object]:
-    """Fail a guarded test whose code swallowed a refusal."""
-    result = yield
+    """Fail a guarded test whose code swallowed a refusal; and, for a test that hangs, print
+    what its event loop waits on just before pytest-timeout stops it (:func:`_show_tasks`)."""
+    timer = threading.Timer(max(1.0, _timeout(item) - TASKS_SHOWN_BEFORE), _show_tasks)
+    timer.daemon = True
+    timer.start()
+    try:
+        result = yield
+    finally:
+        timer.cancel()
     if GUARD in item.stash:
         item.stash[GUARD].check()
     return result
+
+
+#: Seconds before pytest-timeout's bound at which a hung test's unfinished asyncio tasks are shown.
+TASKS_SHOWN_BEFORE = 5.0
+
+
+def _timeout(item: pytest.Item) -> float:
+    """The pytest-timeout bound of ``item`` in seconds: its ``timeout`` mark, else the ini value."""
+    mark = item.get_closest_marker("timeout")
+    if mark is not None and mark.args:
+        return float(mark.args[0])
+    return float(item.config.getini("timeout") or 300)
+
+
+def _show_tasks() -> None:
+    """Print the stack of every unfinished asyncio task in this process to stderr: pytest-timeout
+    shows threads only, and a hung async test's threads are all idle (its loop waits in select)."""
+    tasks = [task for task in list(asyncio.tasks._all_tasks) if not task.done()]  # type: ignore[attr-defined]
+    print(f"\n{'+' * 20} {len(tasks)} unfinished asyncio task(s) {'+' * 20}", file=sys.stderr)
+    for task in tasks:
+        with contextlib.suppress(Exception):  # read from another thread: a task may move meanwhile
+            task.print_stack(file=sys.stderr)
 
 
 class OwnBrokers:
