@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import re
 import signal
 import threading
@@ -23,6 +24,7 @@ import pytest
 import tghost
 from tests.conftest import READY, HostProcess, PluginDir, until
 from tghost.agent.client import ToolCallError, ToolServiceClient
+from tghost.agent.directory import ToolDirectory
 from tghost.broker import EmbeddedBroker
 from tghost.protocol.wire import RESENDS
 from tghost.pulsar.clients import PulsarSettings
@@ -282,24 +284,37 @@ async def sigterm_while_holding_a_call(host: HostProcess, caller: ToolServiceCli
     return held
 
 
+@contextlib.asynccontextmanager
+async def probing_caller(url: str, env: dict[str, str]) -> AsyncIterator[ToolServiceClient]:
+    """The client a :class:`tghost.ToolDirectory` on the hosts' announcement topic calls ``gated``
+    with: it probes a silent call and sends again a request dropped as a draining host left the
+    subscription (docs/protocol.md §2.15), which a bare ``ToolServiceClient`` does not."""
+    async with ToolDirectory(PulsarSettings(url), env["TGHOST_DESCRIPTORS_TOPIC"]) as directory:
+        await directory.wait_for("gated", 30)
+        yield await directory.calls.caller(directory.tools["gated"].service.descriptor)
+
+
 async def test_sigterm_under_load_with_two_hosts_leaves_no_call_unanswered(
-    gated_env: dict[str, str], host_process: Callable[..., HostProcess], caller: ToolServiceClient
+    gated_env: dict[str, str], host_process: Callable[..., HostProcess], pulsar_broker: EmbeddedBroker,
 ) -> None:
+    # The callers an agent uses: a request the broker deals the victim at the very moment it
+    # leaves the Shared subscription is dropped (non-persistent), and sent again after a probe.
     victim, survivor = (host_process("--grace", "30", env=gated_env) for _ in range(2))
-    await serving([victim, survivor], caller)
-    held = await hold_on(victim, caller, gate_of(gated_env))
-    load = SteadyLoad(caller)
-    await until(lambda: load.sent >= 50, "calls before the signal")
-    victim.process.send_signal(signal.SIGTERM)
-    await asyncio.to_thread(victim.wait_for, "stopping: no new requests")
-    sent = load.sent
-    await until(lambda: load.sent >= sent + 150, "calls during the drain")
-    (gate_of(gated_env) / "release").touch()  # the held call finishes within the grace
-    assert await asyncio.to_thread(victim.finish) == 0
-    sent = load.sent
-    await until(lambda: load.sent >= sent + 30, "calls after the victim exited")
-    counts = await load.stop()
-    assert [await task for task in held] == ["ok"] * len(held)
+    async with probing_caller(pulsar_broker.url, gated_env) as caller:
+        await serving([victim, survivor], caller)
+        held = await hold_on(victim, caller, gate_of(gated_env))
+        load = SteadyLoad(caller)
+        await until(lambda: load.sent >= 50, "calls before the signal")
+        victim.process.send_signal(signal.SIGTERM)
+        await asyncio.to_thread(victim.wait_for, "stopping: no new requests")
+        sent = load.sent
+        await until(lambda: load.sent >= sent + 150, "calls during the drain")
+        (gate_of(gated_env) / "release").touch()  # the held call finishes within the grace
+        assert await asyncio.to_thread(victim.finish) == 0
+        sent = load.sent
+        await until(lambda: load.sent >= sent + 30, "calls after the victim exited")
+        counts = await load.stop()
+        assert [await task for task in held] == ["ok"] * len(held)
     survivor.process.send_signal(signal.SIGINT)
     assert survivor.finish() == 0
     assert set(counts) == {"ok"}, (counts, victim.log)  # none 'unavailable', none unanswered: sent again
