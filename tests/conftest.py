@@ -144,7 +144,9 @@ def _timeout(item: pytest.Item) -> float:
 def _show_tasks() -> None:
     """Print the stack of every unfinished asyncio task in this process to stderr: pytest-timeout
     shows threads only, and a hung async test's threads are all idle (its loop waits in select)."""
-    tasks = [task for task in list(asyncio.tasks._all_tasks) if not task.done()]  # type: ignore[attr-defined]
+    # Python 3.11 keeps every task in _all_tasks; 3.12 on, the scheduled ones in _scheduled_tasks
+    registry = getattr(asyncio.tasks, "_all_tasks", None) or getattr(asyncio.tasks, "_scheduled_tasks", ())
+    tasks = [task for task in list(registry) if not task.done()]
     print(f"\n{'+' * 20} {len(tasks)} unfinished asyncio task(s) {'+' * 20}", file=sys.stderr)
     for task in tasks:
         with contextlib.suppress(Exception):  # read from another thread: a task may move meanwhile
