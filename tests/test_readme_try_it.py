@@ -89,9 +89,10 @@ def test_the_agent_snippet_runs_as_a_script_offers_invokes_and_follows(
     script = tmp_path / "agent.py"
     source = block(README, "# an agent, as a script: python agent.py")
     script.write_text(source.replace("pulsar://localhost:6650", pulsar_broker.url))
-    # -u: print() to a pipe is block-buffered, and the script never ends by itself (a terminal is line-buffered)
-    agent = subprocess.Popen([sys.executable, "-u", str(script)], env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+    # -u: print() to a pipe is block-buffered, and the script never ends by itself (a terminal is line-buffered);
+    # -X faulthandler: a script that does not end after Ctrl-C is stopped with SIGABRT, which prints its threads
+    agent = subprocess.Popen([sys.executable, "-u", "-X", "faulthandler", str(script)], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert agent.stdout is not None
     watchdog = threading.Timer(60, agent.kill)  # a script that never prints fails this test, not the run
     watchdog.start()
@@ -101,7 +102,11 @@ def test_the_agent_snippet_runs_as_a_script_offers_invokes_and_follows(
         if line == "added query-customers\n":
             break
     agent.send_signal(signal.SIGINT)  # Ctrl-C: it ends, quietly
-    _, stderr = agent.communicate(timeout=30)
+    try:
+        _, stderr = agent.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        agent.send_signal(signal.SIGABRT)
+        pytest.fail(f"the agent did not end within 30 s of Ctrl-C; where it was:\n{agent.communicate()[1]}")
     watchdog.cancel()
     assert (agent.returncode, stderr) == (0, "")
     assert "query-customers" in lines[0] and lines[1].startswith("answer: ") and len(lines[1]) > len("answer: ")
