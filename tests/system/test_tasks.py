@@ -83,3 +83,17 @@ async def test_cancel_and_wait_of_a_finished_task_or_none_returns() -> None:
     await asyncio.sleep(0)
     await cancel_and_wait(slow)
     assert slow.cancelled()
+
+
+async def test_every_task_is_cancelled_before_the_wait_so_a_cancel_of_the_caller_leaves_none_running() -> None:
+    helpers = [asyncio.create_task(slow_to_stop()) for _ in range(3)]
+    await asyncio.sleep(0)
+    stopping = asyncio.create_task(cancel_and_wait(*helpers))
+    await asyncio.sleep(0.01)  # it waits on the helpers' clean-up
+    stopping.cancel()
+    await asyncio.wait({stopping})
+    assert stopping.cancelled()  # its own cancel was not taken for a helper's
+    _, running = await asyncio.wait(helpers, timeout=1.0)
+    for helper in running:  # (a helper left running fails the test; end it all the same)
+        helper.cancel()
+    assert not running and all(helper.cancelled() for helper in helpers)

@@ -315,8 +315,7 @@ class ToolDirectory:
     async def close(self) -> None:
         """Stop following and close every client. Idempotent (also after a failed :meth:`start`)."""
         tasks, self._tasks = self._tasks, []
-        for task in tasks:
-            await cancel_and_wait(task)
+        await cancel_and_wait(*tasks)
         await self.calls.close()
         window, self._window = self._window, None
         if window is not None:

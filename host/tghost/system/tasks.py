@@ -17,18 +17,23 @@ from typing import Any
 __all__ = ["cancel_and_wait"]
 
 
-async def cancel_and_wait(task: asyncio.Future[Any] | None) -> None:
-    """Cancel ``task`` (nothing for ``None``) and wait until it is done.
+async def cancel_and_wait(*tasks: asyncio.Future[Any] | None) -> None:
+    """Cancel each of ``tasks`` (a ``None`` is skipped), then wait until every one is done: all
+    are cancelled before the first wait, so a cancel of the caller meanwhile leaves none running on.
 
     Raises:
-        Exception: what ended ``task`` when that was not the cancel (an error raised before the
-            cancel reached it, or while it cleaned up), as awaiting it would.
-        asyncio.CancelledError: only when the caller itself is cancelled meanwhile (then
-            ``task`` goes on ending without being waited for).
+        Exception: what ended a task when that was not the cancel (an error raised before the
+            cancel reached it, or while it cleaned up), as awaiting it would; the first such
+            task's, in the order given.
+        asyncio.CancelledError: only when the caller itself is cancelled meanwhile (then the
+            tasks go on ending without being waited for).
     """
-    if task is None:
+    given = [task for task in tasks if task is not None]
+    if not given:
         return
-    task.cancel()
-    await asyncio.wait({task})
-    if not task.cancelled():
-        task.result()
+    for task in given:
+        task.cancel()
+    await asyncio.wait(given)
+    for task in given:
+        if not task.cancelled():
+            task.result()

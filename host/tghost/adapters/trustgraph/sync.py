@@ -248,8 +248,7 @@ class TrustGraphSync:
                     log.info("TrustGraph's config service answers again: workspace %s is in step", self.workspace)
                     failing, backoff = None, 1.0
         finally:
-            for task in tasks:
-                await cancel_and_wait(task)
+            await cancel_and_wait(*tasks)
 
     async def _follow_directory(self) -> None:
         async for change in self.directory.changes():
