@@ -134,11 +134,12 @@ TASKS_SHOWN_BEFORE = 5.0
 
 
 def _timeout(item: pytest.Item) -> float:
-    """The pytest-timeout bound of ``item`` in seconds: its ``timeout`` mark, else the ini value."""
+    """The pytest-timeout bound of ``item`` in seconds: its ``timeout`` mark, else ``--timeout``,
+    else the ini value (pytest-timeout's own order)."""
     mark = item.get_closest_marker("timeout")
-    if mark is not None and mark.args:
-        return float(mark.args[0])
-    return float(item.config.getini("timeout") or 300)
+    if mark is not None and (mark.args or "timeout" in mark.kwargs):
+        return float(mark.args[0] if mark.args else mark.kwargs["timeout"])
+    return float(item.config.getoption("timeout", None) or item.config.getini("timeout") or 300)
 
 
 def _show_tasks() -> None:

@@ -107,7 +107,8 @@ def test_the_agent_snippet_runs_as_a_script_offers_invokes_and_follows(
     except subprocess.TimeoutExpired:
         agent.send_signal(signal.SIGABRT)
         pytest.fail(f"the agent did not end within 30 s of Ctrl-C; where it was:\n{agent.communicate()[1]}")
-    watchdog.cancel()
+    finally:
+        watchdog.cancel()
     assert (agent.returncode, stderr) == (0, "")
     assert "query-customers" in lines[0] and lines[1].startswith("answer: ") and len(lines[1]) > len("answer: ")
     host.process.send_signal(signal.SIGINT)
